@@ -1,0 +1,31 @@
+"""File format v1: constants, little-endian layouts, checksum, fields, schema and errors (numpy only)."""
+
+from .errors import (
+    BadMagicError,
+    ChecksumMismatchError,
+    FormatError,
+    IndexBoundsError,
+    SchemaError,
+    TruncatedFileError,
+    UnsupportedFeatureError,
+    UnsupportedVersionError,
+)
+from .fields import JSON, Bytes, Field, Float, Int, NDArray, RGBImage
+
+__all__ = [
+    "JSON",
+    "BadMagicError",
+    "Bytes",
+    "ChecksumMismatchError",
+    "Field",
+    "Float",
+    "FormatError",
+    "IndexBoundsError",
+    "Int",
+    "NDArray",
+    "RGBImage",
+    "SchemaError",
+    "TruncatedFileError",
+    "UnsupportedFeatureError",
+    "UnsupportedVersionError",
+]

@@ -1,0 +1,54 @@
+"""Exceptions raised for files that are not valid pageset files.
+
+Every error names the file, the section and the byte offset where the problem was found, so a user with a
+100 GB file knows where to look. All derive from :class:`FormatError` (itself a ``ValueError``), so one
+``except pageset.FormatError`` catches every kind of damaged or foreign file.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class FormatError(ValueError):
+    """A file is not a valid pageset file.
+
+    Attributes: ``path`` (str), ``section`` (str, e.g. ``"header"``, ``"index"``), ``offset`` (int, byte
+    offset in the file where the problem was found, or ``None``), ``detail`` (str).
+    """
+
+    def __init__(self, path: str | os.PathLike, section: str, offset: int | None, detail: str):
+        self.path = os.fspath(path)
+        self.section = section
+        self.offset = offset
+        self.detail = detail
+        where = f"{section}" if offset is None else f"{section} at byte {offset}"
+        super().__init__(f"{self.path}: {where}: {detail}")
+
+
+class BadMagicError(FormatError):
+    """The first bytes are not the pageset magic (not a pageset file, or damaged by a text-mode copy)."""
+
+
+class UnsupportedVersionError(FormatError):
+    """The file's major version is newer than this reader (upgrade pageset) or unknown."""
+
+
+class UnsupportedFeatureError(UnsupportedVersionError):
+    """The file sets a required feature bit this reader does not implement (upgrade pageset)."""
+
+
+class TruncatedFileError(FormatError):
+    """The file is shorter than its header or section table says (an interrupted copy or download)."""
+
+
+class ChecksumMismatchError(FormatError):
+    """Stored and computed CRC-32 differ: the bytes changed after writing (disk, copy or edit damage)."""
+
+
+class SchemaError(FormatError):
+    """The schema section is not valid canonical JSON of format v1, or disagrees with the index."""
+
+
+class IndexBoundsError(FormatError):
+    """An index row points outside the file or the page area, or breaks a required ordering."""

@@ -1,0 +1,186 @@
+"""Field descriptors: what a record holds, how it is stored, and which index columns it owns.
+
+A field is a small frozen dataclass. The writer encodes values with it, the reader decodes them, and the
+schema stores ``{"name", "kind", "params"}`` for each one. Scalars (:class:`Int`, :class:`Float`) live in the
+index row itself; every other kind stores its bytes in the pages and owns ``<name>.offset`` and
+``<name>.length`` index columns (absolute file offset and byte length).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from .constants import FLOAT_DTYPES, INT_DTYPES, NDARRAY_DTYPES
+from .layout import IMAGE_COLUMNS, SPAN_COLUMNS
+
+
+def little_endian(dtype: str) -> str:
+    """The explicit little-endian dtype string of a numpy dtype name (``"int32"`` -> ``"<i4"``)."""
+    dt = np.dtype(dtype)
+    return dt.newbyteorder("<").str if dt.itemsize > 1 else dt.str
+
+
+@dataclass(frozen=True)
+class Field:
+    """Base class of all fields. Subclasses set ``kind`` and may add parameters (all JSON-serialisable)."""
+
+    kind: ClassVar[str] = ""
+    inline: ClassVar[bool] = False  # True: the value lives in the index row, no bytes in the pages
+
+    def columns(self, name: str) -> list[tuple[str, str]]:
+        """Index columns ``[(column_name, little-endian dtype string), ...]`` this field owns."""
+        return [(f"{name}.{c}", dt) for c, dt in SPAN_COLUMNS]
+
+    def params(self) -> dict:
+        """Parameters as a JSON-serialisable dict (stored in the schema)."""
+        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the parameter and the fix when a parameter is invalid."""
+
+
+def _jsonable(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+@dataclass(frozen=True)
+class RGBImage(Field):
+    """An RGB image, stored as JPEG or as raw HWC uint8 pixels.
+
+    Parameters:
+        max_resolution: longest side in pixels after writing; larger images are shrunk (aspect kept, Pillow
+            LANCZOS); smaller images are never enlarged. ``None`` keeps every size.
+        encoding: ``"jpeg"``, ``"raw"`` or ``"auto"``. ``"auto"`` encodes JPEG and keeps it when the raw pixels
+            (``height * width * 3`` bytes) would be more than ``auto_raw_ratio`` times larger than the JPEG;
+            otherwise it stores raw pixels (small or noisy images, where JPEG saves little space but still costs
+            a decode per read). An image with a side over 65,500 pixels (JPEG's limit) is always stored raw.
+        jpeg_quality: 1-100, Pillow/libjpeg quality.
+        jpeg_subsampling: chroma subsampling, ``"4:4:4"``, ``"4:2:2"`` or ``"4:2:0"``.
+        auto_raw_ratio: the ratio used by ``"auto"`` (default 4.0).
+
+    Conversion at write time: EXIF orientation is applied; grayscale, palette, CMYK, and images with alpha are
+    converted to RGB (alpha is dropped, not composited; composite yourself beforehand if you need a
+    background colour). Index columns: ``.offset``, ``.length``, ``.height`` and ``.width`` (u32 pixels),
+    ``.encoding`` (u8: 0 raw, 1 jpeg).
+    """
+
+    kind: ClassVar[str] = "rgb_image"
+    max_resolution: int | None = None
+    encoding: str = "jpeg"
+    jpeg_quality: int = 90
+    jpeg_subsampling: str = "4:2:0"
+    auto_raw_ratio: float = 4.0
+
+    def columns(self, name: str) -> list[tuple[str, str]]:
+        return super().columns(name) + [(f"{name}.{c}", dt) for c, dt in IMAGE_COLUMNS]
+
+    def validate(self) -> None:
+        if self.encoding not in ("jpeg", "raw", "auto"):
+            raise ValueError(f"RGBImage.encoding must be 'jpeg', 'raw' or 'auto', got {self.encoding!r}")
+        if self.max_resolution is not None and (
+            not isinstance(self.max_resolution, int) or self.max_resolution < 1
+        ):
+            raise ValueError(f"RGBImage.max_resolution must be a positive int or None, got {self.max_resolution!r}")
+        if not (isinstance(self.jpeg_quality, int) and 1 <= self.jpeg_quality <= 100):
+            raise ValueError(f"RGBImage.jpeg_quality must be an int in 1..100, got {self.jpeg_quality!r}")
+        if self.jpeg_subsampling not in ("4:4:4", "4:2:2", "4:2:0"):
+            raise ValueError(
+                f"RGBImage.jpeg_subsampling must be '4:4:4', '4:2:2' or '4:2:0', got {self.jpeg_subsampling!r}"
+            )
+        if not self.auto_raw_ratio > 0:
+            raise ValueError(f"RGBImage.auto_raw_ratio must be > 0, got {self.auto_raw_ratio!r}")
+
+
+@dataclass(frozen=True)
+class Int(Field):
+    """An integer scalar stored in the index row. ``dtype``: one of ``INT_DTYPES`` (default ``"int64"``).
+
+    Values must be Python/numpy integers (or bools) that fit the dtype; anything else is an error.
+    """
+
+    kind: ClassVar[str] = "int"
+    inline: ClassVar[bool] = True
+    dtype: str = "int64"
+
+    def columns(self, name: str) -> list[tuple[str, str]]:
+        return [(name, little_endian(self.dtype))]
+
+    def validate(self) -> None:
+        if self.dtype not in INT_DTYPES:
+            raise ValueError(f"Int.dtype must be one of {INT_DTYPES}, got {self.dtype!r}")
+
+
+@dataclass(frozen=True)
+class Float(Field):
+    """A floating-point scalar stored in the index row. ``dtype``: one of ``FLOAT_DTYPES`` (default float64)."""
+
+    kind: ClassVar[str] = "float"
+    inline: ClassVar[bool] = True
+    dtype: str = "float64"
+
+    def columns(self, name: str) -> list[tuple[str, str]]:
+        return [(name, little_endian(self.dtype))]
+
+    def validate(self) -> None:
+        if self.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"Float.dtype must be one of {FLOAT_DTYPES}, got {self.dtype!r}")
+
+
+@dataclass(frozen=True)
+class NDArray(Field):
+    """A fixed-shape array of ``dtype`` (one of ``NDARRAY_DTYPES``), stored C-order little-endian in the pages.
+
+    Values are cast to ``dtype`` only when numpy's ``"safe"`` casting allows it (``int16 -> float32`` yes,
+    ``float64 -> float32`` no: that would lose precision silently); the shape must match exactly.
+    """
+
+    kind: ClassVar[str] = "ndarray"
+    dtype: str = "float32"
+    shape: tuple = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+
+    def validate(self) -> None:
+        if self.dtype not in NDARRAY_DTYPES:
+            raise ValueError(f"NDArray.dtype must be one of {NDARRAY_DTYPES}, got {self.dtype!r}")
+        if any(s < 0 for s in self.shape):
+            raise ValueError(f"NDArray.shape must hold non-negative ints, got {self.shape!r}")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one value: ``prod(shape) * itemsize``."""
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Bytes(Field):
+    """A variable-length byte string (``bytes``, ``bytearray``, ``memoryview`` or a uint8 array)."""
+
+    kind: ClassVar[str] = "bytes"
+
+
+@dataclass(frozen=True)
+class JSON(Field):
+    """A JSON value (dict, list, str, number, bool, None), stored as canonical UTF-8 JSON (sorted keys)."""
+
+    kind: ClassVar[str] = "json"
+
+
+FIELD_KINDS: dict[str, type[Field]] = {cls.kind: cls for cls in (RGBImage, Int, Float, NDArray, Bytes, JSON)}
+
+
+def field_from_schema(kind: str, params: dict) -> Field:
+    """Rebuild a field from its schema entry; raises ``KeyError`` (unknown kind) or ``TypeError``/``ValueError``."""
+    cls = FIELD_KINDS[kind]
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(params) - names
+    if unknown:
+        raise ValueError(f"unknown parameters {sorted(unknown)} for field kind {kind!r}")
+    field = cls(**params)
+    field.validate()
+    return field

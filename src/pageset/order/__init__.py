@@ -1,0 +1,57 @@
+"""Sample order (order v1): which record ids, in what order, for which rank and step.
+
+Pure functions of plain arrays and integers: this subpackage imports nothing else from pageset and never
+imports torch. ``shuffle`` maps epoch positions to record ids, ``sharding`` maps (step, rank) to epoch
+positions, ``state`` is the resume record, ``keys`` the counter-based randomness behind all of them.
+"""
+
+from .keys import key, key_py, sample_keys
+from .sharding import epoch_length, local_batch, rank_positions, rank_span, resolve_rank, steps_per_epoch
+from .shuffle import (
+    ORDERS,
+    EpochOrder,
+    epoch_permutation,
+    page_permutation,
+    quasi_random_range,
+    random_permutation,
+    sequential_range,
+    window_layout,
+)
+from .state import (
+    ORDER_ALGO,
+    STATE_VERSION,
+    OrderState,
+    StateError,
+    StateMismatchError,
+    check_compatible,
+    normalize_cursor,
+    resume_point,
+)
+
+__all__ = [
+    "EpochOrder",
+    "ORDERS",
+    "ORDER_ALGO",
+    "OrderState",
+    "STATE_VERSION",
+    "StateError",
+    "StateMismatchError",
+    "check_compatible",
+    "epoch_length",
+    "epoch_permutation",
+    "key",
+    "key_py",
+    "local_batch",
+    "normalize_cursor",
+    "page_permutation",
+    "quasi_random_range",
+    "random_permutation",
+    "rank_positions",
+    "rank_span",
+    "resolve_rank",
+    "resume_point",
+    "sample_keys",
+    "sequential_range",
+    "steps_per_epoch",
+    "window_layout",
+]

@@ -1,0 +1,211 @@
+"""The loader's resume state (order v1): a small frozen record, its JSON form and the resume checks.
+
+The state counts batches handed to the caller by ``next()`` (never batches decoded, queued or in flight) as
+``cursor``: global samples consumed in the current epoch, a multiple of the global batch G. Nothing in it is
+per rank or per thread, so a run saved on W ranks resumes on any W' that divides G: every rank recomputes
+its slice from ``(epoch, cursor // G)`` with the pure functions of ``shuffle.py`` and ``sharding.py``.
+``cursor == L`` (saved right after the last batch of an epoch) means the next epoch starts at step 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .keys import MASK64
+from .sharding import epoch_length, local_batch
+from .shuffle import ORDERS
+
+STATE_VERSION = 1  # layout of the state dict
+ORDER_ALGO = 1  # keys + Fisher-Yates + window rules of order v1; a new algorithm gets a new number
+
+FIELDS = (
+    "version",
+    "order_algo",
+    "dataset_id",
+    "seed",
+    "epoch",
+    "cursor",
+    "global_batch_size",
+    "order",
+    "window_pages",
+    "drop_last",
+)
+
+
+class StateError(ValueError):
+    """A resume state is malformed or cannot be used; ``field`` names the offending state field."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"state field {field!r}: {message}")
+        self.field = field
+
+
+class StateMismatchError(StateError):
+    """The saved state and the current loader disagree on ``field`` (``saved`` vs ``current`` values)."""
+
+    def __init__(self, field: str, saved: Any, current: Any, hint: str):
+        super().__init__(
+            field, f"saved state has {field}={saved!r}, this loader has {field}={current!r}. {hint}"
+        )
+        self.saved = saved
+        self.current = current
+
+
+@dataclass(frozen=True, kw_only=True)
+class OrderState:
+    """Where a loader is in its sample stream; enough to recompute every later batch on any world size.
+
+    version: int, STATE_VERSION. order_algo: int, ORDER_ALGO. dataset_id: str, the file's content hash.
+    seed: int in [0, 2**64). epoch: int >= 0. cursor: int >= 0, global samples consumed in this epoch
+    (a multiple of global_batch_size). global_batch_size: int >= 1, G. order: one of ORDERS. window_pages:
+    int >= 1, M. drop_last: bool. Construction validates each field (StateError naming it).
+    """
+
+    version: int = STATE_VERSION
+    order_algo: int = ORDER_ALGO
+    dataset_id: str
+    seed: int
+    epoch: int = 0
+    cursor: int = 0
+    global_batch_size: int
+    order: str
+    window_pages: int = 1
+    drop_last: bool
+
+    def __post_init__(self) -> None:
+        _expect(
+            type(self.version) is int and self.version == STATE_VERSION,
+            "version",
+            f"unsupported value {self.version!r}: this pageset reads version {STATE_VERSION}",
+        )
+        _expect(
+            type(self.order_algo) is int and self.order_algo == ORDER_ALGO,
+            "order_algo",
+            f"unsupported value {self.order_algo!r}: this pageset implements order_algo {ORDER_ALGO}; "
+            f"resume with the pageset version that wrote the state",
+        )
+        _expect(isinstance(self.dataset_id, str), "dataset_id", f"must be a str, got {self.dataset_id!r}")
+        for name, low in (
+            ("seed", 0),
+            ("epoch", 0),
+            ("cursor", 0),
+            ("global_batch_size", 1),
+            ("window_pages", 1),
+        ):
+            value = getattr(self, name)
+            _expect(type(value) is int, name, f"must be an int, got {type(value).__name__} ({value!r})")
+            _expect(value >= low, name, f"must be >= {low}, got {value}")
+        _expect(self.seed <= MASK64, "seed", f"must be < 2**64, got {self.seed}")
+        _expect(self.order in ORDERS, "order", f"must be one of {ORDERS}, got {self.order!r}")
+        _expect(type(self.drop_last) is bool, "drop_last", f"must be a bool, got {self.drop_last!r}")
+        _expect(
+            self.cursor % self.global_batch_size == 0,
+            "cursor",
+            f"cursor={self.cursor} is not a multiple of global_batch_size={self.global_batch_size}: "
+            f"states are taken between steps",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain JSON-serialisable dict (str, int, bool values) with the keys of FIELDS, in that order."""
+        return {name: getattr(self, name) for name in FIELDS}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> OrderState:
+        """Validate and rebuild a state from :meth:`to_dict` output (e.g. after ``json.loads``).
+
+        StateError (a ValueError) naming the field: missing or unknown keys, unsupported ``version`` or
+        ``order_algo`` (checked first, so a future layout is reported as such), wrong types or ranges.
+        """
+        if not isinstance(d, Mapping):
+            raise StateError("version", f"a state must be a mapping, got {type(d).__name__}")
+        for name, supported in (("version", STATE_VERSION), ("order_algo", ORDER_ALGO)):
+            _expect(name in d, name, "missing")
+            _expect(
+                d[name] == supported and type(d[name]) is int,
+                name,
+                f"unsupported value {d[name]!r}: this pageset reads {name} {supported}",
+            )
+        unknown = sorted(set(d) - set(FIELDS))
+        if unknown:
+            raise StateError(unknown[0], f"unknown key(s) {unknown} for state version {STATE_VERSION}")
+        for name in FIELDS:
+            _expect(name in d, name, "missing")
+        return cls(**{name: d[name] for name in FIELDS})
+
+    def replace(self, **changes: Any) -> OrderState:
+        """A copy with ``changes`` applied (validated), e.g. ``state.replace(cursor=state.cursor + G)``."""
+        return dataclasses.replace(self, **changes)
+
+
+def _expect(ok: bool, field: str, message: str) -> None:
+    if not ok:
+        raise StateError(field, message)
+
+
+_HINTS = {
+    "dataset_id": "The state belongs to another dataset file: open the file it was saved with.",
+    "order_algo": "The order algorithm changed: resume with the pageset version that wrote the state.",
+    "seed": "Construct the loader with the saved seed, or start fresh instead of loading the state.",
+    "order": "Construct the loader with the saved order, or start fresh instead of loading the state.",
+    "window_pages": "Construct the loader with the saved window_pages, or start fresh.",
+    "global_batch_size": "Keep the global batch (change the per-rank batch with the world size instead).",
+    "drop_last": "Construct the loader with the saved drop_last: it changes the epoch length.",
+}
+
+
+def check_compatible(
+    saved: OrderState, current: OrderState, world_size: int, n_records: int | None = None
+) -> None:
+    """Raise unless the loader described by ``current`` can resume ``saved`` on ``world_size`` ranks.
+
+    Compares dataset_id, order_algo, seed, order, window_pages (only for ``"quasi_random"``, the one order it
+    changes), global_batch_size and drop_last: StateMismatchError naming the first differing field with both
+    values. ``current.epoch`` and ``current.cursor`` are ignored (the saved ones win). Then requires
+    ``G % world_size == 0`` (StateError on ``global_batch_size``) and, when ``n_records`` is given,
+    ``cursor <= L`` (StateError on ``cursor``). ``cursor % G == 0`` holds by construction of OrderState.
+    """
+    fields = ["dataset_id", "order_algo", "seed", "order", "global_batch_size", "drop_last"]
+    if saved.order == "quasi_random":
+        fields.insert(4, "window_pages")
+    for name in fields:
+        a, b = getattr(saved, name), getattr(current, name)
+        if a != b:
+            raise StateMismatchError(name, a, b, _HINTS[name])
+    try:
+        local_batch(saved.global_batch_size, world_size)
+    except ValueError as exc:
+        raise StateError("global_batch_size", str(exc)) from None
+    if n_records is not None:
+        length = epoch_length(n_records, saved.global_batch_size, saved.drop_last)
+        _expect(
+            saved.cursor <= length,
+            "cursor",
+            f"cursor={saved.cursor} is past the epoch length L={length} (N={n_records}, "
+            f"global_batch_size={saved.global_batch_size}, drop_last={saved.drop_last})",
+        )
+
+
+def normalize_cursor(epoch: int, cursor: int, epoch_length: int) -> tuple[int, int]:
+    """``(epoch, cursor)`` with an epoch end rolled over: ``cursor == L`` -> ``(epoch + 1, 0)``.
+
+    ValueError if ``cursor`` is outside ``[0, L]``.
+    """
+    if not 0 <= cursor <= epoch_length:
+        raise StateError("cursor", f"cursor={cursor} is outside [0, L={epoch_length}]")
+    if cursor == epoch_length:
+        return epoch + 1, 0
+    return epoch, cursor
+
+
+def resume_point(state: OrderState, n_records: int) -> tuple[int, int]:
+    """``(epoch, step)`` at which a loader restarted from ``state`` continues.
+
+    Its next batch is step ``step`` of epoch ``epoch`` (``step = cursor // G`` after
+    :func:`normalize_cursor`); no sample is read to get there. Errors as :func:`epoch_length`.
+    """
+    length = epoch_length(n_records, state.global_batch_size, state.drop_last)
+    epoch, cursor = normalize_cursor(state.epoch, state.cursor, length)
+    return epoch, cursor // state.global_batch_size

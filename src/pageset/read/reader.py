@@ -1,0 +1,388 @@
+"""``open_dataset``: open and validate a pageset file, then read records.
+
+Validation at open follows ``formats/v1.md``: magic -> version and feature bits -> header checksum -> file
+size vs sections -> section checksums -> schema -> index bounds. Each step raises its own
+:class:`~pageset.format.FormatError` subclass naming the path, section and byte offset. Page checksums are
+checked by :meth:`Dataset.verify` (``pageset verify``), not at open: that would read the whole file.
+Every offset and length taken from the file is checked against the file size before it is used, so a
+damaged index can never make a reader (or a Numba kernel fed from it) touch memory outside the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import mmap
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..format import constants as C
+from ..format.checksum import crc32
+from ..format.errors import (
+    BadMagicError,
+    ChecksumMismatchError,
+    FormatError,
+    IndexBoundsError,
+    SchemaError,
+    TruncatedFileError,
+    UnsupportedFeatureError,
+    UnsupportedVersionError,
+)
+from ..format.fields import JSON, Bytes, Field, Float, Int, NDArray, RGBImage
+from ..format.layout import HEADER, PAGE_CHECKSUM, SECTION_ENTRY
+
+MAX_SECTIONS = 1024
+MAX_IMAGE_SIDE = (1 << 31) - 1  # keeps height * width * 3 inside uint64 arithmetic
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """An image as stored: ``data`` (bytes: a JPEG, or ``height*width*3`` raw HWC RGB uint8 bytes), ``height``
+    and ``width`` (pixels), ``encoding`` (``"jpeg"`` or ``"raw"``)."""
+
+    data: bytes = field(repr=False)
+    height: int
+    width: int
+    encoding: str
+
+    def to_numpy(self) -> np.ndarray:
+        """Decode to uint8[height, width, 3] RGB (Pillow for JPEG; a reshape for raw)."""
+        if self.encoding == "raw":
+            return np.frombuffer(self.data, dtype=np.uint8).reshape(self.height, self.width, 3).copy()
+        from PIL import Image
+
+        with Image.open(io.BytesIO(self.data)) as img:
+            return np.asarray(img.convert("RGB"))
+
+
+class Dataset:
+    """A validated, read-only pageset file.
+
+    ``len(ds)`` records; ``ds[i]`` -> ``{field: value}``; ``ds.read(i, field)``; ``ds.schema`` (dict),
+    ``ds.fields`` (name -> Field), ``ds.dataset_id`` (hex str), ``ds.header`` (dict), ``ds.metadata`` (dict with
+    ``lineage`` and ``user``), ``ds.index`` (read-only structured array, one row per record),
+    ``ds.page_size``, ``ds.page_count``, ``ds.data_offset``. Use as a context manager or call ``close()``.
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._file = open(self.path, "rb")
+        try:
+            self._open()
+        except BaseException:
+            self._file.close()
+            raise
+
+    # ---- validation ------------------------------------------------------------------------------------
+    def _err(self, cls, section, offset, detail):
+        return cls(self.path, section, offset, detail)
+
+    def _open(self) -> None:
+        size = os.fstat(self._file.fileno()).st_size
+        self.file_size = size
+        head = self._pread(0, min(size, C.HEADER_SIZE))
+        if len(head) < len(C.MAGIC):
+            raise self._err(TruncatedFileError, "header", 0, f"file is {size} bytes, too short for a pageset header")
+        if head[: len(C.MAGIC)] != C.MAGIC:
+            raise self._err(
+                BadMagicError, "header", 0,
+                f"bad magic {head[:8]!r} (expected {C.MAGIC!r}): not a pageset file, or damaged by a text-mode copy",
+            )
+        if len(head) < C.HEADER_SIZE:
+            raise self._err(TruncatedFileError, "header", 0, f"file is {size} bytes, header needs {C.HEADER_SIZE}")
+        h = np.frombuffer(head, dtype=HEADER, count=1)[0]
+        major, minor = int(h["major"]), int(h["minor"])
+        if major != C.FORMAT_MAJOR:
+            raise self._err(
+                UnsupportedVersionError, "header", 8,
+                f"format version {major}.{minor} is not supported (this pageset reads {C.FORMAT_MAJOR}.x); "
+                "upgrade pageset or rewrite the file",
+            )
+        unknown = int(h["required_features"]) & ~C.KNOWN_REQUIRED_FEATURES
+        if unknown:
+            raise self._err(
+                UnsupportedFeatureError, "header", 24,
+                f"required feature bits {unknown:#x} are unknown to this pageset version; upgrade pageset",
+            )
+        stored_crc = int(h["header_crc"])
+        if crc32(head[: C.HEADER_SIZE - 4]) != stored_crc:
+            raise self._err(ChecksumMismatchError, "header", C.HEADER_SIZE - 4, "header CRC-32 mismatch")
+        self.header = {name: (bytes(h[name]).hex() if h[name].shape else int(h[name])) for name in HEADER.names}
+        self.header.pop("reserved")
+        self.header["magic"] = bytes(h["magic"])
+        self.version = (major, minor)
+        self.page_size = int(h["page_size"])
+        self.record_count = int(h["record_count"])
+        self.data_offset = int(h["data_offset"])
+        self.data_length = int(h["data_length"])
+        self.page_count = int(h["page_count"])
+        self.dataset_id = bytes(h["dataset_id"]).hex()
+        self._check_geometry(h, size)
+        sections = self._read_section_table(h, size)
+        self.schema = self._read_schema(sections)
+        self.index = self._read_index(sections)
+        self._page_crcs = self._read_page_crcs(sections, h)
+        self.metadata = self._read_json_section(sections, C.SECTION_METADATA, "metadata", default={})
+        self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        self._buf = np.frombuffer(self._mm, dtype=np.uint8) if self._mm is not None else np.empty(0, np.uint8)
+
+    def _check_geometry(self, h, size) -> None:
+        if int(h["file_size"]) != size:
+            cls = TruncatedFileError if size < int(h["file_size"]) else FormatError
+            raise self._err(cls, "header", 88, f"header says {int(h['file_size'])} bytes, the file has {size}")
+        ps = self.page_size
+        if ps < C.MIN_PAGE_SIZE or ps > C.MAX_PAGE_SIZE or ps & (ps - 1):
+            raise self._err(FormatError, "header", 16, f"page_size {ps} is not a power of two in [4 KiB, 1 GiB]")
+        if self.data_offset < C.HEADER_SIZE or self.data_offset % C.DATA_ALIGN:
+            raise self._err(FormatError, "header", 48, f"data_offset {self.data_offset} is not 4096-aligned")
+        if self.data_length > size - self.data_offset:
+            raise self._err(TruncatedFileError, "header", 56, f"data area ends past the end of the file ({size})")
+        if self.page_count != -(-self.data_length // ps):
+            raise self._err(FormatError, "header", 64, f"page_count {self.page_count} does not match data_length")
+
+    def _read_section_table(self, h, size) -> dict:
+        off, count = int(h["section_table_offset"]), int(h["section_count"])
+        if count > MAX_SECTIONS or off < self.data_offset + self.data_length or off > size - count * SECTION_ENTRY.itemsize:
+            raise self._err(TruncatedFileError, "section table", off, f"{count} entries do not fit in the file")
+        raw = self._pread(off, count * SECTION_ENTRY.itemsize)
+        if crc32(raw) != int(h["section_table_crc"]):
+            raise self._err(ChecksumMismatchError, "section table", off, "section table CRC-32 mismatch")
+        table = np.frombuffer(raw, dtype=SECTION_ENTRY)
+        sections = {}
+        data_end = self.data_offset + self.data_length
+        for k, e in enumerate(table):
+            kind, s_off, s_len = int(e["kind"]), int(e["offset"]), int(e["length"])
+            name = C.SECTION_NAMES.get(kind, f"section kind {kind}")
+            entry_at = off + k * SECTION_ENTRY.itemsize
+            if s_off < data_end or s_len > size - s_off:
+                raise self._err(TruncatedFileError, name, entry_at, f"section [{s_off}, +{s_len}) lies outside the file")
+            if kind not in C.SECTION_NAMES:
+                if int(e["flags"]) & C.SECTION_FLAG_REQUIRED:
+                    raise self._err(UnsupportedFeatureError, name, entry_at, "unknown required section; upgrade pageset")
+                continue
+            if kind in sections:
+                raise self._err(FormatError, name, entry_at, "section appears twice")
+            payload = self._pread(s_off, s_len)
+            if crc32(payload) != int(e["crc"]):
+                raise self._err(ChecksumMismatchError, name, s_off, f"{name} section CRC-32 mismatch")
+            sections[kind] = (s_off, payload)
+        for kind in (C.SECTION_SCHEMA, C.SECTION_INDEX):
+            if kind not in sections:
+                raise self._err(FormatError, C.SECTION_NAMES[kind], None, "required section is missing")
+        return sections
+
+    def _read_json_section(self, sections, kind, name, default=None):
+        if kind not in sections:
+            return default
+        off, payload = sections[kind]
+        try:
+            return json.loads(payload.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            cls = SchemaError if kind == C.SECTION_SCHEMA else FormatError
+            raise self._err(cls, name, off, f"not valid UTF-8 JSON: {exc}") from None
+
+    def _read_schema(self, sections) -> dict:
+        from ..format.schema import parse_schema
+
+        off, payload = sections[C.SECTION_SCHEMA]
+        if len(payload) > C.MAX_SCHEMA_BYTES:
+            raise self._err(SchemaError, "schema", off, f"schema is {len(payload)} bytes (limit {C.MAX_SCHEMA_BYTES})")
+        doc = self._read_json_section(sections, C.SECTION_SCHEMA, "schema")
+        try:
+            self.fields, self._row_dtype = parse_schema(doc)
+        except (ValueError, TypeError) as exc:
+            raise self._err(SchemaError, "schema", off, str(exc)) from None
+        return doc
+
+    def _read_index(self, sections) -> np.ndarray:
+        off, payload = sections[C.SECTION_INDEX]
+        want = self.record_count * self._row_dtype.itemsize
+        if len(payload) != want:
+            raise self._err(
+                IndexBoundsError, "index", off,
+                f"index is {len(payload)} bytes, expected {self.record_count} rows x {self._row_dtype.itemsize}",
+            )
+        index = np.frombuffer(payload, dtype=self._row_dtype)
+        self._check_index(index, off)
+        return index
+
+    def _check_index(self, index: np.ndarray, off: int) -> None:
+        """Vectorised bounds checks; the first bad row is named (sample index, field, byte offset of the row)."""
+        lo = np.uint64(self.data_offset)
+        hi = np.uint64(self.data_offset + self.data_length)
+        rec_off, rec_len = index["_offset"], index["_length"]
+
+        def fail(mask, what):
+            bad = np.flatnonzero(mask)
+            if bad.size:
+                i = int(bad[0])
+                raise self._err(
+                    IndexBoundsError, "index", off + i * self._row_dtype.itemsize,
+                    f"record {i}: {what} ({bad.size} records affected)",
+                )
+
+        fail((rec_off < lo) | (rec_off > hi) | (rec_len > hi - np.minimum(rec_off, hi)),
+             "record bytes lie outside the data area")
+        if index.size > 1:
+            fail(np.concatenate([[False], rec_off[1:] < rec_off[:-1]]), "record offsets are not in sample order")
+        rec_end = rec_off + rec_len
+        for name, field in self.fields.items():
+            if field.inline:
+                continue
+            f_off, f_len = index[f"{name}.offset"], index[f"{name}.length"]
+            fail((f_off < rec_off) | (f_off > rec_end) | (f_len > rec_end - np.minimum(f_off, rec_end)),
+                 f"field {name!r} bytes lie outside the record")
+            if isinstance(field, RGBImage):
+                h, w, enc = index[f"{name}.height"], index[f"{name}.width"], index[f"{name}.encoding"]
+                fail((h == 0) | (w == 0) | (h > MAX_IMAGE_SIDE) | (w > MAX_IMAGE_SIDE), f"field {name!r}: bad image size")
+                fail(~np.isin(enc, list(C.ENCODING_NAMES)), f"field {name!r}: unknown image encoding")
+                raw = enc == C.ENCODING_RAW
+                fail(raw & (f_len != h.astype(np.uint64) * w.astype(np.uint64) * np.uint64(3)),
+                     f"field {name!r}: raw image length is not height*width*3")
+            elif isinstance(field, NDArray):
+                fail(f_len != np.uint64(field.nbytes), f"field {name!r}: array length is not {field.nbytes} bytes")
+
+    def _read_page_crcs(self, sections, h) -> np.ndarray | None:
+        if C.SECTION_PAGE_CHECKSUMS not in sections:
+            if int(h["optional_features"]) & C.OPTIONAL_PAGE_CHECKSUMS:
+                raise self._err(FormatError, "page_checksums", None, "header announces page checksums; none found")
+            return None
+        off, payload = sections[C.SECTION_PAGE_CHECKSUMS]
+        if len(payload) != self.page_count * PAGE_CHECKSUM.itemsize:
+            raise self._err(FormatError, "page_checksums", off, f"expected {self.page_count} CRCs, got {len(payload) // 4}")
+        return np.frombuffer(payload, dtype=PAGE_CHECKSUM)
+
+    # ---- access ----------------------------------------------------------------------------------------
+    def _pread(self, offset: int, length: int) -> bytes:
+        data = os.pread(self._file.fileno(), length, offset)
+        if len(data) != length:
+            raise self._err(TruncatedFileError, "file", offset, f"short read: {len(data)} of {length} bytes")
+        return data
+
+    def __len__(self) -> int:
+        return self.record_count
+
+    def _row(self, i: int):
+        if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
+            raise TypeError(f"record indices are ints, got {type(i).__name__}")
+        n = self.record_count
+        if not -n <= i < n:
+            raise IndexError(f"{self.path}: record {i} is out of range for {n} records")
+        return self.index[int(i) % n]
+
+    def read(self, i: int, name: str):
+        """The decoded value of field ``name`` of record ``i``.
+
+        Int/Float -> Python int/float (bool for a bool Int); NDArray -> a new array of the field's dtype and
+        shape; Bytes -> bytes; JSON -> the value; RGBImage -> :class:`EncodedImage`.
+        Raises IndexError (out-of-range i) or KeyError (unknown field).
+        """
+        if name not in self.fields:
+            raise KeyError(f"{self.path}: no field {name!r}; fields are {list(self.fields)}")
+        return self._decode(self._row(i), name, self.fields[name])
+
+    def _bytes(self, off: int, length: int) -> bytes:
+        return self._buf[off : off + length].tobytes()
+
+    def _decode(self, row, name: str, field: Field):
+        if isinstance(field, (Int, Float)):
+            return row[name].item()
+        off, length = int(row[f"{name}.offset"]), int(row[f"{name}.length"])
+        if isinstance(field, RGBImage):
+            enc = C.ENCODING_NAMES[int(row[f"{name}.encoding"])]
+            return EncodedImage(self._bytes(off, length), int(row[f"{name}.height"]), int(row[f"{name}.width"]), enc)
+        if isinstance(field, NDArray):
+            dt = np.dtype(field.dtype).newbyteorder("<")
+            return self._buf[off : off + length].view(dt).reshape(field.shape).astype(field.dtype)
+        if isinstance(field, Bytes):
+            return self._bytes(off, length)
+        if isinstance(field, JSON):
+            return json.loads(self._bytes(off, length).decode("utf-8"))
+        raise TypeError(f"unknown field type {type(field).__name__}")
+
+    def __getitem__(self, i: int) -> dict:
+        row = self._row(i)
+        return {name: self._decode(row, name, field) for name, field in self.fields.items()}
+
+    def __iter__(self):
+        for i in range(self.record_count):
+            yield self[i]
+
+    @property
+    def buffer(self) -> np.ndarray:
+        """The whole file as a read-only uint8 array over the mmap (valid until ``close()``)."""
+        return self._buf
+
+    def record_pages(self) -> np.ndarray:
+        """int64[N]: the page holding each record's first byte (zero-length records: the page of their offset,
+        clamped to the last page). With no pages at all (only scalar fields), every record is on page 0."""
+        if self.page_count == 0:
+            return np.zeros(self.record_count, dtype=np.int64)
+        pages = (self.index["_offset"].astype(np.int64) - self.data_offset) // self.page_size
+        return np.minimum(pages, self.page_count - 1)
+
+    def records_per_page(self) -> np.ndarray:
+        """int64[max(page_count, 1)]: records whose first byte lies in each page (records are in page order)."""
+        return np.bincount(self.record_pages(), minlength=max(self.page_count, 1)).astype(np.int64)
+
+    def verify(self) -> None:
+        """Recompute every page CRC-32 and the dataset id.
+
+        Raises ChecksumMismatchError naming the first bad page, its byte offset and the sample indices stored
+        in it; FormatError when the file has no page checksums.
+        """
+        if self._page_crcs is None:
+            raise self._err(FormatError, "page_checksums", None, "this file has no page checksums to verify")
+        ps = self.page_size
+        for k in range(self.page_count):
+            start = self.data_offset + k * ps
+            page = self._buf[start : start + min(ps, self.data_offset + self.data_length - start)]
+            if crc32(page) != int(self._page_crcs[k]):
+                pages = self.record_pages()
+                ends = (self.index["_offset"] + self.index["_length"]).astype(np.int64)
+                hit = np.flatnonzero((self.index["_offset"].astype(np.int64) < start + ps) & (ends > start))
+                hit = np.union1d(hit, np.flatnonzero(pages == k))
+                shown = ", ".join(map(str, hit[:20])) + (" ..." if hit.size > 20 else "")
+                raise self._err(
+                    ChecksumMismatchError, f"page {k}", start,
+                    f"page CRC-32 mismatch; samples stored in this page: [{shown}]",
+                )
+        schema_bytes = _canonical(self.schema)
+        digest = hashlib.sha256(schema_bytes + self.index.tobytes() + self._page_crcs.tobytes()).hexdigest()
+        if digest != self.dataset_id:
+            raise self._err(ChecksumMismatchError, "header", 96, "dataset id does not match the file's content")
+
+    def close(self) -> None:
+        """Release the mmap and the file. Arrays obtained from ``buffer`` must not be used afterwards."""
+        self._buf = np.empty(0, np.uint8)
+        if getattr(self, "_mm", None) is not None:
+            try:
+                self._mm.close()
+            except BufferError:  # a caller still holds a view; the mapping is freed with the last view
+                pass
+            self._mm = None
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{n}: {f.kind}" for n, f in self.fields.items())
+        return f"Dataset({self.path!r}, records={self.record_count}, fields={{{fields}}}, id={self.dataset_id[:12]})"
+
+
+def _canonical(doc) -> bytes:
+    from ..format.schema import canonical_json
+
+    return canonical_json(doc)
+
+
+def open_dataset(path) -> Dataset:
+    """Open and validate a pageset file; see :class:`Dataset`. Raises FormatError subclasses, OSError."""
+    return Dataset(path)

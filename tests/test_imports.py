@@ -1,0 +1,80 @@
+"""Architecture rules: one-way imports between stages, no import-time side effects."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "pageset"
+# stage -> stages it may import (format <- write/read <- order/ops <- load <- device)
+ALLOWED = {
+    "format": set(),
+    "order": set(),
+    "write": {"format"},
+    "read": {"format"},
+    "ops": {"format", "order"},
+    "load": {"format", "read", "order", "ops"},
+    "device": {"format", "read", "order", "ops", "load"},
+}
+THIRD_PARTY = {  # heavy dependencies allowed per stage
+    "format": {"numpy"},
+    "order": {"numpy", "numba"},
+}
+
+
+def _imports(path: Path):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    pkg_parts = path.relative_to(SRC.parent).with_suffix("").parts[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg_parts[: len(pkg_parts) - node.level + 1]
+                mod = ".".join(base + ((node.module,) if node.module else ()))
+            else:
+                mod = node.module or ""
+            yield mod
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+
+
+def test_stage_imports_point_one_way():
+    bad = []
+    for stage, allowed in ALLOWED.items():
+        folder = SRC / stage
+        for path in folder.rglob("*.py"):
+            for mod in _imports(path):
+                parts = mod.split(".")
+                if parts[0] == "pageset" and len(parts) > 1 and parts[1] in ALLOWED:
+                    if parts[1] != stage and parts[1] not in allowed:
+                        bad.append(f"{path.relative_to(SRC)} imports {mod}")
+                elif parts[0] == "pageset" and len(parts) > 1 and parts[1] not in ALLOWED:
+                    bad.append(f"{path.relative_to(SRC)} imports top-level module {mod}")
+                if stage in THIRD_PARTY and parts[0] in {"torch", "numba", "PIL", "tqdm"}:
+                    if parts[0] not in THIRD_PARTY[stage]:
+                        bad.append(f"{path.relative_to(SRC)} imports {parts[0]}")
+    assert not bad, bad
+
+
+def test_torch_only_in_load_and_device():
+    offenders = []
+    for path in SRC.rglob("*.py"):
+        stage = path.relative_to(SRC).parts[0]
+        if stage in ("load", "device"):
+            continue
+        if any(m.split(".")[0] == "torch" for m in _imports(path)):
+            offenders.append(str(path.relative_to(SRC)))
+    assert not offenders, offenders
+
+
+def test_import_has_no_side_effects():
+    code = (
+        "import os, sys, threading; before = set(os.environ.items()); n = threading.active_count();"
+        "import pageset, pageset.cli;"
+        "assert set(os.environ.items()) == before, 'environment changed';"
+        "assert threading.active_count() == n, 'threads started';"
+        "assert 'torch' not in sys.modules, 'torch imported by the writer/reader facade'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,211 @@
+"""Damaged files: each case raises its own FormatError subclass naming the path, section and byte offset."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pageset import (
+    BadMagicError,
+    ChecksumMismatchError,
+    FormatError,
+    IndexBoundsError,
+    Int,
+    RGBImage,
+    SchemaError,
+    TruncatedFileError,
+    UnsupportedFeatureError,
+    UnsupportedVersionError,
+    open_dataset,
+    write_dataset,
+)
+from pageset.format.checksum import crc32
+from pageset.format.constants import HEADER_SIZE
+from pageset.format.layout import HEADER, SECTION_ENTRY
+
+
+@pytest.fixture()
+def good(tmp_path, photo_arrays):
+    path = tmp_path / "good.pageset"
+    samples = [(a[:160, :200], k) for k, a in enumerate(photo_arrays)]
+    write_dataset(path, samples, {"image": RGBImage(), "label": Int()}, num_workers=0, page_size=1 << 14,
+                  progress=False)
+    return path
+
+
+def _header(path):
+    return np.frombuffer(path.read_bytes()[:HEADER_SIZE], dtype=HEADER)[0]
+
+
+def _sections(path):
+    h = _header(path)
+    raw = path.read_bytes()[int(h["section_table_offset"]):]
+    return np.frombuffer(raw[: int(h["section_count"]) * SECTION_ENTRY.itemsize], dtype=SECTION_ENTRY)
+
+
+def _flip(path, offset, out=None):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x40
+    target = out or path
+    target.write_bytes(bytes(data))
+    return target
+
+
+def _rewrite_header(path, **changes):
+    data = bytearray(path.read_bytes())
+    h = np.frombuffer(bytes(data[:HEADER_SIZE]), dtype=HEADER).copy()
+    for k, v in changes.items():
+        h[0][k] = v
+    raw = bytearray(h.tobytes())
+    raw[-4:] = crc32(bytes(raw[:-4])).to_bytes(4, "little")
+    data[:HEADER_SIZE] = raw
+    path.write_bytes(bytes(data))
+
+
+def _check(exc, path, section):
+    assert isinstance(exc, FormatError)
+    assert exc.path == str(path) and section in exc.section
+    assert str(path) in str(exc)
+
+
+def test_good_file_opens(good):
+    with open_dataset(good) as ds:
+        ds.verify()
+
+
+def test_wrong_magic(good, tmp_path):
+    p = tmp_path / "m"
+    p.write_bytes(b"PK\x03\x04" + good.read_bytes()[4:])
+    with pytest.raises(BadMagicError) as ei:
+        open_dataset(p)
+    _check(ei.value, p, "header")
+    assert ei.value.offset == 0
+
+
+def test_text_mode_damage_caught_by_magic(good, tmp_path):
+    p = tmp_path / "crlf"
+    p.write_bytes(good.read_bytes().replace(b"\r\n", b"\n"))
+    with pytest.raises(BadMagicError):
+        open_dataset(p)
+
+
+def test_flipped_byte_in_header(good):
+    _flip(good, 44)  # inside record_count
+    with pytest.raises(ChecksumMismatchError) as ei:
+        open_dataset(good)
+    _check(ei.value, good, "header")
+
+
+def test_future_major_version(good):
+    _rewrite_header(good, major=2)
+    with pytest.raises(UnsupportedVersionError, match="upgrade pageset") as ei:
+        open_dataset(good)
+    assert ei.value.offset == 8
+
+
+def test_newer_minor_version_is_read(good):
+    _rewrite_header(good, minor=7, optional_features=0b1011)  # unknown optional bits are ignored
+    with open_dataset(good) as ds:
+        assert ds.version == (1, 7)
+
+
+def test_unknown_required_feature_bit(good):
+    _rewrite_header(good, required_features=1 << 5)
+    with pytest.raises(UnsupportedFeatureError, match="0x20"):
+        open_dataset(good)
+
+
+def test_flipped_byte_in_section_table(good):
+    off = int(_header(good)["section_table_offset"]) + 9
+    _flip(good, off)
+    with pytest.raises(ChecksumMismatchError) as ei:
+        open_dataset(good)
+    _check(ei.value, good, "section table")
+
+
+@pytest.mark.parametrize("kind, name", [(1, "schema"), (2, "index"), (3, "page_checksums"), (4, "metadata")])
+def test_flipped_byte_in_each_section(good, kind, name):
+    entry = next(e for e in _sections(good) if int(e["kind"]) == kind)
+    _flip(good, int(entry["offset"]) + int(entry["length"]) // 2)
+    with pytest.raises(ChecksumMismatchError) as ei:
+        open_dataset(good)
+    _check(ei.value, good, name)
+    assert ei.value.offset == int(entry["offset"])
+
+
+def test_flipped_byte_in_a_page_found_by_verify(good):
+    h = _header(good)
+    _flip(good, int(h["data_offset"]) + 20000)  # page 1 of 16 KiB pages
+    with open_dataset(good) as ds:  # pages are not read at open
+        with pytest.raises(ChecksumMismatchError, match=r"page 1.*samples stored in this page: \[\d") as ei:
+            ds.verify()
+    assert ei.value.section == "page 1"
+
+
+def test_truncated_file(good, tmp_path):
+    data = good.read_bytes()
+    for cut in (0, 5, 100, len(data) // 2, len(data) - 1):
+        p = tmp_path / f"cut{cut}"
+        p.write_bytes(data[:cut])
+        with pytest.raises(TruncatedFileError) as ei:
+            open_dataset(p)
+        _check(ei.value, p, "header")
+
+
+def test_extra_trailing_bytes(good):
+    good.write_bytes(good.read_bytes() + b"\0" * 10)
+    with pytest.raises(FormatError, match="the file has"):
+        open_dataset(good)
+
+
+def _patch_section(path, kind, new_payload):
+    """Replace a section's bytes (same length) and fix its CRC, section table CRC and header CRC: the damage
+    is then only visible to the semantic checks behind the checksums."""
+    data = bytearray(path.read_bytes())
+    h = _header(path)
+    table_off = int(h["section_table_offset"])
+    table = _sections(path).copy()
+    k = next(i for i, e in enumerate(table) if int(e["kind"]) == kind)
+    off, length = int(table[k]["offset"]), int(table[k]["length"])
+    assert len(new_payload) == length
+    data[off : off + length] = new_payload
+    table[k]["crc"] = crc32(new_payload)
+    data[table_off : table_off + table.nbytes] = table.tobytes()
+    path.write_bytes(bytes(data))
+    _rewrite_header(path, section_table_crc=crc32(table.tobytes()))
+    return off
+
+
+def test_schema_errors_behind_valid_checksums(good):
+    entry = next(e for e in _sections(good) if int(e["kind"]) == 1)
+    payload = good.read_bytes()[int(entry["offset"]) : int(entry["offset"]) + int(entry["length"])]
+    bad = payload.replace(b'"kind":"int"', b'"kind":"inx"')
+    _patch_section(good, 1, bad)
+    with pytest.raises(SchemaError, match="unknown kind 'inx'") as ei:
+        open_dataset(good)
+    assert ei.value.offset == int(entry["offset"])
+
+
+def test_index_offset_outside_file_behind_valid_checksums(good):
+    with open_dataset(good) as ds:
+        index = ds.index.copy()
+    index[3]["image.offset"] = 10**12
+    _patch_section(good, 2, index.tobytes())
+    with pytest.raises(IndexBoundsError, match="record 3: field 'image'"):
+        open_dataset(good)
+
+
+def test_index_records_out_of_order_behind_valid_checksums(good):
+    with open_dataset(good) as ds:
+        index = ds.index.copy()
+    index[[1, 2]] = index[[2, 1]]
+    _patch_section(good, 2, index.tobytes())
+    with pytest.raises(IndexBoundsError, match="record 2: record offsets are not in sample order"):
+        open_dataset(good)
+
+
+def test_not_a_file_at_all(tmp_path):
+    p = tmp_path / "README.md"
+    p.write_text("# hello\n" * 100)
+    with pytest.raises(BadMagicError):
+        open_dataset(p)

@@ -1,0 +1,200 @@
+"""Bad input: clear errors naming the sample, field and fix; nothing written; previous files survive."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from pageset import Int, NDArray, RGBImage, SampleError, open_dataset, write_dataset
+
+
+class RaisesAt:
+    """An indexable source whose __getitem__ raises at one index."""
+
+    def __init__(self, n, bad):
+        self.n, self.bad = n, bad
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise RuntimeError(f"corrupt record {i} in upstream store")
+        return (i,)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_getitem_raising_at_5_names_index_and_keeps_previous_file(tmp_path, num_workers):
+    out = tmp_path / "d.pageset"
+    write_dataset(out, [(7,)], {"y": Int()}, num_workers=0, progress=False)
+    before = out.read_bytes()
+    t0 = time.monotonic()
+    with pytest.raises(SampleError) as ei:
+        write_dataset(out, RaisesAt(200, 5), {"y": Int()}, num_workers=num_workers, progress=False)
+    assert time.monotonic() - t0 < 30
+    err = ei.value
+    assert err.index == 5
+    assert "sample 5" in str(err) and "corrupt record 5 in upstream store" in str(err)
+    if num_workers:
+        assert "Worker traceback" in str(err) and "__getitem__" in str(err)
+    else:
+        assert isinstance(err.__cause__, RuntimeError)
+    assert out.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["d.pageset"]  # no temp file left behind
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_on_error_skip_records_indices(tmp_path, num_workers):
+    out = tmp_path / "s.pageset"
+    res = write_dataset(out, RaisesAt(20, 5), {"y": Int()}, num_workers=num_workers, progress=False,
+                        on_error="skip")
+    assert res.skipped == (5,) and res.records == 19
+    with open_dataset(out) as ds:
+        assert ds.index["y"].tolist() == [i for i in range(20) if i != 5]
+        lin = ds.metadata["lineage"]
+        assert lin["skipped"] == [5]
+        assert "corrupt record 5" in lin["skipped_errors"][0]["error"]
+
+
+def test_float64_array_for_float32_field(tmp_path):
+    with pytest.raises(SampleError, match=r"sample 0, field 'x'.*float64.*float32.*astype"):
+        write_dataset(tmp_path / "f.pageset", [(np.zeros(3),)], {"x": NDArray("float32", (3,))},
+                      num_workers=0, progress=False)
+    # a safe cast is accepted and stored exactly
+    write_dataset(tmp_path / "g.pageset", [(np.arange(3, dtype=np.int16),)], {"x": NDArray("float32", (3,))},
+                  num_workers=0, progress=False)
+    with open_dataset(tmp_path / "g.pageset") as ds:
+        np.testing.assert_array_equal(ds[0]["x"], np.arange(3, dtype=np.float32))
+
+
+def test_wrong_shape_and_out_of_range_int(tmp_path):
+    with pytest.raises(SampleError, match=r"shape \(2,\) does not match"):
+        write_dataset(tmp_path / "a", [(np.zeros(2, np.float32),)], {"x": NDArray("float32", (3,))},
+                      num_workers=0, progress=False)
+    with pytest.raises(SampleError, match="does not fit int8"):
+        write_dataset(tmp_path / "b", [(300,)], {"x": Int("int8")}, num_workers=0, progress=False)
+    with pytest.raises(SampleError, match="expected an integer"):
+        write_dataset(tmp_path / "c", [(1.5,)], {"x": Int()}, num_workers=0, progress=False)
+
+
+def test_dict_sample_missing_a_field(tmp_path):
+    src = [{"a": 1, "b": 2}, {"a": 3}]
+    with pytest.raises(SampleError, match=r"sample 1, field 'b'.*no key 'b'"):
+        write_dataset(tmp_path / "m.pageset", src, {"a": Int(), "b": Int()}, num_workers=0, progress=False)
+
+
+def test_tuple_of_wrong_length(tmp_path):
+    with pytest.raises(SampleError, match="2 values but there are 3 fields"):
+        write_dataset(tmp_path / "t", [(1, 2)], {"a": Int(), "b": Int(), "c": Int()}, num_workers=0,
+                      progress=False)
+
+
+def test_non_image_files_in_imagefolder(tmp_path, photos):
+    root = tmp_path / "folder"
+    (root / "cat").mkdir(parents=True)
+    (root / "dog").mkdir()
+    from PIL import Image
+
+    Image.open(photos[0]).convert("RGB").resize((64, 48)).save(root / "cat" / "a.jpg")
+    Image.open(photos[1]).convert("RGB").resize((64, 48)).save(root / "dog" / "b.png")
+    (root / "dog" / "notes.txt").write_text("not an image")  # ignored, as torchvision's ImageFolder does
+    res = write_dataset(tmp_path / "ok.pageset", root, num_workers=0, progress=False)
+    assert res.records == 2
+    with open_dataset(tmp_path / "ok.pageset") as ds:
+        assert ds.schema["attributes"] == {"class_names": ["cat", "dog"], "ignored_files": 1}
+    (root / "dog" / "c.jpg").write_text("text with an image extension")  # a real error, named
+    with pytest.raises(SampleError) as ei:
+        write_dataset(tmp_path / "bad.pageset", root, num_workers=2, progress=False)
+    assert ei.value.index == 2 and ei.value.field == "image"
+    assert "c.jpg" in str(ei.value) and "could not be decoded" in str(ei.value)
+    assert not (tmp_path / "bad.pageset").exists()
+
+
+def test_empty_and_png_named_jpg(tmp_path, photos):
+    empty = tmp_path / "empty.jpg"
+    empty.write_bytes(b"")
+    with pytest.raises(SampleError, match="empty"):
+        write_dataset(tmp_path / "e", [str(empty)], num_workers=0, progress=False)
+    from PIL import Image
+
+    png_named_jpg = tmp_path / "really_png.jpg"
+    Image.open(photos[0]).convert("RGB").resize((32, 32)).save(png_named_jpg, format="PNG")
+    write_dataset(tmp_path / "p.pageset", [str(png_named_jpg)], num_workers=0, progress=False)  # content wins
+
+
+def test_invalid_arguments(tmp_path):
+    with pytest.raises(ValueError, match="power of two"):
+        write_dataset(tmp_path / "x", [(1,)], {"y": Int()}, page_size=3000)
+    with pytest.raises(ValueError, match="on_error"):
+        write_dataset(tmp_path / "x", [(1,)], {"y": Int()}, on_error="ignore")
+    with pytest.raises(ValueError, match="must not start with '_'"):
+        write_dataset(tmp_path / "x", [(1,)], {"_y": Int()})
+    with pytest.raises(ValueError, match="RGBImage.encoding"):
+        write_dataset(tmp_path / "x", [(1,)], {"y": RGBImage(encoding="png")})
+    with pytest.raises(TypeError, match="pass fields="):
+        write_dataset(tmp_path / "x", [(1,)])
+    assert list(tmp_path.iterdir()) == []
+
+
+KILL_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    import numpy as np
+    from pageset import write_dataset, NDArray
+
+    class Slow:
+        def __len__(self):
+            return 10_000
+        def __getitem__(self, i):
+            if i == 50:
+                print("halfway", flush=True)
+            if i >= 50:
+                time.sleep(0.01)
+            return (np.full(4096, i, dtype=np.float64),)
+
+    write_dataset(sys.argv[1], Slow(), {"x": NDArray("float64", (4096,))}, num_workers=int(sys.argv[2]),
+                  page_size=1 << 16, progress=False)
+    """
+)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_sigkill_halfway_leaves_previous_file_intact(tmp_path, num_workers):
+    out = tmp_path / "target.pageset"
+    write_dataset(out, [(np.zeros(4096),)], {"x": NDArray("float64", (4096,))}, num_workers=0, progress=False)
+    before = out.read_bytes()
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(out), str(num_workers)],
+                            stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout.readline().strip() == b"halfway"
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGKILL)  # the writer and its workers, as an OOM killer or a node loss would
+    proc.wait(timeout=30)
+    assert out.read_bytes() == before
+    with open_dataset(out) as ds:
+        ds.verify()
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name != "target.pageset"]
+    assert all(".tmp-" in name for name in leftovers)  # a killed process cannot clean up; it never renames
+
+
+def test_worker_killed_is_reported(tmp_path):
+    class KillsWorker:
+        def __len__(self):
+            return 100
+
+        def __getitem__(self, i):
+            if i == 30:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return (i,)
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="worker process died"):
+        write_dataset(tmp_path / "k.pageset", KillsWorker(), {"y": Int()}, num_workers=2, progress=False)
+    assert time.monotonic() - t0 < 30
+    assert not (tmp_path / "k.pageset").exists()
