@@ -58,9 +58,17 @@ def test_section_kinds():
 
 def test_features():
     rows = table("features")
-    assert [(r["kind"], int(r["bit"]), r["name"]) for r in rows] == [("optional", 0, "page_checksums")]
+    assert [(r["kind"], int(r["bit"]), r["name"]) for r in rows] == [
+        ("optional", 0, "page_checksums"), ("required", 0, "tokens")]
     assert C.OPTIONAL_PAGE_CHECKSUMS == 1 << 0
-    assert C.KNOWN_REQUIRED_FEATURES == 0
+    assert C.REQUIRED_TOKENS == 1 << 0
+    assert C.KNOWN_REQUIRED_FEATURES == C.REQUIRED_TOKENS
+
+
+def test_token_dtypes():
+    rows = table("token_dtypes")
+    assert tuple(r["dtype"] for r in rows) == C.TOKEN_DTYPES
+    assert [np.dtype(r["type"]) for r in rows] == [np.dtype(d).newbyteorder("<") for d in C.TOKEN_DTYPES]
 
 
 def test_field_kinds_and_dtypes():

@@ -5,6 +5,12 @@ Public API::
     from pageset import write_dataset, open_dataset, RGBImage, Int
     write_dataset("train.pageset", "imagenet/train", {"image": RGBImage(max_resolution=512), "label": Int()})
     ds = open_dataset("train.pageset")
+
+    from pageset import Loader, RandomResizedCrop, RandomHorizontalFlip, Normalize, ToTensor, ToDevice
+    loader = Loader("train.pageset", batch_size=256, pipelines={"image": [RandomResizedCrop(224), ...]})
+
+The loader names (``Loader``, the ops, ``ToDevice``) import torch and numba, so they load on first use:
+``import pageset`` alone stays light for the writer and the CLI.
 """
 
 from .format import (
@@ -25,27 +31,92 @@ from .format import (
 )
 from .read import Dataset, EncodedImage, open_dataset
 from .write import ImageFolder, SampleError, WriteResult, write_dataset
+from .format.fields import Tokens
+from .read.tokens import TokenDataset, open_tokens
+from .write.importers import import_llmc, import_megatron, import_nanogpt
+from .write.tokens import TokenWriteResult, write_tokens
+
+_LAZY = {
+    "gather_windows": "pageset.ops.tokens",
+    "document_outputs": "pageset.ops.tokens",
+    "Loader": "pageset.load",
+    "DecodeError": "pageset.load",
+    "PipelineError": "pageset.load",
+    "ToDevice": "pageset.device",
+    "RandomResizedCrop": "pageset.ops.transforms",
+    "CenterCrop": "pageset.ops.transforms",
+    "RandomHorizontalFlip": "pageset.ops.transforms",
+    "Normalize": "pageset.ops.transforms",
+    "ToTensor": "pageset.ops.transforms",
+    "ToTorchImage": "pageset.ops.transforms",
+    "IntDecoder": "pageset.ops.transforms",
+    "FloatDecoder": "pageset.ops.transforms",
+    "NDArrayDecoder": "pageset.ops.transforms",
+    "BytesDecoder": "pageset.ops.transforms",
+    "JSONDecoder": "pageset.ops.transforms",
+    "IMAGENET_MEAN": "pageset.ops.transforms",
+    "IMAGENET_STD": "pageset.ops.transforms",
+}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pageset' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
-    "JSON",
     "BadMagicError",
     "Bytes",
+    "BytesDecoder",
+    "CenterCrop",
     "ChecksumMismatchError",
     "Dataset",
+    "DecodeError",
     "EncodedImage",
     "Float",
+    "FloatDecoder",
     "FormatError",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
     "ImageFolder",
     "IndexBoundsError",
     "Int",
+    "IntDecoder",
+    "JSON",
+    "JSONDecoder",
+    "Loader",
     "NDArray",
+    "NDArrayDecoder",
+    "Normalize",
+    "PipelineError",
     "RGBImage",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
     "SampleError",
     "SchemaError",
+    "ToDevice",
+    "ToTensor",
+    "ToTorchImage",
+    "TokenDataset",
+    "TokenWriteResult",
+    "Tokens",
     "TruncatedFileError",
     "UnsupportedFeatureError",
     "UnsupportedVersionError",
     "WriteResult",
+    "document_outputs",
+    "gather_windows",
+    "import_llmc",
+    "import_megatron",
+    "import_nanogpt",
     "open_dataset",
+    "open_tokens",
     "write_dataset",
+    "write_tokens",
 ]

@@ -2,6 +2,7 @@
 
     pageset convert PHOTOS/ train.pageset --max-resolution 512 --encoding jpeg --num-workers 8
     pageset convert files.txt train.pageset          # one image path per line, optionally "<path>\\t<label>"
+    pageset convert-text corpus/ train.pageset --tokenizer encoder.json --merges vocab.bpe --separator %
     pageset inspect train.pageset [--json]
     pageset verify train.pageset
 """
@@ -72,6 +73,22 @@ def cmd_convert(args) -> int:
     return 0
 
 
+def cmd_convert_text(args) -> int:
+    from .write.tokens import write_tokens
+
+    tokenizer = (args.tokenizer, args.merges) if args.merges else args.tokenizer
+    try:
+        r = write_tokens(args.output, args.source, tokenizer, eos_id=args.eos_id, bos_id=args.bos_id,
+                         dtype=args.dtype, num_workers=args.num_workers, progress=not args.no_progress,
+                         text_key=args.text_key, separator=args.separator, page_size=args.page_size)
+    except (ValueError, TypeError, RuntimeError, ImportError) as exc:
+        print(f"pageset convert-text: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {r.path}: {r.documents} documents, {r.tokens} tokens ({r.dtype}), {r.bytes / 1e6:.1f} MB in "
+          f"{r.seconds:.1f} s ({r.tokens / max(r.seconds, 1e-9) / 1e6:.2f} M tokens/s), id {r.dataset_id[:16]}")
+    return 0
+
+
 def describe(ds) -> dict:
     """A JSON-serialisable summary of an open dataset (what ``pageset inspect`` prints)."""
     fields = {}
@@ -91,6 +108,11 @@ def describe(ds) -> dict:
             info["min"], info["max"] = col.min().item(), col.max().item()
             if field.kind == "int" and len(np.unique(col)) <= 1000:
                 info["distinct"] = int(len(np.unique(col)))
+        if field.kind == "tokens" and ds.tokens_info is not None:
+            lengths = np.diff(ds.doc_offsets.astype(np.int64))
+            info.update(ds.tokens_info)
+            info["doc_tokens"] = ({"min": int(lengths.min()), "max": int(lengths.max()),
+                                   "mean": float(lengths.mean())} if lengths.size else {})
         fields[name] = info
     header = {k: (v.decode("latin-1") if isinstance(v, bytes) else v) for k, v in ds.header.items()}
     return {
@@ -124,6 +146,10 @@ def cmd_inspect(args) -> int:
         if f["kind"] == "rgb_image":
             extra = (f" {f['width']['min']}-{f['width']['max']} x {f['height']['min']}-{f['height']['max']} px,"
                      f" encodings {f['encodings']}")
+        elif f["kind"] == "tokens":
+            tok = f.get("tokenizer") or {}
+            extra = (f" {f['count']} tokens in {f['documents']} documents (mean {f['doc_tokens'].get('mean', 0):.0f}),"
+                     f" eos_id {f['eos_id']}, bos_id {f['bos_id']}, tokenizer {tok.get('name')}")
         elif "min" in f:
             extra = f" range [{f['min']}, {f['max']}]"
         size = f" {f['bytes']['total'] / 1e6:.2f} MB (mean {f['bytes']['mean']:.0f} B)" if "bytes" in f else ""
@@ -161,6 +187,21 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--on-error", choices=["raise", "skip"], default="raise")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=cmd_convert)
+    t = sub.add_parser("convert-text", help="text corpus -> token file (tokenize + pack)")
+    t.add_argument("source", help="text file, directory, .jsonl or .parquet")
+    t.add_argument("output")
+    t.add_argument("--tokenizer", required=True,
+                   help="tokenizer.json, a cl100k_base .tiktoken file, or GPT-2 encoder.json/vocab.json with --merges")
+    t.add_argument("--merges", default=None, help="vocab.bpe / merges.txt for a GPT-2-style BPE")
+    t.add_argument("--eos-id", type=int, default=None)
+    t.add_argument("--bos-id", type=int, default=None)
+    t.add_argument("--dtype", choices=["auto", "uint16", "uint32"], default="auto")
+    t.add_argument("--text-key", default="text", help="JSONL key / Parquet column")
+    t.add_argument("--separator", default=None, help="split text files at lines equal to this, e.g. %%")
+    t.add_argument("--num-workers", type=int, default=None)
+    t.add_argument("--page-size", type=int, default=DEFAULT_PAGE_SIZE)
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(func=cmd_convert_text)
     i = sub.add_parser("inspect", help="print header, schema, counts, sizes, dataset id and lineage")
     i.add_argument("path")
     i.add_argument("--json", action="store_true", help="machine-readable output")

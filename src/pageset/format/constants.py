@@ -8,7 +8,8 @@ from __future__ import annotations
 MAGIC = b"\x89PGS\r\n\x1a\n"
 
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+# 1.1 adds token streams (required feature bit REQUIRED_TOKENS, section kind 5). A 1.1 reader reads 1.0 files.
+FORMAT_MINOR = 1
 
 HEADER_SIZE = 160
 # Pages start at the first 4 KiB boundary after the header: aligned for mmap and O_DIRECT-style reads.
@@ -28,18 +29,22 @@ SECTION_SCHEMA = 1
 SECTION_INDEX = 2
 SECTION_PAGE_CHECKSUMS = 3
 SECTION_METADATA = 4
+SECTION_DOC_OFFSETS = 5  # token files (1.1): <u8[D + 1] token offsets of document starts, 0 ... token count
 SECTION_NAMES = {
     SECTION_SCHEMA: "schema",
     SECTION_INDEX: "index",
     SECTION_PAGE_CHECKSUMS: "page_checksums",
     SECTION_METADATA: "metadata",
+    SECTION_DOC_OFFSETS: "doc_offsets",
 }
 # Section flags: a reader that meets an unknown kind with this flag set MUST refuse the file.
 SECTION_FLAG_REQUIRED = 1
 
-# Feature bits. v1.0 defines no required feature: a reader MUST refuse a file with any required bit it does
-# not know, and MUST ignore unknown optional bits.
-KNOWN_REQUIRED_FEATURES = 0
+# Feature bits. A reader MUST refuse a file with any required bit it does not know, and MUST ignore unknown
+# optional bits. v1.0 defined no required feature; v1.1 adds REQUIRED_TOKENS, so a 1.0 reader refuses a token
+# file cleanly (UnsupportedFeatureError) instead of misreading its empty index as an empty dataset.
+REQUIRED_TOKENS = 1 << 0
+KNOWN_REQUIRED_FEATURES = REQUIRED_TOKENS
 OPTIONAL_PAGE_CHECKSUMS = 1 << 0
 KNOWN_OPTIONAL_FEATURES = OPTIONAL_PAGE_CHECKSUMS
 
@@ -52,6 +57,8 @@ ENCODING_NAMES = {ENCODING_RAW: "raw", ENCODING_JPEG: "jpeg"}
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool")
 FLOAT_DTYPES = ("float16", "float32", "float64")
 NDARRAY_DTYPES = INT_DTYPES + FLOAT_DTYPES
+# Token streams: uint16 iff the largest stored id is <= 65535, else uint32 (stored little-endian).
+TOKEN_DTYPES = ("uint16", "uint32")
 
 # Limits that keep a malicious or broken file from asking for absurd allocations.
 MAX_FIELD_NAME_BYTES = 255

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .constants import FLOAT_DTYPES, INT_DTYPES, NDARRAY_DTYPES
+from .constants import FLOAT_DTYPES, INT_DTYPES, NDARRAY_DTYPES, TOKEN_DTYPES
 from .layout import IMAGE_COLUMNS, SPAN_COLUMNS
 
 
@@ -171,7 +171,30 @@ class JSON(Field):
     kind: ClassVar[str] = "json"
 
 
-FIELD_KINDS: dict[str, type[Field]] = {cls.kind: cls for cls in (RGBImage, Int, Float, NDArray, Bytes, JSON)}
+@dataclass(frozen=True)
+class Tokens(Field):
+    """The token stream of a token file (format 1.1): the whole data area is one flat little-endian stream of
+    ``dtype`` (``"uint16"`` or ``"uint32"``) token ids, documents described by the ``doc_offsets`` section.
+
+    A token file has exactly this one field and no records (``record_count`` 0, an empty index), so the field
+    owns no index columns. Write one with :func:`pageset.write_tokens`; read it with :func:`pageset.open_tokens`.
+    """
+
+    kind: ClassVar[str] = "tokens"
+    inline: ClassVar[bool] = True  # no per-record bytes or columns: the stream is described by doc_offsets
+    dtype: str = "uint16"
+
+    def columns(self, name: str) -> list[tuple[str, str]]:
+        return []
+
+    def validate(self) -> None:
+        if self.dtype not in TOKEN_DTYPES:
+            raise ValueError(f"Tokens.dtype must be one of {TOKEN_DTYPES}, got {self.dtype!r}")
+
+
+FIELD_KINDS: dict[str, type[Field]] = {
+    cls.kind: cls for cls in (RGBImage, Int, Float, NDArray, Bytes, JSON, Tokens)
+}
 
 
 def field_from_schema(kind: str, params: dict) -> Field:

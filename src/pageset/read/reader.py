@@ -126,6 +126,11 @@ class Dataset:
         self.index = self._read_index(sections)
         self._page_crcs = self._read_page_crcs(sections, h)
         self.metadata = self._read_json_section(sections, C.SECTION_METADATA, "metadata", default={})
+        self.tokens_info = None  # token files (format 1.1): see pageset.read.tokens
+        if int(h["required_features"]) & C.REQUIRED_TOKENS or any(f.kind == "tokens" for f in self.fields.values()):
+            from .tokens import validate_token_sections
+
+            self.tokens_info, self.doc_offsets = validate_token_sections(self, sections)
         self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         self._buf = np.frombuffer(self._mm, dtype=np.uint8) if self._mm is not None else np.empty(0, np.uint8)
 
@@ -351,7 +356,8 @@ class Dataset:
                     f"page CRC-32 mismatch; samples stored in this page: [{shown}]",
                 )
         schema_bytes = _canonical(self.schema)
-        digest = hashlib.sha256(schema_bytes + self.index.tobytes() + self._page_crcs.tobytes()).hexdigest()
+        extra = self.doc_offsets.tobytes() if self.tokens_info is not None else b""  # token files (1.1)
+        digest = hashlib.sha256(schema_bytes + self.index.tobytes() + self._page_crcs.tobytes() + extra).hexdigest()
         if digest != self.dataset_id:
             raise self._err(ChecksumMismatchError, "header", 96, "dataset id does not match the file's content")
 

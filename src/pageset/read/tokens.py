@@ -1,0 +1,160 @@
+"""``open_tokens``: read a token file (format 1.1) as a zero-copy array of token ids plus document offsets.
+
+A token file is an ordinary pageset file (same header, section table, CRCs, dataset id), so it is opened by
+:class:`~pageset.read.reader.Dataset` and gets every check of ``formats/v1.md`` section 8. On top of those,
+:func:`validate_token_sections` (called by the reader for any file with the ``tokens`` feature bit or field)
+checks the token-specific invariants before any token is used:
+
+- the schema has exactly one field, of kind ``tokens``, and a ``"tokens"`` object that agrees with it;
+- ``record_count`` is 0 and ``data_length == count * itemsize``;
+- the ``doc_offsets`` section holds ``documents + 1`` little-endian u64 values, starting at 0, non-decreasing,
+  ending at ``count``.
+
+Windows are not stored: for a load-time ``seq_len`` window ``w`` is ``tokens[w*seq_len : w*seq_len + seq_len
++ 1]`` (see :mod:`pageset.ops.tokens`), so one file serves every ``seq_len``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..format import constants as C
+from ..format.errors import FormatError, SchemaError
+from .reader import Dataset
+
+DOC_OFFSET = np.dtype("<u8")
+
+
+def validate_token_sections(ds: Dataset, sections: dict) -> tuple[dict, np.ndarray]:
+    """Check a token file's schema, geometry and ``doc_offsets`` section (already CRC-checked by the reader).
+
+    Returns ``(tokens_info, doc_offsets)``: the schema's ``"tokens"`` object and a read-only ``<u8[D + 1]``
+    view of the section. Raises :class:`SchemaError` or :class:`FormatError` naming the path, section and
+    byte offset.
+    """
+    schema_off = sections[C.SECTION_SCHEMA][0]
+    if not int(ds.header["required_features"]) & C.REQUIRED_TOKENS:
+        raise ds._err(SchemaError, "schema", schema_off, "a tokens field needs the required 'tokens' feature bit")
+    fields = list(ds.fields.values())
+    if len(fields) != 1 or fields[0].kind != "tokens":
+        raise ds._err(SchemaError, "schema", schema_off, "a token file has exactly one field, of kind 'tokens'")
+    info = ds.schema.get("tokens")
+    keys = ("count", "documents", "dtype", "eos_id")
+    if not isinstance(info, dict) or any(k not in info for k in keys):
+        raise ds._err(SchemaError, "schema", schema_off, f"token file schema needs a \"tokens\" object with {keys}")
+    count, docs, dtype = info["count"], info["documents"], info["dtype"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (count, docs)):
+        raise ds._err(SchemaError, "schema", schema_off, "tokens.count and tokens.documents must be ints >= 0")
+    if dtype not in C.TOKEN_DTYPES or dtype != fields[0].dtype:
+        raise ds._err(SchemaError, "schema", schema_off, f"tokens.dtype {dtype!r} must equal the field's dtype")
+    if ds.record_count != 0:
+        raise ds._err(FormatError, "header", 40, f"a token file has record_count 0, got {ds.record_count}")
+    itemsize = np.dtype(dtype).itemsize
+    if ds.data_length != count * itemsize:
+        raise ds._err(FormatError, "header", 56,
+                      f"data_length {ds.data_length} != {count} tokens x {itemsize} bytes ({dtype})")
+    if C.SECTION_DOC_OFFSETS not in sections:
+        raise ds._err(FormatError, "doc_offsets", None, "required section is missing from a token file")
+    off, payload = sections[C.SECTION_DOC_OFFSETS]
+    if len(payload) != (docs + 1) * DOC_OFFSET.itemsize:
+        raise ds._err(FormatError, "doc_offsets", off,
+                      f"section is {len(payload)} bytes, expected ({docs} documents + 1) x 8")
+    offsets = np.frombuffer(payload, dtype=DOC_OFFSET)
+    if offsets[0] != 0 or offsets[-1] != count:
+        raise ds._err(FormatError, "doc_offsets", off,
+                      f"offsets must run from 0 to {count}, got {int(offsets[0])} ... {int(offsets[-1])}")
+    bad = np.flatnonzero(offsets[1:] < offsets[:-1])
+    if bad.size:
+        i = int(bad[0])
+        raise ds._err(FormatError, "doc_offsets", off + (i + 1) * 8, f"offset of document {i + 1} decreases")
+    return info, offsets
+
+
+class TokenDataset:
+    """A validated, read-only token file.
+
+    Attributes:
+        tokens: ``uint16[T]`` or ``uint32[T]``, a read-only view over the file's mmap (zero copy; valid until
+            ``close()``). Documents are separated by ``eos_id`` (each text document ends with it).
+        doc_offsets: ``uint64[D + 1]`` read-only, token offsets of document starts; document ``i`` is
+            ``tokens[doc_offsets[i]:doc_offsets[i + 1]]`` (including its BOS, if any, and its EOS).
+        eos_id, bos_id (int or None), dtype (numpy dtype), documents (D), info (the schema's ``"tokens"``
+        object: tokenizer name/kind/files_sha256, source), dataset_id (hex str), dataset (the underlying
+        :class:`~pageset.read.reader.Dataset`: header, schema, metadata, ``verify()``).
+
+    ``len(td)`` is the token count ``T``. Use as a context manager or call ``close()``.
+    """
+
+    def __init__(self, path):
+        self.dataset = Dataset(path)
+        try:
+            if self.dataset.tokens_info is None:
+                raise self.dataset._err(FormatError, "header", 24,
+                                        "not a token file (no 'tokens' feature bit); use open_dataset()")
+        except BaseException:
+            self.dataset.close()
+            raise
+        ds = self.dataset
+        self.path = ds.path
+        self.info = ds.tokens_info
+        self.dtype = np.dtype(self.info["dtype"]).newbyteorder("<")
+        self.eos_id = int(self.info["eos_id"])
+        bos = self.info.get("bos_id")
+        self.bos_id = None if bos is None else int(bos)
+        self.documents = int(self.info["documents"])
+        self.doc_offsets = ds.doc_offsets
+        self.dataset_id = ds.dataset_id
+        start = ds.data_offset
+        self.tokens = ds.buffer[start : start + ds.data_length].view(self.dtype)
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def document(self, i: int) -> np.ndarray:
+        """Token ids of document ``i`` (a read-only view, BOS/EOS included). Raises IndexError."""
+        d = self.documents
+        if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
+            raise TypeError(f"document indices are ints, got {type(i).__name__}")
+        if not -d <= i < d:
+            raise IndexError(f"{self.path}: document {i} is out of range for {d} documents")
+        i = int(i) % d
+        return self.tokens[int(self.doc_offsets[i]) : int(self.doc_offsets[i + 1])]
+
+    def num_windows(self, seq_len: int) -> int:
+        """Windows of ``seq_len + 1`` tokens at stride ``seq_len``: ``(T - 1) // seq_len``.
+
+        Raises ValueError for ``seq_len < 1`` or a corpus shorter than ``seq_len + 1`` tokens (no window fits;
+        a window is never padded with a real id).
+        """
+        if not isinstance(seq_len, (int, np.integer)) or isinstance(seq_len, bool) or seq_len < 1:
+            raise ValueError(f"seq_len must be an int >= 1, got {seq_len!r}")
+        if len(self) < seq_len + 1:
+            raise ValueError(
+                f"{self.path}: {len(self)} tokens, fewer than seq_len + 1 = {seq_len + 1}: no window fits "
+                "(windows are never padded); use a smaller seq_len or more data"
+            )
+        return (len(self) - 1) // int(seq_len)
+
+    def close(self) -> None:
+        """Release the mmap; ``tokens`` and ``doc_offsets`` must not be used afterwards."""
+        self.tokens = np.empty(0, self.dtype)
+        self.dataset.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        tok = self.info.get("tokenizer") or {}
+        return (f"TokenDataset({self.path!r}, tokens={len(self)}, documents={self.documents}, "
+                f"dtype={self.dtype.name}, eos_id={self.eos_id}, tokenizer={tok.get('name')!r}, "
+                f"id={self.dataset_id[:12]})")
+
+
+def open_tokens(path: str | os.PathLike) -> TokenDataset:
+    """Open and validate a token file; see :class:`TokenDataset`. Raises FormatError subclasses, OSError."""
+    return TokenDataset(path)

@@ -1,0 +1,598 @@
+"""``write_tokens``: tokenize a text corpus once and pack it into a pageset token file (format 1.1).
+
+The data area is one flat little-endian stream of token ids: uint16 iff the largest stored id is <= 65535, else
+uint32. Every document is followed by ``eos_id``; ``bos_id``, when given, is put before each document unless
+the tokenizer already emitted it. The ``doc_offsets`` section holds the u64 token offset of every document start
+(0 ... T). Pages are filled back to back (a window may straddle pages; tokens need no record alignment).
+
+Encoding runs in worker processes, chunk by chunk, results consumed in order, so the file's bytes depend on the
+input only. ``TOKENIZERS_PARALLELISM=false`` is set in each worker before it encodes (HF tokenizers' own thread
+pool would otherwise deadlock or oversubscribe after ``fork``), never in the calling process.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import platform
+import socket
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ..format import constants as C
+from ..format.checksum import ALGORITHM, crc32
+from ..format.fields import Tokens
+from ..format.layout import HEADER, SECTION_ENTRY
+from ..format.schema import build_schema, canonical_json, parse_schema
+from .writer import _align, _check_page_size, _fsync_dir, _package_version, _PageWriter
+
+UINT16_MAX = 65535
+UINT32_MAX = 2**32 - 1
+SPILL_CHUNK = 1 << 22  # tokens per read when re-packing a uint32 spill file (16 MiB)
+
+# cl100k_base's pre-tokenizer regex and special tokens (public constants of tiktoken's openai_public).
+CL100K_PAT = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""
+              r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
+CL100K_SPECIAL = {"<|endoftext|>": 100257, "<|fim_prefix|>": 100258, "<|fim_middle|>": 100259,
+                  "<|fim_suffix|>": 100260, "<|endofprompt|>": 100276}
+
+
+# ---- the token file: pages, sections, header (format 1.1) ---------------------------------------------------
+
+@dataclass(frozen=True)
+class TokenWriteResult:
+    """What a token writer wrote: ``path``, ``documents``, ``tokens`` (count, BOS/EOS included), ``dtype``
+    (``"uint16"``/``"uint32"``), ``dataset_id`` (hex SHA-256), ``bytes`` (file size), ``seconds`` (wall time)."""
+
+    path: str
+    documents: int
+    tokens: int
+    dtype: str
+    dataset_id: str
+    bytes: int
+    seconds: float
+
+
+class TokenFileWriter:
+    """Writes one token file: ``write(ids)`` appends ids (any integer array, values already checked to fit
+    ``dtype``) to the data area; ``finish(doc_offsets, info, user, t0)`` writes schema, page checksums,
+    metadata and doc_offsets sections, the section table and the header, fsyncs and renames the temp file over
+    ``path``. ``abort()`` removes the temp file. Nothing exists at ``path`` until ``finish`` succeeds."""
+
+    def __init__(self, path: str, dtype: str, page_size: int = C.DEFAULT_PAGE_SIZE):
+        _check_page_size(page_size)
+        if dtype not in C.TOKEN_DTYPES:
+            raise ValueError(f"dtype must be one of {C.TOKEN_DTYPES}, got {dtype!r}")
+        self.path, self.dtype, self.page_size = os.fspath(path), dtype, page_size
+        self._le = np.dtype(dtype).newbyteorder("<")
+        self.folder = os.path.dirname(os.path.abspath(self.path))
+        fd, self.tmp = tempfile.mkstemp(prefix=os.path.basename(self.path) + ".tmp-", dir=self.folder)
+        self.f = os.fdopen(fd, "wb")
+        self.f.seek(C.DATA_OFFSET)
+        self.pages = _PageWriter(self.f, page_size)
+        self.count = 0
+
+    def write(self, ids: np.ndarray) -> None:
+        arr = np.ascontiguousarray(ids, dtype=self._le)
+        self.pages.write(arr)
+        self.count += arr.size
+
+    def abort(self) -> None:
+        try:
+            self.f.close()
+        finally:
+            try:
+                os.unlink(self.tmp)
+            except FileNotFoundError:
+                pass
+
+    def finish(self, doc_offsets: np.ndarray, info: dict, user: dict | None, t0: float) -> TokenWriteResult:
+        try:
+            result = self._finish(np.asarray(doc_offsets, dtype="<u8"), info, user or {}, t0)
+        except BaseException:
+            self.abort()
+            raise
+        _fsync_dir(self.folder)
+        return result
+
+    def _finish(self, offsets, info, user, t0) -> TokenWriteResult:
+        if offsets.size < 2 or offsets[0] != 0 or offsets[-1] != self.count or np.any(offsets[1:] < offsets[:-1]):
+            raise ValueError(f"doc_offsets must be non-decreasing from 0 to {self.count} tokens")
+        canonical_json(user)  # fail on non-JSON metadata before writing sections
+        f = self.f
+        data_length = self.pages.pos
+        crcs = self.pages.finish()
+        tokens_obj = dict(info, dtype=self.dtype, count=self.count, documents=int(offsets.size - 1))
+        schema = build_schema({"tokens": Tokens(self.dtype)}, {}, {"page_size": self.page_size,
+                                                                   "checksum": ALGORITHM})
+        schema["tokens"] = tokens_obj
+        parse_schema(schema)
+        schema_bytes = canonical_json(schema)
+        index_bytes = b""  # a token file has no records
+        crc_bytes = crcs.tobytes()
+        offsets_bytes = offsets.tobytes()
+        # The dataset id covers the schema (counts, dtype, tokenizer), the page CRCs (every token) and the
+        # document offsets: the same corpus, tokenizer and settings always give the same id.
+        dataset_id = hashlib.sha256(schema_bytes + index_bytes + crc_bytes + offsets_bytes).digest()
+        lineage = {
+            "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "host": socket.gethostname(),
+            "pageset_version": _package_version(),
+            "python": platform.python_version(),
+            "platform": sys.platform,
+        }
+        sections = [
+            (C.SECTION_SCHEMA, C.SECTION_FLAG_REQUIRED, schema_bytes),
+            (C.SECTION_INDEX, C.SECTION_FLAG_REQUIRED, index_bytes),
+            (C.SECTION_PAGE_CHECKSUMS, 0, crc_bytes),
+            (C.SECTION_METADATA, 0, canonical_json({"lineage": lineage, "user": user})),
+            (C.SECTION_DOC_OFFSETS, C.SECTION_FLAG_REQUIRED, offsets_bytes),
+        ]
+        pos = C.DATA_OFFSET + data_length
+        table = np.zeros(len(sections), dtype=SECTION_ENTRY)
+        for k, (kind, flags, payload) in enumerate(sections):
+            pos = _align(pos, C.SECTION_ALIGN)
+            f.seek(pos)
+            f.write(payload)
+            table[k] = (kind, flags, pos, len(payload), crc32(payload), 0)
+            pos += len(payload)
+        table_offset = _align(pos, C.SECTION_ALIGN)
+        f.seek(table_offset)
+        f.write(table.tobytes())
+        file_size = table_offset + table.nbytes
+        f.truncate(file_size)
+        header = np.zeros((), dtype=HEADER)
+        header["magic"] = np.frombuffer(C.MAGIC, dtype=np.uint8)
+        header["major"], header["minor"], header["header_size"] = C.FORMAT_MAJOR, C.FORMAT_MINOR, C.HEADER_SIZE
+        header["page_size"] = self.page_size
+        header["required_features"] = C.REQUIRED_TOKENS
+        header["optional_features"] = C.OPTIONAL_PAGE_CHECKSUMS
+        header["record_count"] = 0
+        header["data_offset"], header["data_length"] = C.DATA_OFFSET, data_length
+        header["page_count"] = len(crcs)
+        header["section_table_offset"], header["section_count"] = table_offset, len(sections)
+        header["file_size"] = file_size
+        header["dataset_id"] = np.frombuffer(dataset_id, dtype=np.uint8)
+        header["section_table_crc"] = crc32(table.tobytes())
+        raw = bytearray(header.tobytes())
+        raw[-4:] = crc32(bytes(raw[:-4])).to_bytes(4, "little")
+        f.seek(0)
+        f.write(raw)
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+        os.replace(self.tmp, self.path)
+        return TokenWriteResult(self.path, int(offsets.size - 1), self.count, self.dtype, dataset_id.hex(),
+                                file_size, time.perf_counter() - t0)
+
+
+# ---- tokenizers --------------------------------------------------------------------------------------------
+
+@dataclass
+class TokenizerSpec:
+    """A tokenizer wrapped for writing: ``encode_batch(texts) -> list[list[int]]``, ``decode(ids) -> str``,
+    ``vocab_size`` (int or None), ``eos_id`` default (int or None), ``name``, ``kind`` (``"hf"``, ``"tiktoken"``,
+    ``"callable"``), ``files_sha256`` (hex SHA-256 of the files it was built from, or of its vocabulary)."""
+
+    obj: object
+    kind: str
+    name: str
+    files_sha256: str | None
+    vocab_size: int | None
+    default_eos: int | None
+
+    def encode_batch(self, texts: list[str]) -> list:
+        if self.kind == "hf":
+            return [e.ids for e in self.obj.encode_batch(texts)]
+        if self.kind == "tiktoken":
+            return self.obj.encode_ordinary_batch(texts, num_threads=1)
+        return [self.obj(t) for t in texts]
+
+    def decode(self, ids) -> str:
+        ids = [int(i) for i in ids]
+        if self.kind == "hf":
+            return self.obj.decode(ids, skip_special_tokens=False)
+        if self.kind == "tiktoken":
+            return self.obj.decode(ids)
+        raise TypeError("a plain callable tokenizer cannot decode")
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "files_sha256": self.files_sha256}
+
+
+def _sha256_files(paths) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def load_tokenizer(tokenizer) -> TokenizerSpec:
+    """Wrap ``tokenizer`` for :func:`write_tokens`.
+
+    Accepted: an HF ``tokenizers.Tokenizer``; a path to a ``tokenizer.json``; a pair ``(vocab, merges)`` of
+    GPT-2-style files (``encoder.json``/``vocab.json`` + ``vocab.bpe``/``merges.txt``, loaded as byte-level BPE:
+    the same ids as tiktoken's gpt2); a ``tiktoken.Encoding``; a path to a ``cl100k_base*.tiktoken`` ranks file;
+    a ``TokenizerSpec``; or a callable ``str -> list[int]``. Raises TypeError/ValueError/ImportError.
+    """
+    if isinstance(tokenizer, TokenizerSpec):
+        return tokenizer
+    if isinstance(tokenizer, (tuple, list)) and len(tokenizer) == 2:
+        return _gpt2_files(*map(os.fspath, tokenizer))
+    if isinstance(tokenizer, (str, os.PathLike)):
+        path = os.fspath(tokenizer)
+        if path.endswith(".tiktoken"):
+            return _tiktoken_file(path)
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(path)
+        return _hf(tok, os.path.basename(path), _sha256_files([path]))
+    mod = type(tokenizer).__module__ or ""
+    if mod.startswith("tokenizers"):
+        digest = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
+        return _hf(tokenizer, "tokenizers.Tokenizer", digest)
+    if mod.startswith("tiktoken"):
+        return _tiktoken(tokenizer, tokenizer.name, _tiktoken_digest(tokenizer))
+    if callable(tokenizer):
+        return TokenizerSpec(tokenizer, "callable", getattr(tokenizer, "__name__", "callable"), None, None, None)
+    raise TypeError(f"unsupported tokenizer {tokenizer!r}; see pageset.write.tokens.load_tokenizer")
+
+
+def _hf(tok, name, digest) -> TokenizerSpec:
+    eos = tok.token_to_id("<|endoftext|>")
+    if eos is None:
+        eos = tok.token_to_id("</s>")
+    return TokenizerSpec(tok, "hf", name, digest, tok.get_vocab_size(with_added_tokens=True), eos)
+
+
+def _gpt2_files(vocab: str, merges: str) -> TokenizerSpec:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE.from_file(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    name = f"bpe:{os.path.basename(vocab)}+{os.path.basename(merges)}"
+    return _hf(tok, name, _sha256_files([vocab, merges]))
+
+
+def _tiktoken(enc, name, digest) -> TokenizerSpec:
+    return TokenizerSpec(enc, "tiktoken", name, digest, enc.n_vocab, enc.eot_token)
+
+
+def _tiktoken_digest(enc) -> str:
+    ranks = getattr(enc, "_mergeable_ranks", {})
+    h = hashlib.sha256(json.dumps([enc.name, getattr(enc, "_pat_str", ""), enc._special_tokens]).encode())
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        h.update(rank.to_bytes(4, "little") + token)
+    return h.hexdigest()
+
+
+def _tiktoken_file(path: str) -> TokenizerSpec:
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+
+    base = os.path.basename(path)
+    if not base.startswith("cl100k_base"):
+        raise ValueError(f"{path}: only cl100k_base ranks files are known by name; pass a tiktoken.Encoding instead")
+    enc = tiktoken.Encoding(name="cl100k_base", pat_str=CL100K_PAT, mergeable_ranks=load_tiktoken_bpe(path),
+                            special_tokens=CL100K_SPECIAL)
+    return _tiktoken(enc, "cl100k_base", _sha256_files([path]))
+
+
+# ---- sources -----------------------------------------------------------------------------------------------
+
+def _split_separator(text: str, separator: str) -> list[str]:
+    docs, cur = [], []
+    for line in text.splitlines(keepends=True):
+        if line.rstrip("\r\n") == separator:
+            docs.append("".join(cur))
+            cur = []
+        else:
+            cur.append(line)
+    if cur and "".join(cur).strip():
+        docs.append("".join(cur))
+    return docs
+
+
+def _file_documents(path: str, text_key: str, separator: str | None):
+    if path.endswith((".jsonl", ".jsonl.gz")) or path.endswith(".ndjson"):
+        opener = __import__("gzip").open if path.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield json.loads(line)[text_key]
+                except (KeyError, TypeError, json.JSONDecodeError) as exc:
+                    raise ValueError(f"{path}:{lineno}: no string {text_key!r} in the JSON line ({exc})") from None
+        return
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(path)
+        for batch in pf.iter_batches(columns=[text_key], batch_size=1024):
+            yield from batch.column(0).to_pylist()
+        return
+    with open(path, encoding="utf-8", errors="strict") as f:
+        text = f.read()
+    if separator is None:
+        yield text
+    else:
+        yield from _split_separator(text, separator)
+
+
+def iter_documents(source, *, text_key: str = "text", separator: str | None = None):
+    """Yield documents (``str`` or integer arrays) from ``source`` in order.
+
+    ``source``: a path (a file, or a directory whose regular files are read in sorted order, recursively); an
+    iterable of ``str`` documents, of ``os.PathLike`` files, or of integer arrays/lists (pre-tokenized).
+    Files: ``.jsonl``/``.ndjson`` (``text_key`` of each line), ``.parquet`` (column ``text_key``, needs
+    pyarrow), anything else UTF-8 text: one document per file, or split at lines equal to ``separator``
+    (``"%"`` for fortune files).
+    """
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if os.path.isdir(path):
+            files = sorted(os.path.join(r, n) for r, _, names in os.walk(path) for n in names)
+            for p in files:
+                yield from _file_documents(p, text_key, separator)
+        elif os.path.isfile(path):
+            yield from _file_documents(path, text_key, separator)
+        else:
+            raise FileNotFoundError(f"{path}: no such file or directory")
+        return
+    for item in source:
+        if isinstance(item, os.PathLike):
+            yield from _file_documents(os.fspath(item), text_key, separator)
+        else:
+            yield item
+
+
+# ---- encoding (workers) ------------------------------------------------------------------------------------
+
+_WORKER: dict = {}
+
+
+def _init_worker(spec) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # this process only; before the first encode
+    _WORKER["spec"] = spec
+
+
+def _encode_chunk(start: int, docs: list, bos_id, eos_id, spec=None) -> tuple[np.ndarray, np.ndarray]:
+    """Encode ``docs`` (numbered from ``start``): ``(uint32 or int64 flat ids with BOS/EOS, int64 lengths)``."""
+    spec = spec if spec is not None else _WORKER.get("spec")
+    texts = [(k, d) for k, d in enumerate(docs) if isinstance(d, str)]
+    encoded: list = [None] * len(docs)
+    if texts:
+        if spec is None:
+            raise TypeError(f"document {start + texts[0][0]} is text but no tokenizer was given")
+        for (k, _), ids in zip(texts, spec.encode_batch([t for _, t in texts]), strict=True):
+            encoded[k] = ids
+    parts, lengths = [], np.empty(len(docs), dtype=np.int64)
+    for k, d in enumerate(docs):
+        ids = encoded[k] if encoded[k] is not None else d
+        arr = np.asarray(ids)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iub"):
+            raise TypeError(f"document {start + k}: expected text or a 1-D integer array, got {type(d).__name__} "
+                            f"of dtype {arr.dtype} and shape {arr.shape}")
+        arr = arr.astype(np.int64, copy=False)
+        if arr.size and (arr.min() < 0 or arr.max() > UINT32_MAX):
+            raise ValueError(f"document {start + k}: token ids must be in [0, 2^32), got [{arr.min()}, {arr.max()}]")
+        head = [bos_id] if bos_id is not None and not (arr.size and arr[0] == bos_id) else []
+        piece = np.concatenate([np.asarray(head, np.int64), arr, np.asarray([eos_id], np.int64)])
+        parts.append(piece)
+        lengths[k] = piece.size
+    flat = np.concatenate(parts) if parts else np.empty(0, np.int64)
+    return flat.astype(np.uint32), lengths
+
+
+def _chunks(docs_iter, chunk_docs: int, chunk_chars: int):
+    start, cur, chars = 0, [], 0
+    for d in docs_iter:
+        cur.append(d)
+        chars += len(d) if isinstance(d, str) else 4 * len(d)
+        if len(cur) >= chunk_docs or chars >= chunk_chars:
+            yield start, cur
+            start, cur, chars = start + len(cur), [], 0
+    if cur:
+        yield start, cur
+
+
+def _encoded_in_order(docs_iter, spec, bos_id, eos_id, num_workers, chunk_docs, chunk_chars):
+    chunks = _chunks(docs_iter, chunk_docs, chunk_chars)
+    if num_workers == 0:
+        for start, docs in chunks:
+            yield start, len(docs), _encode_chunk(start, docs, bos_id, eos_id, spec)
+        return
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    pool = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_init_worker, initargs=(spec,))
+    pending: collections.deque = collections.deque()
+    try:
+        while True:
+            while len(pending) < 2 * num_workers:
+                nxt = next(chunks, None)
+                if nxt is None:
+                    break
+                start, docs = nxt
+                pending.append((start, len(docs), pool.submit(_encode_chunk, start, docs, bos_id, eos_id)))
+            if not pending:
+                return
+            start, n, fut = pending.popleft()
+            try:
+                yield start, n, fut.result()
+            except BrokenProcessPool as exc:
+                raise RuntimeError("a tokenizer worker process died (killed or out of memory); nothing was "
+                                   "written. Retry with num_workers=0 to see the error in this process.") from exc
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+# ---- the writer --------------------------------------------------------------------------------------------
+
+def _check_id(name: str, value, vocab_size: int | None, dtype: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    limit = vocab_size if vocab_size is not None else UINT32_MAX + 1
+    if value >= limit:
+        raise ValueError(f"{name}={value} is outside the tokenizer's vocabulary [0, {limit})")
+    if dtype == "uint16" and value > UINT16_MAX:
+        raise ValueError(f"{name}={value} does not fit dtype='uint16' (max {UINT16_MAX}); use 'uint32' or 'auto'")
+    return int(value)
+
+
+def write_tokens(
+    path,
+    source,
+    tokenizer=None,
+    *,
+    eos_id: int | None = None,
+    bos_id: int | None = None,
+    dtype: str = "auto",
+    num_workers: int | None = None,
+    progress: bool = True,
+    text_key: str = "text",
+    separator: str | None = None,
+    page_size: int = C.DEFAULT_PAGE_SIZE,
+    metadata: dict | None = None,
+    chunk_docs: int = 512,
+    chunk_chars: int = 1 << 20,
+) -> TokenWriteResult:
+    """Tokenize ``source`` and write one token file at ``path`` (atomically: temp file, fsync, rename).
+
+    Args:
+        path: output file (``.pageset`` is conventional).
+        source: see :func:`iter_documents`: a file or directory path (text, ``.jsonl``, ``.parquet``), an
+            iterable of ``str`` documents, of ``pathlib.Path`` files, or of pre-tokenized integer arrays.
+        tokenizer: see :func:`load_tokenizer` (HF Tokenizer / tokenizer.json, GPT-2 ``(encoder.json,
+            vocab.bpe)``, tiktoken Encoding / cl100k ``.tiktoken`` file, a callable); ``None`` for pre-tokenized.
+        eos_id: separator appended after every document; default the tokenizer's ``<|endoftext|>`` (or
+            ``</s>``). Validated against the vocabulary before any work. Required without a tokenizer.
+        bos_id: optional id put before each document, unless its first id already is ``bos_id``.
+        dtype: ``"auto"`` (uint16 iff the largest emitted id <= 65535), ``"uint16"`` or ``"uint32"``.
+        num_workers: encoding processes (``None``: ``os.cpu_count()``; 0: this process).
+        progress: tqdm bar over documents.
+        text_key: the JSONL key / Parquet column holding the text.
+        separator: split text files at lines equal to this (``"%"`` for fortune files); ``None``: one
+            document per file.
+        page_size: bytes per page (power of two, 4 KiB .. 1 GiB).
+        metadata: JSON-serialisable user metadata (outside the dataset id).
+        chunk_docs, chunk_chars: documents / characters per worker task.
+
+    Returns:
+        :class:`TokenWriteResult` (``path, documents, tokens, dtype, dataset_id, bytes, seconds``).
+
+    Raises:
+        ValueError: bad ids or arguments, an empty corpus, or a token id > 65535 with ``dtype="uint16"``
+        (naming the document index); TypeError: a document that is neither text nor an integer array;
+        RuntimeError: a worker died.
+    """
+    t0 = time.perf_counter()
+    if dtype not in ("auto",) + C.TOKEN_DTYPES:
+        raise ValueError(f"dtype must be 'auto', 'uint16' or 'uint32', got {dtype!r}")
+    spec = load_tokenizer(tokenizer) if tokenizer is not None else None
+    vocab = spec.vocab_size if spec is not None else None
+    if eos_id is None:
+        eos_id = spec.default_eos if spec is not None else None
+        if eos_id is None:
+            raise ValueError("eos_id is required: the tokenizer has no <|endoftext|> or </s> token (or none given)")
+    eos_id = _check_id("eos_id", eos_id, vocab, dtype)
+    bos_id = _check_id("bos_id", bos_id, vocab, dtype)
+    if num_workers is None:
+        num_workers = os.cpu_count() or 1
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    # Decide the stored dtype up front when we can (explicit, or a vocabulary that fits uint16); otherwise stage
+    # uint32 ids in a spill file next to the target and re-pack once the largest id is known.
+    direct = dtype if dtype != "auto" else ("uint16" if vocab is not None and vocab <= UINT16_MAX + 1 else None)
+    limit = UINT16_MAX if direct == "uint16" else UINT32_MAX
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    docs_iter = iter_documents(source, text_key=text_key, separator=separator)
+    lengths_parts: list[np.ndarray] = []
+    max_id = -1
+    spill = None
+    bar = tqdm(disable=not progress, desc="pageset tokens", unit="doc", leave=False)
+    writer = TokenFileWriter(path, direct or "uint32", page_size) if direct else None
+    try:
+        if writer is None:
+            spill = tempfile.NamedTemporaryFile(prefix=os.path.basename(path) + ".spill-", dir=folder, delete=False)
+        for start, n, (flat, lengths) in _encoded_in_order(docs_iter, spec, bos_id, eos_id, num_workers,
+                                                           chunk_docs, chunk_chars):
+            if flat.size:
+                chunk_max = int(flat.max())
+                if chunk_max > limit:
+                    first = int(np.argmax(flat > limit))
+                    doc = start + int(np.searchsorted(np.cumsum(lengths), first, side="right"))
+                    raise ValueError(
+                        f"document {doc} has token id {int(flat[first])} > {limit}, which does not fit "
+                        f"dtype={direct!r}; use dtype='uint32' or 'auto'"
+                    )
+                max_id = max(max_id, chunk_max)
+            if writer is not None:
+                writer.write(flat)
+            else:
+                spill.write(flat.astype("<u4", copy=False).tobytes())
+            lengths_parts.append(lengths)
+            bar.update(n)
+        bar.close()
+        lengths = np.concatenate(lengths_parts) if lengths_parts else np.empty(0, np.int64)
+        if lengths.size == 0:
+            raise ValueError("the source holds no documents: nothing to write")
+        final = direct or ("uint16" if max_id <= UINT16_MAX else "uint32")
+        if writer is None:
+            spill.close()
+            writer = TokenFileWriter(path, final, page_size)
+            with open(spill.name, "rb") as f:
+                for block in iter(lambda: f.read(SPILL_CHUNK * 4), b""):
+                    writer.write(np.frombuffer(block, dtype="<u4"))
+        offsets = np.zeros(lengths.size + 1, dtype=np.uint64)
+        np.cumsum(lengths, out=offsets[1:])
+        info = {
+            "eos_id": eos_id,
+            "bos_id": bos_id,
+            "tokenizer": spec.describe() if spec is not None else None,
+            "source": "text" if spec is not None else "pre-tokenized",
+            "max_id": max_id,
+        }
+        return writer.finish(offsets, info, metadata, t0)
+    except BaseException:
+        bar.close()
+        if writer is not None:
+            writer.abort()
+        raise
+    finally:
+        if spill is not None:
+            spill.close()
+            try:
+                os.unlink(spill.name)
+            except FileNotFoundError:
+                pass
+
+
+def tokenize_only(source, tokenizer, *, text_key: str = "text", separator: str | None = None,
+                  limit: int | None = None) -> tuple[int, int]:
+    """Tokenize in this process without writing: ``(documents, tokens)``. For throughput baselines."""
+    spec = load_tokenizer(tokenizer)
+    docs = itertools.islice(iter_documents(source, text_key=text_key, separator=separator), limit)
+    n_docs = n_tok = 0
+    for _, batch in _chunks(docs, 512, 1 << 20):
+        for ids in spec.encode_batch(batch):
+            n_tok += len(ids)
+        n_docs += len(batch)
+    return n_docs, n_tok
