@@ -12,31 +12,23 @@ pool would otherwise deadlock or oversubscribe after ``fork``), never in the cal
 
 from __future__ import annotations
 
-import collections
-import datetime
 import hashlib
 import itertools
 import json
-import multiprocessing
 import os
-import platform
-import socket
-import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from ..format import constants as C
-from ..format.checksum import ALGORITHM, crc32
+from ..format.checksum import ALGORITHM
 from ..format.fields import Tokens
-from ..format.layout import HEADER, SECTION_ENTRY
 from ..format.schema import build_schema, canonical_json, parse_schema
-from .writer import _align, _check_page_size, _fsync_dir, _package_version, _PageWriter
+from .filewriter import lineage, ordered_map, write_tail
+from .writer import _check_page_size, _fsync_dir, _PageWriter
 
 UINT16_MAX = 65535
 UINT32_MAX = 2**32 - 1
@@ -126,50 +118,16 @@ class TokenFileWriter:
         # The dataset id covers the schema (counts, dtype, tokenizer), the page CRCs (every token) and the
         # document offsets: the same corpus, tokenizer and settings always give the same id.
         dataset_id = hashlib.sha256(schema_bytes + index_bytes + crc_bytes + offsets_bytes).digest()
-        lineage = {
-            "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "host": socket.gethostname(),
-            "pageset_version": _package_version(),
-            "python": platform.python_version(),
-            "platform": sys.platform,
-        }
         sections = [
             (C.SECTION_SCHEMA, C.SECTION_FLAG_REQUIRED, schema_bytes),
             (C.SECTION_INDEX, C.SECTION_FLAG_REQUIRED, index_bytes),
             (C.SECTION_PAGE_CHECKSUMS, 0, crc_bytes),
-            (C.SECTION_METADATA, 0, canonical_json({"lineage": lineage, "user": user})),
+            (C.SECTION_METADATA, 0, canonical_json({"lineage": dict(lineage(), source=info.get("source")), "user": user})),
             (C.SECTION_DOC_OFFSETS, C.SECTION_FLAG_REQUIRED, offsets_bytes),
         ]
-        pos = C.DATA_OFFSET + data_length
-        table = np.zeros(len(sections), dtype=SECTION_ENTRY)
-        for k, (kind, flags, payload) in enumerate(sections):
-            pos = _align(pos, C.SECTION_ALIGN)
-            f.seek(pos)
-            f.write(payload)
-            table[k] = (kind, flags, pos, len(payload), crc32(payload), 0)
-            pos += len(payload)
-        table_offset = _align(pos, C.SECTION_ALIGN)
-        f.seek(table_offset)
-        f.write(table.tobytes())
-        file_size = table_offset + table.nbytes
-        f.truncate(file_size)
-        header = np.zeros((), dtype=HEADER)
-        header["magic"] = np.frombuffer(C.MAGIC, dtype=np.uint8)
-        header["major"], header["minor"], header["header_size"] = C.FORMAT_MAJOR, C.FORMAT_MINOR, C.HEADER_SIZE
-        header["page_size"] = self.page_size
-        header["required_features"] = C.REQUIRED_TOKENS
-        header["optional_features"] = C.OPTIONAL_PAGE_CHECKSUMS
-        header["record_count"] = 0
-        header["data_offset"], header["data_length"] = C.DATA_OFFSET, data_length
-        header["page_count"] = len(crcs)
-        header["section_table_offset"], header["section_count"] = table_offset, len(sections)
-        header["file_size"] = file_size
-        header["dataset_id"] = np.frombuffer(dataset_id, dtype=np.uint8)
-        header["section_table_crc"] = crc32(table.tobytes())
-        raw = bytearray(header.tobytes())
-        raw[-4:] = crc32(bytes(raw[:-4])).to_bytes(4, "little")
-        f.seek(0)
-        f.write(raw)
+        file_size = write_tail(f, page_size=self.page_size, data_length=data_length, page_count=len(crcs),
+                               record_count=0, required_features=C.REQUIRED_TOKENS, dataset_id=dataset_id,
+                               sections=sections)
         f.flush()
         os.fsync(f.fileno())
         f.close()
@@ -418,27 +376,18 @@ def _encoded_in_order(docs_iter, spec, bos_id, eos_id, num_workers, chunk_docs, 
         for start, docs in chunks:
             yield start, len(docs), _encode_chunk(start, docs, bos_id, eos_id, spec)
         return
-    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    pool = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_init_worker, initargs=(spec,))
-    pending: collections.deque = collections.deque()
-    try:
-        while True:
-            while len(pending) < 2 * num_workers:
-                nxt = next(chunks, None)
-                if nxt is None:
-                    break
-                start, docs = nxt
-                pending.append((start, len(docs), pool.submit(_encode_chunk, start, docs, bos_id, eos_id)))
-            if not pending:
-                return
-            start, n, fut = pending.popleft()
-            try:
-                yield start, n, fut.result()
-            except BrokenProcessPool as exc:
-                raise RuntimeError("a tokenizer worker process died (killed or out of memory); nothing was "
-                                   "written. Retry with num_workers=0 to see the error in this process.") from exc
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    died = ("a tokenizer worker process died (killed or out of memory); nothing was written. Retry with "
+            "num_workers=0 to see the error in this process.")
+    meta: list = []
+
+    def tasks():
+        for start, docs in chunks:
+            meta.append((start, len(docs)))
+            yield start, docs, bos_id, eos_id
+
+    for k, result in enumerate(ordered_map(_encode_chunk, tasks(), num_workers, _init_worker, (spec,),
+                                           2 * num_workers, died)):
+        yield meta[k][0], meta[k][1], result
 
 
 # ---- the writer --------------------------------------------------------------------------------------------

@@ -9,31 +9,24 @@ file there survives until the rename.
 
 from __future__ import annotations
 
-import collections
-import datetime
 import hashlib
-import multiprocessing
 import os
-import platform
-import socket
-import sys
 import tempfile
 import time
 import traceback
 import zlib
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from ..format import constants as C
-from ..format.checksum import ALGORITHM, crc32
+from ..format.checksum import ALGORITHM
 from ..format.fields import Field
-from ..format.layout import HEADER, PAGE_CHECKSUM, SECTION_ENTRY
+from ..format.layout import PAGE_CHECKSUM
 from ..format.schema import build_schema, canonical_json, parse_schema
 from .encode import describe_path, encode_value
+from .filewriter import lineage, ordered_map, write_tail
 from .packing import page_count, place_record
 from .sources import SampleError, Source, open_source
 
@@ -242,29 +235,11 @@ def _chunks_in_order(src, fields, num_workers, chunk_size, on_error):
         for s in starts:
             yield _encode_chunk(s, min(s + chunk_size, n), on_error, src, fields)
         return
-    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    pool = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_init_worker, initargs=(src, fields))
-    pending: collections.deque = collections.deque()
-    it = iter(starts)
-    try:
-        while True:
-            while len(pending) < 4 * num_workers:
-                s = next(it, None)
-                if s is None:
-                    break
-                pending.append(pool.submit(_encode_chunk, s, min(s + chunk_size, n), on_error))
-            if not pending:
-                return
-            try:
-                yield pending.popleft().result()
-            except BrokenProcessPool as exc:
-                raise RuntimeError(
-                    f"{src.description}: a writer worker process died (killed or crashed, e.g. out of memory or a "
-                    "segfault in a decoder); nothing was written. Retry with num_workers=0 to see the error in "
-                    "this process."
-                ) from exc
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    died = (f"{src.description}: a writer worker process died (killed or crashed, e.g. out of memory or a "
+            "segfault in a decoder); nothing was written. Retry with num_workers=0 to see the error in this "
+            "process.")
+    tasks = ((s, min(s + chunk_size, n), on_error) for s in starts)
+    yield from ordered_map(_encode_chunk, tasks, num_workers, _init_worker, (src, fields), 4 * num_workers, died)
 
 
 def _write_body(f, src, fields, schema, page_size, num_workers, chunk_size, on_error, progress, user):
@@ -317,67 +292,14 @@ def _write_body(f, src, fields, schema, page_size, num_workers, chunk_size, on_e
     index_bytes = index.tobytes()
     crc_bytes = crcs.tobytes()
     dataset_id = hashlib.sha256(schema_bytes + index_bytes + crc_bytes).digest()
-    lineage = {
-        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": socket.gethostname(),
-        "pageset_version": _package_version(),
-        "python": platform.python_version(),
-        "platform": sys.platform,
-        "source": src.description,
-        "samples_in_source": n,
-        "num_workers": num_workers,
-        "skipped": skipped,
-        "skipped_errors": skip_log[:1000],
-    }
-    meta_bytes = canonical_json({"lineage": lineage, "user": user})
-
+    meta = dict(lineage(), source=src.description, samples_in_source=n, num_workers=num_workers,
+                skipped=skipped, skipped_errors=skip_log[:1000])
     sections = [
         (C.SECTION_SCHEMA, C.SECTION_FLAG_REQUIRED, schema_bytes),
         (C.SECTION_INDEX, C.SECTION_FLAG_REQUIRED, index_bytes),
         (C.SECTION_PAGE_CHECKSUMS, 0, crc_bytes),
-        (C.SECTION_METADATA, 0, meta_bytes),
+        (C.SECTION_METADATA, 0, canonical_json({"lineage": meta, "user": user})),
     ]
-    pos = C.DATA_OFFSET + data_length
-    table = np.zeros(len(sections), dtype=SECTION_ENTRY)
-    for k, (kind, flags, payload) in enumerate(sections):
-        pos = _align(pos, C.SECTION_ALIGN)
-        f.seek(pos)
-        f.write(payload)
-        table[k] = (kind, flags, pos, len(payload), crc32(payload), 0)
-        pos += len(payload)
-    table_offset = _align(pos, C.SECTION_ALIGN)
-    f.seek(table_offset)
-    f.write(table.tobytes())
-    file_size = table_offset + table.nbytes
-
-    header = np.zeros((), dtype=HEADER)
-    header["magic"] = np.frombuffer(C.MAGIC, dtype=np.uint8)
-    header["major"], header["minor"], header["header_size"] = C.FORMAT_MAJOR, C.FORMAT_MINOR, C.HEADER_SIZE
-    header["page_size"] = page_size
-    header["required_features"] = 0
-    header["optional_features"] = C.OPTIONAL_PAGE_CHECKSUMS
-    header["record_count"] = count
-    header["data_offset"], header["data_length"] = C.DATA_OFFSET, data_length
-    header["page_count"] = len(crcs)
-    header["section_table_offset"], header["section_count"] = table_offset, len(sections)
-    header["file_size"] = file_size
-    header["dataset_id"] = np.frombuffer(dataset_id, dtype=np.uint8)
-    header["section_table_crc"] = crc32(table.tobytes())
-    raw = bytearray(header.tobytes())
-    raw[-4:] = crc32(bytes(raw[:-4])).to_bytes(4, "little")
-    f.seek(0)
-    f.write(raw)
+    file_size = write_tail(f, page_size=page_size, data_length=data_length, page_count=len(crcs),
+                           record_count=count, required_features=0, dataset_id=dataset_id, sections=sections)
     return {"records": count, "skipped": skipped, "dataset_id": dataset_id.hex(), "bytes": file_size}
-
-
-def _align(x: int, a: int) -> int:
-    return -(-x // a) * a
-
-
-def _package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("pageset")
-    except PackageNotFoundError:
-        return "unknown"

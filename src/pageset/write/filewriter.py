@@ -1,0 +1,107 @@
+"""What every pageset writer shares: the ordered worker pool, lineage, and the file's tail (sections, section
+table, header) written after the pages, so that the header, which makes the file valid, is written last."""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import multiprocessing
+import platform
+import socket
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+import numpy as np
+
+from ..format import constants as C
+from ..format.checksum import crc32
+from ..format.layout import HEADER, SECTION_ENTRY
+
+
+def ordered_map(fn, tasks, num_workers: int, initializer, initargs, ahead: int, died: str):
+    """Yield ``fn(*task)`` for each task of the iterable ``tasks``, in task order, from ``num_workers`` forked
+    worker processes (spawned where fork is unavailable) running at most ``ahead`` tasks ahead.
+
+    A dead worker (SIGKILL, out of memory, segfault) raises ``RuntimeError(died)`` at once instead of hanging;
+    leaving the generator early (an exception in the caller) cancels queued tasks and joins the workers.
+    """
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    pool = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=initializer, initargs=initargs)
+    pending: collections.deque = collections.deque()
+    tasks = iter(tasks)
+    try:
+        while True:
+            while len(pending) < ahead:
+                task = next(tasks, None)
+                if task is None:
+                    break
+                pending.append(pool.submit(fn, *task))
+            if not pending:
+                return
+            try:
+                yield pending.popleft().result()
+            except BrokenProcessPool as exc:
+                raise RuntimeError(died) from exc
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def lineage() -> dict:
+    """Where and when a file was written (stored in the metadata section, outside the dataset id)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        pkg = version("pageset")
+    except PackageNotFoundError:
+        pkg = "unknown"
+    return {
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "pageset_version": pkg,
+        "python": platform.python_version(),
+        "platform": sys.platform,
+    }
+
+
+def align(x: int, a: int) -> int:
+    """``x`` rounded up to a multiple of ``a``."""
+    return -(-x // a) * a
+
+
+def write_tail(f, *, page_size: int, data_length: int, page_count: int, record_count: int,
+               required_features: int, dataset_id: bytes, sections: list) -> int:
+    """Write ``sections`` (``[(kind, flags, payload bytes), ...]``) after the data area, then the section table,
+    then the header at offset 0; returns the file size. ``f`` is the temp file opened for writing."""
+    pos = C.DATA_OFFSET + data_length
+    table = np.zeros(len(sections), dtype=SECTION_ENTRY)
+    for k, (kind, flags, payload) in enumerate(sections):
+        pos = align(pos, C.SECTION_ALIGN)
+        f.seek(pos)
+        f.write(payload)
+        table[k] = (kind, flags, pos, len(payload), crc32(payload), 0)
+        pos += len(payload)
+    table_offset = align(pos, C.SECTION_ALIGN)
+    f.seek(table_offset)
+    f.write(table.tobytes())
+    file_size = table_offset + table.nbytes
+    f.truncate(file_size)
+
+    header = np.zeros((), dtype=HEADER)
+    header["magic"] = np.frombuffer(C.MAGIC, dtype=np.uint8)
+    header["major"], header["minor"], header["header_size"] = C.FORMAT_MAJOR, C.FORMAT_MINOR, C.HEADER_SIZE
+    header["page_size"] = page_size
+    header["required_features"] = required_features
+    header["optional_features"] = C.OPTIONAL_PAGE_CHECKSUMS
+    header["record_count"] = record_count
+    header["data_offset"], header["data_length"] = C.DATA_OFFSET, data_length
+    header["page_count"] = page_count
+    header["section_table_offset"], header["section_count"] = table_offset, len(sections)
+    header["file_size"] = file_size
+    header["dataset_id"] = np.frombuffer(dataset_id, dtype=np.uint8)
+    header["section_table_crc"] = crc32(table.tobytes())
+    raw = bytearray(header.tobytes())
+    raw[-4:] = crc32(bytes(raw[:-4])).to_bytes(4, "little")
+    f.seek(0)
+    f.write(raw)
+    return file_size
