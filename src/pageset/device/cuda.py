@@ -1,0 +1,119 @@
+"""``ToDevice``: pinned host slots -> ``non_blocking`` copies on a side CUDA stream (the only torch.cuda code).
+
+The loader's threads write each batch straight into page-locked ("pinned") host buffers, so the copy to the
+GPU is a DMA that overlaps the training step instead of a synchronous staging copy. Per batch:
+
+1. the copies are issued on a side stream with ``non_blocking=True``;
+2. an event recorded on the side stream after the copies is stored with the slot; the loader waits on it
+   (``event.synchronize()``) before it lets a thread overwrite that slot, so a buffer still in flight is
+   never reused;
+3. the consumer's current stream waits for the side stream (``wait_stream``), so kernels launched on it see
+   the copied data, and each output tensor is marked with ``record_stream`` so the caching allocator does not
+   hand its memory to another tensor while the consumer stream may still use it.
+
+Without CUDA, ``ToDevice("cpu")`` is accepted (tensors stay in host memory) and ``ToDevice("cuda")`` raises a
+clear error at Loader construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class ToDevice:
+    """Move a field's batches to ``device`` (e.g. ``"cuda"``, ``"cuda:1"``, ``"cpu"``); ``non_blocking`` copies
+    from pinned memory on a side stream. Put it last in a pipeline (it implies ToTensor)."""
+
+    device: object = "cuda"
+    non_blocking: bool = True
+    is_to_device = True
+
+    def make_queue(self):
+        """The copy queue the Loader uses for this device (``None`` semantics are handled by the caller)."""
+        dev = torch.device(self.device)
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError(
+                    f"ToDevice({self.device!r}): CUDA is not available in this torch build "
+                    f"({torch.__version__}); use ToDevice('cpu') or install a CUDA build of torch"
+                )
+            return CudaCopyQueue(dev, self.non_blocking)
+        if dev.type == "cpu":
+            return HostQueue()
+        raise ValueError(f"ToDevice: unsupported device {self.device!r} (use 'cuda[:n]' or 'cpu')")
+
+
+def _torch_dtype(np_dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=np_dtype)).dtype
+
+
+class HostQueue:
+    """ToDevice("cpu"): plain host buffers; batches are handed out as tensors over them."""
+
+    def empty(self, shape, np_dtype) -> np.ndarray:
+        return np.empty(shape, np_dtype)
+
+    def copy(self, stages, slot, view) -> dict:
+        return _host_batch(stages, slot, view)
+
+
+def _host_batch(stages, slot, view) -> dict:
+    batch = {stage.name: stage.handout(arrays, view) for stage, arrays in zip(stages, slot.arrays)}
+    batch["_index"] = slot.ids.copy()
+    batch["_is_padding"] = slot.padding.copy()
+    return batch
+
+
+class CudaCopyQueue:
+    """Pinned slots and a side stream for one CUDA device."""
+
+    def __init__(self, device: torch.device, non_blocking: bool = True):
+        self.device, self.non_blocking = device, non_blocking
+        self.stream = torch.cuda.Stream(device=device)
+
+    def empty(self, shape, np_dtype) -> np.ndarray:
+        """A numpy view of a pinned host tensor (the view keeps the tensor, and so the pinned memory, alive)."""
+        return torch.empty(tuple(shape), dtype=_torch_dtype(np_dtype), pin_memory=True).numpy()
+
+    def copy(self, stages, slot, view) -> dict:
+        host = _host_batch(stages, slot, lambda a: a)  # tensors over the pinned slot, never handed out
+        consumer = torch.cuda.current_stream(self.device)
+        out = {}
+        self.stream.wait_stream(consumer)  # copies start after the consumer's earlier work was queued
+        with torch.cuda.stream(self.stream):
+            for stage in stages:
+                value = host[stage.name]
+                if stage.to_device is None:
+                    out[stage.name] = _clone_host(value)  # not moved: an owned copy (the slot is reused)
+                else:
+                    out[stage.name] = _to(value, self.device, self.non_blocking)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        slot.event = event
+        consumer.wait_stream(self.stream)
+        for value in out.values():
+            for t in value if isinstance(value, tuple) else (value,):
+                if isinstance(t, torch.Tensor) and t.is_cuda:
+                    t.record_stream(consumer)
+        out["_index"], out["_is_padding"] = host["_index"], host["_is_padding"]
+        return out
+
+
+def _to(value, device, non_blocking):
+    if isinstance(value, tuple):
+        return tuple(_to(v, device, non_blocking) for v in value)
+    return value.to(device, non_blocking=non_blocking)
+
+
+def _clone_host(value):
+    if isinstance(value, tuple):
+        return tuple(_clone_host(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    return value

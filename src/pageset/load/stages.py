@@ -1,0 +1,273 @@
+"""One stage per loaded field: its batch buffers (shape and dtype fixed at construction), how a thread fills
+rows ``[lo, hi)`` of them for a slice of sample ids, and how a filled buffer is handed to the user."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from ..format.fields import JSON, Bytes, Float, Int, NDArray, RGBImage
+from ..ops import image as image_ops
+from ..ops import image_batch, jpeg
+from ..ops.transforms import (
+    BytesDecoder,
+    CenterCrop,
+    FloatDecoder,
+    IntDecoder,
+    JSONDecoder,
+    NDArrayDecoder,
+    Normalize,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    ToTensor,
+    ToTorchImage,
+)
+
+
+class PipelineError(ValueError):
+    """A field's pipeline is not a valid sequence of ops (raised at Loader construction)."""
+
+
+class DecodeError(ValueError):
+    """A stored record could not be decoded while loading; names the file, sample index and field."""
+
+
+def _split_common(name, ops):
+    """(ops without ToTensor/ToDevice, to_tensor flag, ToDevice op or None)."""
+    rest, to_tensor, to_device = [], False, None
+    for op in ops:
+        if isinstance(op, ToTensor):
+            to_tensor = True
+        elif getattr(op, "is_to_device", False):
+            to_device = op
+        else:
+            if to_tensor or to_device is not None:
+                raise PipelineError(f"field {name!r}: {type(op).__name__} comes after ToTensor/ToDevice; "
+                                    "put ToTensor and ToDevice last")
+            rest.append(op)
+    if to_device is not None:
+        to_tensor = True
+    return rest, to_tensor, to_device
+
+
+class Stage:
+    """Base: ``outputs`` maps output key -> (per-sample shape, numpy storage dtype, torch dtype or None)."""
+
+    name: str
+    to_tensor: bool
+    to_device = None
+    outputs: dict
+
+    def alloc(self, batch_size: int, empty) -> dict:
+        """Buffers for one slot; ``empty(shape, np_dtype)`` allocates (pinned when copying to a GPU)."""
+        return {k: empty((batch_size, *shape), dt) for k, (shape, dt, _) in self.outputs.items()}
+
+    def handout(self, arrays: dict, view):
+        """The value for the user: ``view(arr)`` makes the handed-out view; converted to torch if asked."""
+        vals = {k: view(a) for k, a in arrays.items()}
+        if self.to_tensor:
+            vals = {k: _to_torch(v, self.outputs[k][2]) for k, v in vals.items()}
+        return vals[self.name] if len(vals) == 1 else tuple(vals[k] for k in self.outputs)
+
+
+def _to_torch(arr: np.ndarray, torch_dtype):
+    t = torch.from_numpy(arr)
+    return t.view(torch_dtype) if torch_dtype is not None and t.dtype != torch_dtype else t
+
+
+class ImageStage(Stage):
+    """RGBImage -> [B, H, W, 3] / [B, 3, H, W] via the fused kernel ``ops.image_batch.image_slice``."""
+
+    def __init__(self, name, ops, ds, pages):
+        self.name, self.path, self.pages = name, ds.path, pages
+        rest, self.to_tensor, self.to_device = _split_common(name, ops)
+        if not rest or not isinstance(rest[0], (RandomResizedCrop, CenterCrop)):
+            raise PipelineError(
+                f"field {name!r} is an image: its pipeline must start with RandomResizedCrop(size) or "
+                "CenterCrop(size) (images differ in size; the crop fixes the batch shape)"
+            )
+        crop, rest = rest[0], rest[1:]
+        self.flip_p, normalize, layout = 0.0, None, None
+        for op in rest:
+            if isinstance(op, RandomHorizontalFlip) and normalize is None and layout is None:
+                self.flip_p = float(op.p)
+            elif isinstance(op, Normalize) and normalize is None and layout is None:
+                normalize = op
+            elif isinstance(op, ToTorchImage) and layout is None:
+                layout = op
+            else:
+                raise PipelineError(f"field {name!r}: unexpected {op!r}; image pipelines read [crop, "
+                                    "RandomHorizontalFlip?, Normalize?, ToTorchImage?, ToTensor?, ToDevice?]")
+        self.out_h, self.out_w = crop.size
+        if isinstance(crop, RandomResizedCrop):
+            self.crop_mode = image_batch.CROP_RANDOM_RESIZED
+            self.params = np.array([crop.scale[0], crop.scale[1], crop.ratio[0], crop.ratio[1], 0.0])
+        else:
+            self.crop_mode = image_batch.CROP_CENTER
+            self.params = np.array([0.0, 0.0, 0.0, 0.0, crop.ratio])
+        if normalize is None:
+            self.table, torch_dtype = image_ops.pixel_table(), None
+        else:
+            self.table = image_ops.normalize_table(normalize.dtype, normalize.mean, normalize.std)
+            torch_dtype = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[normalize.dtype]
+            if normalize.dtype == "bfloat16" and not self.to_tensor:
+                raise PipelineError(f"field {name!r}: numpy has no bfloat16; add ToTensor() to the pipeline")
+        # NHWC buffer unless ToTorchImage(channels_last=False) asks for a contiguous NCHW one.
+        self.channels_last = layout is None or layout.channels_last
+        self.permute = layout is not None and layout.channels_last
+        shape = (self.out_h, self.out_w, 3) if self.channels_last else (3, self.out_h, self.out_w)
+        self.outputs = {name: (shape, self.table.dtype, torch_dtype)}
+        ix = ds.index
+        self.offs = ix[f"{name}.offset"].astype(np.int64)
+        self.lens = ix[f"{name}.length"].astype(np.int64)
+        self.heights = ix[f"{name}.height"].astype(np.int64)
+        self.widths = ix[f"{name}.width"].astype(np.int64)
+        self.encodings = ix[f"{name}.encoding"].astype(np.uint8)
+        if (self.encodings != 0).any():
+            image_batch.prepare()  # loads libjpeg-turbo now: a missing library fails at construction
+
+    def handout(self, arrays, view):
+        value = super().handout(arrays, view)
+        return value.permute(0, 3, 1, 2) if self.permute else value
+
+    def _scratch(self, ctx, ids):
+        hw = int((self.heights[ids] * self.widths[ids]).max())
+        need = (hw * 3, hw * 4)
+        if ctx.get("img_cap", (0, 0))[0] < need[0]:
+            ctx["decoded"] = np.empty(need[0], dtype=np.uint8)
+            ctx["jpeg_scratch"] = np.empty(need[1], dtype=np.uint8)
+            ctx["img_cap"] = need
+        h, w = int(self.heights[ids].max()), int(self.widths[ids].max())
+        rs = int(image_ops.resize_scratch_size(max(h, 1), max(w, 1), self.out_h, self.out_w))
+        if ctx.get("resize_cap", 0) < rs:
+            ctx["resize_scratch"] = np.empty(rs, dtype=np.int32)
+            ctx["resize_cap"] = rs
+        if "decoder" not in ctx and (self.encodings[ids] != 0).any():
+            ctx["decoder"] = jpeg.JpegDecoder()
+        return ctx
+
+    def fill(self, arrays, lo, hi, ids, keys, ctx):
+        out = arrays[self.name][lo:hi]
+        ctx = self._scratch(ctx, ids)
+        lens = self.lens[ids]
+        buf, offs = self.pages.gather(self.offs[ids], lens, ctx)
+        status = np.zeros(ids.shape[0], dtype=np.int64)
+        handle = ctx["decoder"].handle if "decoder" in ctx else 0
+        bad = image_batch.image_slice(handle, buf, offs, lens, self.heights[ids], self.widths[ids],
+                                      self.encodings[ids], keys, self.crop_mode, self.params, self.flip_p,
+                                      self.table, out, self.channels_last, ctx["decoded"], ctx["jpeg_scratch"],
+                                      ctx["resize_scratch"], status)
+        if bad >= 0:
+            code = int(status[bad])
+            detail = jpeg.error_string(handle) if code == jpeg.ERR_LIBJPEG else jpeg.STATUS_MESSAGES.get(code, "")
+            raise DecodeError(f"{self.path}: sample {int(ids[bad])}, field {self.name!r}: the stored JPEG could "
+                              f"not be decoded (status {code}: {detail}); rewrite the file or verify it with "
+                              "`pageset verify`")
+
+
+class ScalarStage(Stage):
+    """Int / Float -> [B] of the decoder's dtype (a vectorised gather from the index column)."""
+
+    def __init__(self, name, ops, ds, default):
+        self.name = name
+        rest, self.to_tensor, self.to_device = _split_common(name, ops)
+        dec = rest[0] if rest else default
+        if len(rest) > 1 or not isinstance(dec, type(default)):
+            raise PipelineError(f"field {name!r}: expected [{type(default).__name__}(), ToTensor?, ToDevice?]")
+        self.column = ds.index[name].astype(dec.dtype)
+        self.outputs = {name: ((), np.dtype(dec.dtype), None)}
+
+    def fill(self, arrays, lo, hi, ids, keys, ctx):
+        np.take(self.column, ids, out=arrays[self.name][lo:hi])
+
+
+class ArrayStage(Stage):
+    """NDArray -> [B, *shape] (one vectorised byte gather per slice)."""
+
+    def __init__(self, name, ops, ds, field: NDArray, pages):
+        self.name, self.pages = name, pages
+        rest, self.to_tensor, self.to_device = _split_common(name, ops)
+        if rest and (len(rest) > 1 or not isinstance(rest[0], NDArrayDecoder)):
+            raise PipelineError(f"field {name!r}: expected [NDArrayDecoder(), ToTensor?, ToDevice?]")
+        self.dtype = np.dtype(field.dtype)
+        self.shape = field.shape
+        self.nbytes = field.nbytes
+        self.offs = ds.index[f"{name}.offset"].astype(np.int64)
+        self.outputs = {name: (self.shape, self.dtype, None)}
+
+    def fill(self, arrays, lo, hi, ids, keys, ctx):
+        lens = np.full(ids.shape[0], self.nbytes, dtype=np.int64)
+        buf, offs = self.pages.gather(self.offs[ids], lens, ctx)
+        raw = buf[offs[:, None] + np.arange(self.nbytes)]  # [n, nbytes] gather
+        out = arrays[self.name][lo:hi]
+        out[...] = raw.view(self.dtype.newbyteorder("<")).reshape(out.shape)
+
+
+class BytesStage(Stage):
+    """Bytes -> (uint8[B, max_len] zero-padded, int64[B] lengths); max_len = the longest value in the file."""
+
+    def __init__(self, name, ops, ds, pages):
+        self.name, self.pages = name, pages
+        rest, self.to_tensor, self.to_device = _split_common(name, ops)
+        if rest and (len(rest) > 1 or not isinstance(rest[0], BytesDecoder)):
+            raise PipelineError(f"field {name!r}: expected [BytesDecoder(), ToTensor?, ToDevice?]")
+        self.offs = ds.index[f"{name}.offset"].astype(np.int64)
+        self.lens = ds.index[f"{name}.length"].astype(np.int64)
+        self.max_len = int(self.lens.max()) if self.lens.size else 0
+        self.outputs = {name: ((self.max_len,), np.dtype(np.uint8), None),
+                        f"{name}_lengths": ((), np.dtype(np.int64), None)}
+
+    def fill(self, arrays, lo, hi, ids, keys, ctx):
+        lens = self.lens[ids]
+        buf, offs = self.pages.gather(self.offs[ids], lens, ctx)
+        data = arrays[self.name][lo:hi]
+        data[...] = 0
+        for j in range(ids.shape[0]):
+            data[j, : lens[j]] = buf[offs[j] : offs[j] + lens[j]]
+        arrays[f"{self.name}_lengths"][lo:hi] = lens
+
+
+class JSONStage(Stage):
+    """JSON -> a list of B decoded values (Python objects: never tensors, never sent to a device)."""
+
+    def __init__(self, name, ops, ds, pages):
+        self.name, self.pages = name, pages
+        if ops and (len(ops) > 1 or not isinstance(ops[0], JSONDecoder)):
+            raise PipelineError(f"field {name!r}: JSON fields take [JSONDecoder()] (Python objects)")
+        self.to_tensor, self.to_device = False, None
+        self.offs = ds.index[f"{name}.offset"].astype(np.int64)
+        self.lens = ds.index[f"{name}.length"].astype(np.int64)
+        self.outputs = {}
+
+    def alloc(self, batch_size, empty):
+        return {self.name: [None] * batch_size}
+
+    def fill(self, arrays, lo, hi, ids, keys, ctx):
+        lens = self.lens[ids]
+        buf, offs = self.pages.gather(self.offs[ids], lens, ctx)
+        values = arrays[self.name]
+        for j in range(ids.shape[0]):
+            values[lo + j] = json.loads(buf[offs[j] : offs[j] + lens[j]].tobytes())
+
+    def handout(self, arrays, view):
+        return list(arrays[self.name])
+
+
+def build_stage(name, field, ops, ds, pages) -> Stage:
+    """The stage for one field and its pipeline (``None``/missing ops: the field's default decoder)."""
+    ops = list(ops or [])
+    if isinstance(field, RGBImage):
+        return ImageStage(name, ops, ds, pages)
+    if isinstance(field, Int):
+        return ScalarStage(name, ops, ds, IntDecoder())
+    if isinstance(field, Float):
+        return ScalarStage(name, ops, ds, FloatDecoder())
+    if isinstance(field, NDArray):
+        return ArrayStage(name, ops, ds, field, pages)
+    if isinstance(field, Bytes):
+        return BytesStage(name, ops, ds, pages)
+    if isinstance(field, JSON):
+        return JSONStage(name, ops, ds, pages)
+    raise PipelineError(f"field {name!r}: the loader does not handle {type(field).__name__} fields")

@@ -1,0 +1,95 @@
+"""The loader's thread pool: persistent threads running slices of batches; failures are forwarded.
+
+Each task fills rows ``[lo, hi)`` of one slot for every stage. Threads live as long as the Loader (no re-spawn
+per epoch). Every wait has a timeout and checks the stop event; every exception, BaseException included, is
+caught in the thread and handed to the consumer with the thread's traceback, so a failing op can never hang
+the training loop or die silently.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Slot:
+    """A ring slot: preallocated buffers of one batch and the bookkeeping of its fill."""
+
+    index: int
+    arrays: list  # per stage: dict of output key -> buffer
+    step: int = -1
+    generation: int = -1
+    ids: object = None  # int64[B] record ids
+    positions: object = None  # int64[B] epoch positions
+    padding: object = None  # bool[B]
+    keys: object = None  # uint64[B]
+    pending: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+    handed: list = field(default_factory=list)  # weakrefs to the views handed out from this slot
+    event: object = None  # CUDA event of the last copy out of this slot (device queue)
+
+
+class WorkerFailed(RuntimeError):
+    """Wraps nothing: the original exception is re-raised; this names where it happened (``__cause__``)."""
+
+
+class ThreadPool:
+    """``num_threads`` daemon threads executing ``(slot, lo, hi, generation)`` tasks with ``run_slice``."""
+
+    def __init__(self, num_threads: int, run_slice, name: str = "pageset"):
+        self._tasks: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        # A weak reference: the threads must not keep the Loader alive, so ``del loader`` can close it.
+        self._run_slice = weakref.WeakMethod(run_slice)
+        self._lock = threading.Lock()
+        self.generation = 0
+        self.threads = [threading.Thread(target=self._loop, args=(i,), name=f"{name}-{i}", daemon=True)
+                        for i in range(num_threads)]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, slot: Slot, lo: int, hi: int) -> None:
+        self._tasks.put((slot, lo, hi, slot.generation))
+
+    def _loop(self, i: int) -> None:
+        ctx: dict = {"thread": i}  # per-thread scratch buffers and the JPEG decoder handle
+        while not self._stop.is_set():
+            try:
+                slot, lo, hi, gen = self._tasks.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            try:
+                run = self._run_slice()
+                if run is not None and gen == self.generation and slot.error is None:
+                    run(slot, lo, hi, ctx)
+                del run
+            except BaseException as exc:  # forwarded to the consumer, never swallowed
+                exc.pageset_where = f"thread {threading.current_thread().name}, batch step {slot.step}, rows {lo}:{hi}"
+                slot.error = exc
+            finally:
+                with self._lock:
+                    slot.pending -= 1
+                    if slot.pending == 0:
+                        slot.done.set()
+        dec = ctx.get("decoder")
+        if dec is not None:
+            dec.close()
+
+    def cancel(self) -> None:
+        """Make queued tasks of the current generation no-ops (they still count down their slots)."""
+        with self._lock:
+            self.generation += 1
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop and join every thread."""
+        self._stop.set()
+        for t in self.threads:
+            if t is not threading.current_thread():  # a Loader collected inside one of its own threads
+                t.join(timeout)
+
+    def alive(self) -> int:
+        return sum(t.is_alive() for t in self.threads)
