@@ -62,7 +62,9 @@ class HostQueue:
 
 
 def _host_batch(stages, slot, view) -> dict:
-    batch = {stage.name: stage.handout(arrays, view) for stage, arrays in zip(stages, slot.arrays)}
+    batch = {}
+    for stage, arrays in zip(stages, slot.arrays):
+        batch.update(stage.handout(arrays, view))
     batch["_index"] = slot.ids.copy()
     batch["_is_padding"] = slot.padding.copy()
     return batch
@@ -80,17 +82,16 @@ class CudaCopyQueue:
         return torch.empty(tuple(shape), dtype=_torch_dtype(np_dtype), pin_memory=True).numpy()
 
     def copy(self, stages, slot, view) -> dict:
-        host = _host_batch(stages, slot, lambda a: a)  # tensors over the pinned slot, never handed out
         consumer = torch.cuda.current_stream(self.device)
         out = {}
         self.stream.wait_stream(consumer)  # copies start after the consumer's earlier work was queued
         with torch.cuda.stream(self.stream):
-            for stage in stages:
-                value = host[stage.name]
-                if stage.to_device is None:
-                    out[stage.name] = _clone_host(value)  # not moved: an owned copy (the slot is reused)
-                else:
-                    out[stage.name] = _to(value, self.device, self.non_blocking)
+            for stage, arrays in zip(stages, slot.arrays):
+                for key, value in stage.handout(arrays, lambda a: a).items():  # views of the pinned slot
+                    if stage.to_device is None:
+                        out[key] = _clone_host(value)  # not moved: an owned copy (the slot is reused)
+                    else:
+                        out[key] = _to(value, self.device, self.non_blocking)
             event = torch.cuda.Event()
             event.record(self.stream)
         slot.event = event
@@ -99,14 +100,16 @@ class CudaCopyQueue:
             for t in value if isinstance(value, tuple) else (value,):
                 if isinstance(t, torch.Tensor) and t.is_cuda:
                     t.record_stream(consumer)
-        out["_index"], out["_is_padding"] = host["_index"], host["_is_padding"]
+        out["_index"], out["_is_padding"] = slot.ids.copy(), slot.padding.copy()
         return out
 
 
 def _to(value, device, non_blocking):
     if isinstance(value, tuple):
         return tuple(_to(v, device, non_blocking) for v in value)
-    return value.to(device, non_blocking=non_blocking)
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=non_blocking)
+    return value  # Python values (max_seqlen)
 
 
 def _clone_host(value):

@@ -114,11 +114,6 @@ class Loader:
         self.window_pages, self.num_threads, self.batches_ahead = int(window_pages), num_threads, batches_ahead
         self._ds = open_dataset(path)
         self.path, self.dataset_id = self._ds.path, self._ds.dataset_id
-        self.n_records = len(self._ds)
-        self._page_sizes = self._ds.records_per_page()
-        self.epoch_length = epoch_length(self.n_records, self.global_batch_size, self.drop_last)
-        if self.epoch_length == 0:  # epoch_length raises for drop_last=True with G > N; keep a guard anyway
-            raise ValueError(f"{self.path}: no full batch: N={self.n_records}, global batch {self.global_batch_size}")
         if page_cache == "os":
             self._pages = MmapPages(self._ds.buffer)
         else:
@@ -132,6 +127,15 @@ class Loader:
                                 f"the file has {list(self._ds.fields)}")
         self._stages = [build_stage(n, f, pipelines.get(n), self._ds, self._pages)
                         for n, f in self._ds.fields.items() if not (n in pipelines and pipelines[n] is None)]
+        # Records are the file's records, or, for a token file, its seq_len windows.
+        windows = [s for s in self._stages if hasattr(s, "records_per_page")]
+        if windows:
+            self.n_records = windows[0].n_records
+            self._page_sizes = windows[0].records_per_page(self._ds.page_count)
+        else:
+            self.n_records = len(self._ds)
+            self._page_sizes = self._ds.records_per_page()
+        self.epoch_length = epoch_length(self.n_records, self.global_batch_size, self.drop_last)
         self._queue = self._device_queue()
         empty = self._queue.empty if self._queue is not None else (lambda shape, dt: np.empty(shape, dt))
         self._slots = [Slot(i, [s.alloc(batch_size, empty) for s in self._stages])
@@ -163,8 +167,10 @@ class Loader:
         return self.epoch_length // self.global_batch_size
 
     def __len__(self) -> int:
-        """Batches left in the current epoch for this rank (the same number on every rank)."""
-        return self.steps_per_epoch - self._cursor // self.global_batch_size
+        """Batches the next ``iter()`` yields on this rank (the same number on every rank): the rest of the
+        current epoch, or a whole epoch once the current one has been handed out completely."""
+        left = self.steps_per_epoch - self._cursor // self.global_batch_size
+        return left if left > 0 else self.steps_per_epoch
 
     def state_dict(self) -> dict:
         """The resume state (order v1): JSON-serialisable, the same on every rank; counts delivered batches."""
@@ -211,6 +217,8 @@ class Loader:
             gen.close()
 
     def _epoch_batches(self):
+        if self._cursor >= self.epoch_length:  # the last batch was handed out but the epoch not closed yet
+            self._epoch, self._cursor = self._epoch + 1, 0
         G, epoch = self.global_batch_size, self._epoch
         steps = self.steps_per_epoch
         first = self._cursor // G
@@ -286,7 +294,7 @@ class Loader:
             return self._queue.copy(self._stages, slot, view)
         batch = {}
         for stage, arrays in zip(self._stages, slot.arrays):
-            batch[stage.name] = stage.handout(arrays, view)
+            batch.update(stage.handout(arrays, view))
         batch[INDEX_KEY] = slot.ids.copy()
         batch[PADDING_KEY] = slot.padding.copy()
         return batch

@@ -8,9 +8,10 @@ import json
 import numpy as np
 import torch
 
-from ..format.fields import JSON, Bytes, Float, Int, NDArray, RGBImage
+from ..format.fields import JSON, Bytes, Float, Int, NDArray, RGBImage, Tokens
 from ..ops import image as image_ops
 from ..ops import image_batch, jpeg
+from ..ops import tokens as token_ops
 from ..ops.transforms import (
     BytesDecoder,
     CenterCrop,
@@ -22,8 +23,10 @@ from ..ops.transforms import (
     RandomHorizontalFlip,
     RandomResizedCrop,
     ToTensor,
+    TokenWindows,
     ToTorchImage,
 )
+from .pages import MmapPages
 
 
 class PipelineError(ValueError):
@@ -64,12 +67,15 @@ class Stage:
         """Buffers for one slot; ``empty(shape, np_dtype)`` allocates (pinned when copying to a GPU)."""
         return {k: empty((batch_size, *shape), dt) for k, (shape, dt, _) in self.outputs.items()}
 
-    def handout(self, arrays: dict, view):
-        """The value for the user: ``view(arr)`` makes the handed-out view; converted to torch if asked."""
+    def handout(self, arrays: dict, view) -> dict:
+        """``{batch key: value}`` for the user: ``view(arr)`` makes the handed-out view; torch if asked.
+
+        One output is handed out under the field's name; several (Bytes: data and lengths) as a tuple there.
+        """
         vals = {k: view(a) for k, a in arrays.items()}
         if self.to_tensor:
             vals = {k: _to_torch(v, self.outputs[k][2]) for k, v in vals.items()}
-        return vals[self.name] if len(vals) == 1 else tuple(vals[k] for k in self.outputs)
+        return {self.name: vals[self.name] if len(vals) == 1 else tuple(vals[k] for k in self.outputs)}
 
 
 def _to_torch(arr: np.ndarray, torch_dtype):
@@ -129,8 +135,10 @@ class ImageStage(Stage):
             image_batch.prepare()  # loads libjpeg-turbo now: a missing library fails at construction
 
     def handout(self, arrays, view):
-        value = super().handout(arrays, view)
-        return value.permute(0, 3, 1, 2) if self.permute else value
+        out = super().handout(arrays, view)
+        if self.permute:
+            out[self.name] = out[self.name].permute(0, 3, 1, 2)
+        return out
 
     def _scratch(self, ctx, ids):
         hw = int((self.heights[ids] * self.widths[ids]).max())
@@ -252,12 +260,89 @@ class JSONStage(Stage):
             values[lo + j] = json.loads(buf[offs[j] : offs[j] + lens[j]].tobytes())
 
     def handout(self, arrays, view):
-        return list(arrays[self.name])
+        return {self.name: list(arrays[self.name])}
+
+
+class TokenStage(Stage):
+    """A token file's stream -> ``input``/``target`` windows (+ document outputs) via ``ops.tokens``.
+
+    Records are windows: window ``w`` starts at token ``w * seq_len``; ``records_per_page()`` counts the
+    windows starting in each page, so the quasi-random order shuffles windows page-locally.
+    """
+
+    def __init__(self, name, ops, ds, pages):
+        self.name, self.pages, self.path = name, pages, ds.path
+        rest, self.to_tensor, self.to_device = _split_common(name, ops)
+        if len(rest) != 1 or not isinstance(rest[0], TokenWindows):
+            raise PipelineError(f"{ds.path} is a token file: give pipelines={{{name!r}: [TokenWindows(seq_len), "
+                                "ToTensor?, ToDevice?]}}")
+        op = rest[0]
+        self.seq_len, self.docs = op.seq_len, op.document_outputs
+        info = ds.tokens_info
+        self.eos_id = int(info["eos_id"])
+        self.itemsize = np.dtype(info["dtype"]).itemsize
+        self.data_offset, self.page_size = ds.data_offset, ds.page_size
+        self.tokens = ds.buffer[ds.data_offset : ds.data_offset + ds.data_length].view(
+            np.dtype(info["dtype"]).newbyteorder("<"))
+        if self.tokens.shape[0] < self.seq_len + 1:
+            raise ValueError(f"{ds.path}: {self.tokens.shape[0]} tokens, fewer than seq_len + 1 = {self.seq_len + 1}:"
+                             " no window fits (windows are never padded); use a smaller seq_len or more data")
+        self.n_records = token_ops.num_windows(self.tokens.shape[0], self.seq_len)
+        L = self.seq_len
+        self.outputs = {"input": ((L,), np.dtype(op.input_dtype), None), "target": ((L,), np.dtype(np.int64), None)}
+        if self.docs:
+            self.outputs.update(position_ids=((L,), np.dtype(np.int64), None),
+                                doc_ids=((L,), np.dtype(np.int32), None), labels=((L,), np.dtype(np.int64), None))
+
+    def records_per_page(self, page_count: int) -> np.ndarray:
+        """int64[max(page_count, 1)]: windows whose first token lies in each page (O(pages), no per-window array)."""
+        stride = self.seq_len * self.itemsize  # bytes between window starts
+        bounds = np.arange(max(page_count, 1) + 1, dtype=np.int64) * self.page_size
+        first = np.minimum(-(-bounds // stride), self.n_records)  # first window starting at or after each bound
+        return np.diff(first)
+
+    def alloc(self, batch_size, empty):
+        arrays = super().alloc(batch_size, empty)
+        if self.docs:
+            arrays["cu_seqlens"] = empty((batch_size * self.seq_len + 1,), np.dtype(np.int32))
+        return arrays
+
+    def fill(self, arrays, lo, hi, ids, keys, ctx):
+        inp, tgt = arrays["input"][lo:hi], arrays["target"][lo:hi]
+        if isinstance(self.pages, MmapPages):  # one vectorised gather straight from the mmap
+            token_ops.gather_windows(self.tokens, ids, self.seq_len, inp, tgt)
+        else:  # process page cache: the windows' bytes land back to back in the thread's staging buffer
+            n = (self.seq_len + 1) * self.itemsize
+            offs = self.data_offset + ids * (self.seq_len * self.itemsize)
+            buf, _ = self.pages.gather(offs, np.full(ids.shape[0], n, dtype=np.int64), ctx)
+            rows = buf[: ids.shape[0] * n].view(self.tokens.dtype).reshape(ids.shape[0], self.seq_len + 1)
+            np.copyto(inp, rows[:, :-1], casting="unsafe")
+            np.copyto(tgt, rows[:, 1:], casting="unsafe")
+        if self.docs:
+            token_ops.position_ids(inp, self.eos_id, out=arrays["position_ids"][lo:hi])
+            token_ops.doc_ids(inp, self.eos_id, out=arrays["doc_ids"][lo:hi])
+            token_ops.labels(inp, arrays["target"][lo:hi], self.eos_id, out=arrays["labels"][lo:hi])
+
+    def handout(self, arrays, view):
+        keys = list(self.outputs)
+        vals = {k: view(arrays[k]) for k in keys}
+        if self.docs:
+            cu, max_len = token_ops.cu_seqlens(arrays["input"], self.eos_id)
+            buf = arrays["cu_seqlens"][: cu.shape[0]]
+            buf[...] = cu
+            vals["cu_seqlens"] = view(buf)
+        if self.to_tensor:
+            vals = {k: _to_torch(v, None) for k, v in vals.items()}
+        if self.docs:
+            vals["max_seqlen"] = max_len
+        return vals
 
 
 def build_stage(name, field, ops, ds, pages) -> Stage:
     """The stage for one field and its pipeline (``None``/missing ops: the field's default decoder)."""
     ops = list(ops or [])
+    if isinstance(field, Tokens):
+        return TokenStage(name, ops, ds, pages)
     if isinstance(field, RGBImage):
         return ImageStage(name, ops, ds, pages)
     if isinstance(field, Int):

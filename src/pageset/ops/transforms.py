@@ -145,3 +145,23 @@ class BytesDecoder:
 @dataclass(frozen=True)
 class JSONDecoder:
     """A JSON field as a list of B decoded values."""
+
+
+@dataclass(frozen=True)
+class TokenWindows:
+    """Token-file pipeline: windows of ``seq_len + 1`` tokens at stride ``seq_len`` (chosen at load time, never
+    stored): ``input`` = window[:-1] and ``target`` = window[1:], ``[B, seq_len]``, int64 (``input_dtype``
+    "int32" halves the input copy). With ``document_outputs=True`` the batch also holds ``position_ids``
+    (int64[B, L], 0 at each row start and after each EOS), ``doc_ids`` (int32[B, L]), ``labels`` (int64[B, L],
+    target with -100 where the input is EOS), ``cu_seqlens`` (int32[S + 1] over the flattened batch) and
+    ``max_seqlen`` (int); see ``pageset.ops.tokens`` for the exact segment rules."""
+
+    seq_len: int
+    document_outputs: bool = False
+    input_dtype: str = "int64"
+
+    def __post_init__(self):
+        if not isinstance(self.seq_len, int) or isinstance(self.seq_len, bool) or self.seq_len < 1:
+            raise ValueError(f"seq_len must be an int >= 1, got {self.seq_len!r}")
+        if self.input_dtype not in ("int64", "int32"):
+            raise ValueError(f"input_dtype must be 'int64' or 'int32', got {self.input_dtype!r}")

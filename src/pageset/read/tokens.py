@@ -49,6 +49,16 @@ def validate_token_sections(ds: Dataset, sections: dict) -> tuple[dict, np.ndarr
         raise ds._err(SchemaError, "schema", schema_off, "tokens.count and tokens.documents must be ints >= 0")
     if dtype not in C.TOKEN_DTYPES or dtype != fields[0].dtype:
         raise ds._err(SchemaError, "schema", schema_off, f"tokens.dtype {dtype!r} must equal the field's dtype")
+    # eos_id / bos_id are used as ints by TokenDataset and the loader's document outputs: a forged schema with
+    # a list, a float or an id outside the dtype must be a SchemaError, not a TypeError later (found by
+    # tools/fuzz.py: "bos_id": [2**40, 2**40] raised TypeError in TokenDataset.__init__).
+    id_max = int(np.iinfo(np.dtype(dtype)).max)
+    for key in ("eos_id", "bos_id"):
+        v = info.get(key)
+        if v is None and key == "bos_id":
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= id_max:
+            raise ds._err(SchemaError, "schema", schema_off, f"tokens.{key} must be an int in [0, {id_max}], got {v!r}")
     if ds.record_count != 0:
         raise ds._err(FormatError, "header", 40, f"a token file has record_count 0, got {ds.record_count}")
     itemsize = np.dtype(dtype).itemsize

@@ -1,0 +1,91 @@
+"""The shared resume contract every stateful loader configuration must pass (images and tokens alike).
+
+``check_resume(make_loader, global_batch, world_sizes, cuts)``: ``make_loader(rank, world_size, batch_size,
+num_threads)`` builds a Loader. The control is one uninterrupted process-local run over two epochs on world size
+1. For each cut (a number of global steps, possibly at an epoch end) and each world size W dividing G, the run
+is interrupted after ``cut`` steps on W ranks, its state is saved, and it resumes on the next world size of the
+list with another thread count: the concatenated global stream (ids and a digest of every sample's outputs)
+must equal the control's from the cut on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+
+
+def sample_digests(batch) -> list[str]:
+    """One digest per sample of a batch over every per-sample output (ids included)."""
+    keys = sorted(k for k, v in batch.items() if hasattr(v, "shape") and len(v.shape) >= 1 and k != "cu_seqlens")
+    n = len(batch["_index"])
+    out = []
+    for j in range(n):
+        h = hashlib.sha256()
+        for k in keys:
+            v = batch[k]
+            if v.shape[0] != n:
+                continue
+            arr = v[j].numpy() if isinstance(v, torch.Tensor) else np.asarray(v[j])
+            h.update(k.encode() + np.ascontiguousarray(arr).tobytes())
+        out.append(h.hexdigest()[:20])
+    return out
+
+
+def global_stream(loaders, steps):
+    """Run ``steps`` global steps over per-rank loaders; the all-gather (rank order) of each step."""
+    its = [iter(ld) for ld in loaders]
+    stream = []
+    for _ in range(steps):
+        for it in its:
+            stream.extend(sample_digests(next(it)))
+    return stream
+
+
+def run_epochs(make_loader, world_size, batch_size, threads, epochs):
+    loaders = [make_loader(r, world_size, batch_size, threads) for r in range(world_size)]
+    try:
+        stream = []
+        for _ in range(epochs):
+            stream += global_stream(loaders, len(loaders[0]))
+        return stream
+    finally:
+        for ld in loaders:
+            ld.close()
+
+
+def check_resume(make_loader, global_batch, world_sizes, cuts, epochs=2):
+    control = run_epochs(make_loader, 1, global_batch, 2, epochs)
+    with make_loader(0, 1, global_batch, 1) as probe:
+        steps_per_epoch = probe.steps_per_epoch
+    total = steps_per_epoch * epochs
+    assert len(control) == total * global_batch
+    for w in world_sizes:
+        for cut in cuts:
+            cut = min(cut, total)
+            loaders = [make_loader(r, w, global_batch // w, 1) for r in range(w)]
+            done = []
+            remaining = cut
+            while remaining:
+                k = min(remaining, len(loaders[0]))
+                done += global_stream(loaders, k)
+                remaining -= k
+            states = [ld.state_dict() for ld in loaders]
+            assert all(s == states[0] for s in states), "the state must be the same on every rank"
+            for ld in loaders:
+                ld.close()
+            assert done == control[: cut * global_batch]
+            w2 = world_sizes[(world_sizes.index(w) + 1) % len(world_sizes)]
+            resumed = [make_loader(r, w2, global_batch // w2, 2) for r in range(w2)]
+            for ld in resumed:
+                ld.load_state_dict(states[0])
+            rest = []
+            left = total - cut
+            while left:
+                k = len(resumed[0])
+                rest += global_stream(resumed, k)
+                left -= k
+            for ld in resumed:
+                ld.close()
+            assert rest == control[cut * global_batch :], (w, w2, cut)

@@ -1,0 +1,93 @@
+"""The Loader over token files: windows, coverage, document outputs, devices."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pageset import Loader, PipelineError, TokenWindows, ToDevice, ToTensor, open_tokens, write_tokens
+from pageset.ops.tokens import document_outputs
+
+
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory):
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(0, 60000, size=int(rng.integers(1, 200))) for _ in range(300)]
+    path = tmp_path_factory.mktemp("tokload") / "t.pageset"
+    write_tokens(path, docs, eos_id=60001, num_workers=0, page_size=4096, progress=False)
+    return path
+
+
+@pytest.mark.parametrize("order", ["sequential", "random", "quasi_random"])
+@pytest.mark.parametrize("seq_len", [16, 100])
+def test_windows_cover_every_target_once(token_file, order, seq_len):
+    with open_tokens(token_file) as td:
+        tokens = np.asarray(td.tokens, dtype=np.int64)
+        n = td.num_windows(seq_len)
+    G = next(g for g in range(8, 1, -1) if n % g == 0) if any(n % g == 0 for g in range(2, 9)) else 1
+    with Loader(token_file, batch_size=G, order=order, seed=2, num_threads=2,
+                pipelines={"tokens": [TokenWindows(seq_len)]}) as loader:
+        hits = np.zeros(tokens.shape[0], dtype=np.int64)
+        for batch in loader:
+            for w, inp, tgt in zip(batch["_index"], batch["input"], batch["target"]):
+                start = int(w) * seq_len
+                np.testing.assert_array_equal(inp, tokens[start : start + seq_len])
+                np.testing.assert_array_equal(tgt, tokens[start + 1 : start + seq_len + 1])
+                hits[start + 1 : start + seq_len + 1] += 1
+    covered = n * seq_len
+    assert (hits[1 : covered + 1] == 1).all() and hits[0] == 0 and (hits[covered + 1 :] == 0).all()
+
+
+def test_document_outputs_match_ops_and_torch(token_file):
+    with Loader(token_file, batch_size=6, seed=4, num_threads=2, order="random",
+                pipelines={"tokens": [TokenWindows(64, document_outputs=True, input_dtype="int32"),
+                                      ToTensor(), ToDevice("cpu")]}) as loader:
+        for k, batch in enumerate(loader):
+            assert batch["input"].dtype == torch.int32 and batch["target"].dtype == torch.int64
+            ref = document_outputs(batch["input"].numpy(), batch["target"].numpy(), 60001)
+            np.testing.assert_array_equal(batch["position_ids"].numpy(), ref.position_ids)
+            np.testing.assert_array_equal(batch["doc_ids"].numpy(), ref.doc_ids)
+            np.testing.assert_array_equal(batch["labels"].numpy(), ref.labels)
+            np.testing.assert_array_equal(batch["cu_seqlens"].numpy(), ref.cu_seqlens)
+            assert batch["max_seqlen"] == ref.max_seqlen and isinstance(batch["max_seqlen"], int)
+            assert (batch["labels"][batch["input"] == 60001] == -100).all()
+            if k == 5:
+                break
+
+
+def test_short_corpus_and_bad_pipelines(tmp_path, token_file):
+    path = tmp_path / "short.pageset"
+    write_tokens(path, [np.arange(10)], eos_id=99, num_workers=0, progress=False)
+    with pytest.raises(ValueError, match="fewer than seq_len \\+ 1"):
+        Loader(path, batch_size=1, pipelines={"tokens": [TokenWindows(11)]})
+    with Loader(path, batch_size=1, pipelines={"tokens": [TokenWindows(10)]}) as loader:
+        (batch,) = list(loader)  # 11 tokens: exactly one window
+        np.testing.assert_array_equal(batch["target"][0], np.r_[np.arange(1, 10), 99])
+    with pytest.raises(PipelineError, match="TokenWindows"):
+        Loader(token_file, batch_size=2)
+    with pytest.raises(ValueError, match="seq_len"):
+        TokenWindows(0)
+
+
+def test_to_device_cuda_without_cuda_is_a_clear_error(token_file):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        Loader(token_file, batch_size=2, pipelines={"tokens": [TokenWindows(8), ToDevice("cuda")]})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_copies_equal_cpu_batches(token_file):
+    kw = dict(batch_size=4, seed=1, order="random", num_threads=2)
+    with Loader(token_file, pipelines={"tokens": [TokenWindows(32), ToTensor()]}, **kw) as cpu:
+        ref = [b["input"].clone() for b in cpu]
+    with Loader(token_file, pipelines={"tokens": [TokenWindows(32), ToDevice("cuda")]}, **kw) as gpu:
+        got = []
+        for b in gpu:
+            assert b["input"].is_cuda
+            torch.cuda._sleep(1_000_000)  # keep the consumer stream busy while later copies are queued
+            got.append(b["input"])
+        torch.cuda.synchronize()
+    assert all(torch.equal(a, b.cpu()) for a, b in zip(ref, got))
