@@ -49,7 +49,7 @@ def _read_file_list(path: str):
 
 def cmd_convert(args) -> int:
     image = RGBImage(max_resolution=args.max_resolution, encoding=args.encoding, jpeg_quality=args.jpeg_quality,
-                     jpeg_subsampling=args.jpeg_subsampling)
+                     jpeg_subsampling=args.jpeg_subsampling, jpeg_passthrough=args.jpeg_passthrough)
     if os.path.isdir(args.source):
         source, fields = args.source, {"image": image, "label": Int()}
     elif os.path.isfile(args.source):
@@ -182,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--encoding", choices=["jpeg", "raw", "auto"], default="jpeg")
     c.add_argument("--jpeg-quality", type=int, default=90)
     c.add_argument("--jpeg-subsampling", choices=["4:4:4", "4:2:2", "4:2:0"], default="4:2:0")
+    c.add_argument("--jpeg-passthrough", action="store_true",
+                   help="store JPEG inputs as they are when no conversion is needed (no re-encoding)")
     c.add_argument("--num-workers", type=int, default=None, help="encoding processes (default: all cores)")
     c.add_argument("--page-size", type=int, default=DEFAULT_PAGE_SIZE, help="bytes per page (power of two)")
     c.add_argument("--on-error", choices=["raise", "skip"], default="raise")

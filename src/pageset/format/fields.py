@@ -61,6 +61,10 @@ class RGBImage(Field):
         jpeg_quality: 1-100, Pillow/libjpeg quality.
         jpeg_subsampling: chroma subsampling, ``"4:4:4"``, ``"4:2:2"`` or ``"4:2:0"``.
         auto_raw_ratio: the ratio used by ``"auto"`` (default 4.0).
+        jpeg_passthrough: with ``encoding="jpeg"``, store a JPEG input's own bytes (no re-encoding: no
+            generation loss, faster conversion) when that is equivalent to converting it: 8-bit RGB or grayscale
+            (gray is decoded to RGB by the loader), no EXIF rotation, no shrink needed. Progressive files stay
+            progressive (slower to decode). Other inputs are converted as usual.
 
     Conversion at write time: EXIF orientation is applied; grayscale, palette, CMYK, and images with alpha are
     converted to RGB (alpha is dropped, not composited; composite yourself beforehand if you need a
@@ -74,6 +78,7 @@ class RGBImage(Field):
     jpeg_quality: int = 90
     jpeg_subsampling: str = "4:2:0"
     auto_raw_ratio: float = 4.0
+    jpeg_passthrough: bool = False
 
     def columns(self, name: str) -> list[tuple[str, str]]:
         return super().columns(name) + [(f"{name}.{c}", dt) for c, dt in IMAGE_COLUMNS]

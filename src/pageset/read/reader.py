@@ -36,6 +36,10 @@ from ..format.layout import HEADER, PAGE_CHECKSUM, SECTION_ENTRY
 
 MAX_SECTIONS = 1024
 MAX_IMAGE_SIDE = (1 << 31) - 1  # keeps height * width * 3 inside uint64 arithmetic
+# A JPEG stores its sides in 16 bits (SOF marker), so a JPEG record claiming more is damaged: refusing it at open
+# also keeps a loader from sizing decode buffers for a 2^31 x 2^31 image (found by tools/fuzz.py: an edited
+# ``image.height`` made the loader allocate height * width * 3 bytes).
+MAX_JPEG_SIDE = 65535
 
 
 @dataclass(frozen=True)
@@ -244,6 +248,8 @@ class Dataset:
                 h, w, enc = index[f"{name}.height"], index[f"{name}.width"], index[f"{name}.encoding"]
                 fail((h == 0) | (w == 0) | (h > MAX_IMAGE_SIDE) | (w > MAX_IMAGE_SIDE), f"field {name!r}: bad image size")
                 fail(~np.isin(enc, list(C.ENCODING_NAMES)), f"field {name!r}: unknown image encoding")
+                fail((enc == C.ENCODING_JPEG) & ((h > MAX_JPEG_SIDE) | (w > MAX_JPEG_SIDE)),
+                     f"field {name!r}: a JPEG side is larger than {MAX_JPEG_SIDE} pixels")
                 raw = enc == C.ENCODING_RAW
                 fail(raw & (f_len != h.astype(np.uint64) * w.astype(np.uint64) * np.uint64(3)),
                      f"field {name!r}: raw image length is not height*width*3")

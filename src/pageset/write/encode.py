@@ -79,7 +79,13 @@ def shrink(img: Image.Image, max_resolution: int | None) -> Image.Image:
 
 def encode_image(value, field: RGBImage) -> tuple[bytes, dict]:
     """Payload and index columns (height, width, encoding) of one image value."""
-    img = shrink(to_rgb(load_image(value)), field.max_resolution)
+    src = load_image(value)
+    if field.jpeg_passthrough and field.encoding == "jpeg":
+        kept = _passthrough(value, src, field.max_resolution)
+        if kept is not None:
+            w, h = src.size
+            return kept, {"height": h, "width": w, "encoding": ENCODING_JPEG}
+    img = shrink(to_rgb(src), field.max_resolution)
     w, h = img.size
     if field.encoding == "raw" or max(w, h) > JPEG_MAX_SIDE:
         return np.asarray(img, dtype=np.uint8).tobytes(), {"height": h, "width": w, "encoding": ENCODING_RAW}
@@ -90,6 +96,24 @@ def encode_image(value, field: RGBImage) -> tuple[bytes, dict]:
     if field.encoding == "auto" and h * w * 3 <= field.auto_raw_ratio * len(jpeg):
         return np.asarray(img, dtype=np.uint8).tobytes(), {"height": h, "width": w, "encoding": ENCODING_RAW}
     return jpeg, {"height": h, "width": w, "encoding": ENCODING_JPEG}
+
+
+def _passthrough(value, img: Image.Image, max_resolution: int | None) -> bytes | None:
+    """The input's own JPEG bytes when storing them unchanged is equivalent to converting: an 8-bit RGB/YCbCr or
+    grayscale JPEG (the loader's decoder replicates gray to RGB) without an EXIF rotation, that needs no shrink.
+    ``None`` otherwise (CMYK, rotated, too large, or not given as bytes / a path)."""
+    if img.format != "JPEG" or img.mode not in ("RGB", "L"):
+        return None
+    if img.getexif().get(0x0112, 1) != 1:
+        return None
+    if max_resolution is not None and max(img.size) > max_resolution:
+        return None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, (str, os.PathLike)):
+        with open(value, "rb") as f:
+            return f.read()
+    return None
 
 
 def encode_scalar(value, field: Int | Float):
