@@ -27,6 +27,7 @@ from ..order import (
     EpochOrder,
     OrderState,
     check_compatible,
+    enable_kernel_cache,
     epoch_length,
     normalize_cursor,
     rank_positions,
@@ -107,6 +108,7 @@ class Loader:
         batches_ahead = max(2, 2 * num_threads) if batches_ahead is None else batches_ahead
         if batches_ahead < 1:
             raise ValueError(f"batches_ahead must be >= 1, got {batches_ahead}")
+        enable_kernel_cache()
         r, w = resolve_rank(rank, world_size, probe=_torch_distributed)
         self.dist = Distributed(r, w)
         self.batch_size, self.global_batch_size = batch_size, batch_size * w
