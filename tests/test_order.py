@@ -575,6 +575,7 @@ def test_order_imports_only_numpy_numba_and_itself():
         "__future__",
         "collections",
         "dataclasses",
+        "functools",
         "numba",
         "numpy",
         "operator",
