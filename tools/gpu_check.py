@@ -120,7 +120,7 @@ def main() -> None:
                 n += b["image"].shape[0]
             _sync(device)
             results["images_per_s"] = n / (time.perf_counter() - t0)
-        results["first_batch_s"] = _first_batch(path, device, threads)
+        results["first_batch_s"] = _first_batch(path, device, threads, args.batch_size)
     print(f"\npageset GPU check ({'dry run, ' if args.dry_run else ''}{results.get('gpu', 'CPU')}, {threads} threads)\n")
     print("| check | result |")
     print("|---|---|")
@@ -147,15 +147,15 @@ FIRST = """
 import sys, time
 t0 = time.perf_counter()
 from pageset import Loader, RandomResizedCrop, ToDevice
-with Loader(sys.argv[1], batch_size=64, num_threads=int(sys.argv[3]),
+with Loader(sys.argv[1], batch_size=int(sys.argv[4]), num_threads=int(sys.argv[3]),
             pipelines={"image": [RandomResizedCrop(224), ToDevice(sys.argv[2])], "label": None}) as loader:
     next(iter(loader))
 print(time.perf_counter() - t0)
 """
 
 
-def _first_batch(path, device, threads) -> float:
-    r = subprocess.run([sys.executable, "-c", FIRST, str(path), device, str(threads)], capture_output=True,
+def _first_batch(path, device, threads, batch_size) -> float:
+    r = subprocess.run([sys.executable, "-c", FIRST, str(path), device, str(threads), str(batch_size)], capture_output=True,
                        text=True, check=True)
     return float(r.stdout.strip().splitlines()[-1])
 
