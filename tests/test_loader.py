@@ -336,3 +336,37 @@ def test_grayscale_progressive_and_huge_jpegs_through_the_loader(tmp_path, photo
         # itself against Pillow's draft() is pinned in tests/test_jpeg.py.
         assert diff.mean() < 5.0, (j, diff.mean())
     assert batch["image"][0].std(axis=-1).max() == 0  # grayscale: three equal channels
+
+
+def test_verify_pages_reports_a_flipped_byte_with_its_sample(tmp_path, image_file):
+    bad = tmp_path / "flip.pageset"
+    data = bytearray(image_file.read_bytes())
+    with open_dataset(image_file) as ds:
+        off = int(ds.index["image.offset"][20]) + 300  # inside record 20's JPEG scan data
+        page = (off - ds.data_offset) // ds.page_size
+    data[off] ^= 0x10
+    bad.write_bytes(bytes(data))
+    from pageset import ChecksumMismatchError
+
+    with Loader(bad, batch_size=8, order="sequential", num_threads=2, verify_pages=True,
+                pipelines={"image": RRC}) as loader:
+        with pytest.raises(ChecksumMismatchError, match=rf"page {page}.*needed by sample \d+"):
+            list(loader)
+    with Loader(image_file, batch_size=8, num_threads=2, verify_pages=True, pipelines={"image": RRC}) as loader:
+        assert len(list(loader)) == 6 and loader._verifier.done.all()
+
+
+def test_damaged_json_raises_decode_error_with_sample(tmp_path):
+    from pageset import JSON
+
+    path = tmp_path / "j.pageset"
+    write_dataset(path, [({"k": i, "text": "x" * 40},) for i in range(10)], {"meta": JSON()}, num_workers=0,
+                  progress=False)
+    with open_dataset(path) as ds:
+        off = int(ds.index["meta.offset"][6])
+    data = bytearray(path.read_bytes())
+    data[off] = ord("#")
+    path.write_bytes(bytes(data))
+    with Loader(path, batch_size=5, order="sequential", num_threads=1) as loader:
+        with pytest.raises(DecodeError, match=r"sample 6, field 'meta'"):
+            list(loader)

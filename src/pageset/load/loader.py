@@ -35,7 +35,7 @@ from ..order import (
     sample_keys,
 )
 from ..read import open_dataset
-from .pages import MmapPages, ProcessPageCache
+from .pages import MmapPages, PageVerifier, ProcessPageCache
 from .stages import PipelineError, build_stage
 from .workers import Slot, ThreadPool
 
@@ -80,6 +80,8 @@ class Loader:
         page_cache: ``"os"`` (mmap, the OS page cache) or ``"process"`` (a bounded pread page cache of
             ``cache_pages`` pages; default ``2 * window_pages + batches_ahead + 2``).
         window_pages: pages per quasi-random window (M).
+        verify_pages: check each page's CRC-32 the first time a batch needs it (off by default: one extra pass
+            over the data); a damaged page raises ChecksumMismatchError naming the page and the sample.
 
     Each batch is a dict: one entry per loaded field (a Bytes field gives ``(data, lengths)``), plus
     ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]). Batches are numpy arrays, or torch
@@ -95,7 +97,8 @@ class Loader:
     def __init__(self, path, *, batch_size: int, pipelines: dict | None = None, order: str = "random",
                  seed: int = 0, drop_last: bool = True, num_threads: int | None = None,
                  batches_ahead: int | None = None, rank: int | None = None, world_size: int | None = None,
-                 page_cache: str = "os", window_pages: int = 8, cache_pages: int | None = None):
+                 page_cache: str = "os", window_pages: int = 8, cache_pages: int | None = None,
+                 verify_pages: bool = False):
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -134,9 +137,14 @@ class Loader:
         if windows:
             self.n_records = windows[0].n_records
             self._page_sizes = windows[0].records_per_page(self._ds.page_count)
+            self._spans = windows[0].spans
         else:
             self.n_records = len(self._ds)
             self._page_sizes = self._ds.records_per_page()
+            rec_off = self._ds.index["_offset"].astype(np.int64)
+            rec_len = self._ds.index["_length"].astype(np.int64)
+            self._spans = lambda ids: (rec_off[ids], rec_len[ids])
+        self._verifier = PageVerifier(self._ds) if verify_pages else None
         self.epoch_length = epoch_length(self.n_records, self.global_batch_size, self.drop_last)
         self._queue = self._device_queue()
         empty = self._queue.empty if self._queue is not None else (lambda shape, dt: np.empty(shape, dt))
@@ -272,6 +280,8 @@ class Loader:
 
     def _run_slice(self, slot: Slot, lo: int, hi: int, ctx: dict) -> None:
         ids, keys = slot.ids[lo:hi], slot.keys[lo:hi]
+        if self._verifier is not None:
+            self._verifier.check(*self._spans(ids), ids)
         for stage, arrays in zip(self._stages, slot.arrays):
             stage.fill(arrays, lo, hi, ids, keys, ctx)
 

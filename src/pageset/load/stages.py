@@ -140,33 +140,38 @@ class ImageStage(Stage):
             out[self.name] = out[self.name].permute(0, 3, 1, 2)
         return out
 
-    def _scratch(self, ctx, ids):
-        hw = int((self.heights[ids] * self.widths[ids]).max())
-        need = (hw * 3, hw * 4)
-        if ctx.get("img_cap", (0, 0))[0] < need[0]:
-            ctx["decoded"] = np.empty(need[0], dtype=np.uint8)
-            ctx["jpeg_scratch"] = np.empty(need[1], dtype=np.uint8)
-            ctx["img_cap"] = need
-        h, w = int(self.heights[ids].max()), int(self.widths[ids].max())
-        rs = int(image_ops.resize_scratch_size(max(h, 1), max(w, 1), self.out_h, self.out_w))
-        if ctx.get("resize_cap", 0) < rs:
-            ctx["resize_scratch"] = np.empty(rs, dtype=np.int32)
-            ctx["resize_cap"] = rs
-        if "decoder" not in ctx and (self.encodings[ids] != 0).any():
-            ctx["decoder"] = jpeg.JpegDecoder()
-        return ctx
+    @staticmethod
+    def _buffer(ctx, name, size, dtype):
+        """The thread's scratch buffer ``name`` with at least ``size`` elements (grown, never shrunk)."""
+        buf = ctx.get(name)
+        if buf is None or buf.shape[0] < size:
+            buf = ctx[name] = np.empty(max(int(size), 1), dtype=dtype)
+        return buf
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
         out = arrays[self.name][lo:hi]
-        ctx = self._scratch(ctx, ids)
-        lens = self.lens[ids]
-        buf, offs = self.pages.gather(self.offs[ids], lens, ctx)
-        status = np.zeros(ids.shape[0], dtype=np.int64)
+        n = ids.shape[0]
+        heights, widths, encodings, lens = self.heights[ids], self.widths[ids], self.encodings[ids], self.lens[ids]
+        boxes = np.empty((n, 6), dtype=np.int64)
+        flips = np.empty(n, dtype=np.bool_)
+        need_dec, need_jpeg, need_rs = image_batch.plan_slice(heights, widths, encodings, keys, self.crop_mode,
+                                                              self.params, self.flip_p, self.out_h, self.out_w,
+                                                              boxes, flips)
+        if "decoder" not in ctx and (encodings != 0).any():
+            ctx["decoder"] = jpeg.JpegDecoder()
         handle = ctx["decoder"].handle if "decoder" in ctx else 0
-        bad = image_batch.image_slice(handle, buf, offs, lens, self.heights[ids], self.widths[ids],
-                                      self.encodings[ids], keys, self.crop_mode, self.params, self.flip_p,
-                                      self.table, out, self.channels_last, ctx["decoded"], ctx["jpeg_scratch"],
-                                      ctx["resize_scratch"], status)
+        buf, offs = self.pages.gather(self.offs[ids], lens, ctx)
+        status = np.zeros(n, dtype=np.int64)
+        for attempt in range(2):
+            bad = image_batch.image_slice(
+                handle, buf, offs, lens, heights, widths, encodings, boxes, flips, self.table, out,
+                self.channels_last, self._buffer(ctx, "decoded", need_dec, np.uint8),
+                self._buffer(ctx, "jpeg_scratch", need_jpeg, np.uint8),
+                self._buffer(ctx, "resize_scratch", need_rs, np.int32), status)
+            if bad < 0 or status[bad] != jpeg.ERR_SCRATCH or attempt:
+                break
+            # A JPEG whose chroma sampling cannot be cropped is decoded over its whole scaled width.
+            need_jpeg = int(heights[bad] * widths[bad] * 4)
         if bad >= 0:
             code = int(status[bad])
             detail = jpeg.error_string(handle) if code == jpeg.ERR_LIBJPEG else jpeg.STATUS_MESSAGES.get(code, "")
@@ -241,7 +246,7 @@ class JSONStage(Stage):
     """JSON -> a list of B decoded values (Python objects: never tensors, never sent to a device)."""
 
     def __init__(self, name, ops, ds, pages):
-        self.name, self.pages = name, pages
+        self.name, self.pages, self.path = name, pages, ds.path
         if ops and (len(ops) > 1 or not isinstance(ops[0], JSONDecoder)):
             raise PipelineError(f"field {name!r}: JSON fields take [JSONDecoder()] (Python objects)")
         self.to_tensor, self.to_device = False, None
@@ -257,7 +262,11 @@ class JSONStage(Stage):
         buf, offs = self.pages.gather(self.offs[ids], lens, ctx)
         values = arrays[self.name]
         for j in range(ids.shape[0]):
-            values[lo + j] = json.loads(buf[offs[j] : offs[j] + lens[j]].tobytes())
+            try:
+                values[lo + j] = json.loads(buf[offs[j] : offs[j] + lens[j]].tobytes())
+            except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError: damaged page bytes
+                raise DecodeError(f"{self.path}: sample {int(ids[j])}, field {self.name!r}: stored JSON is not "
+                                  f"valid ({exc}); the page is damaged: check it with `pageset verify`") from exc
 
     def handout(self, arrays, view):
         return {self.name: list(arrays[self.name])}
@@ -293,6 +302,11 @@ class TokenStage(Stage):
         if self.docs:
             self.outputs.update(position_ids=((L,), np.dtype(np.int64), None),
                                 doc_ids=((L,), np.dtype(np.int32), None), labels=((L,), np.dtype(np.int64), None))
+
+    def spans(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Absolute byte spans (starts, lengths) of windows ``ids``."""
+        n = (self.seq_len + 1) * self.itemsize
+        return self.data_offset + ids * (self.seq_len * self.itemsize), np.full(ids.shape[0], n, dtype=np.int64)
 
     def records_per_page(self, page_count: int) -> np.ndarray:
         """int64[max(page_count, 1)]: windows whose first token lies in each page (O(pages), no per-window array)."""

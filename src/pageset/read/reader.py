@@ -327,6 +327,21 @@ class Dataset:
         """The whole file as a read-only uint8 array over the mmap (valid until ``close()``)."""
         return self._buf
 
+    @property
+    def page_checksums(self) -> np.ndarray | None:
+        """uint32[page_count] stored CRC-32 of each page, or None when the file has none."""
+        return self._page_crcs
+
+    def check_page(self, k: int, sample: int | None = None) -> None:
+        """Recompute page ``k``'s CRC-32; raise ChecksumMismatchError naming the page, its byte offset and
+        ``sample`` (the sample index that needed it) on a mismatch."""
+        start = self.data_offset + k * self.page_size
+        page = self._buf[start : start + min(self.page_size, self.data_offset + self.data_length - start)]
+        if crc32(page) != int(self._page_crcs[k]):
+            who = f" (needed by sample {sample})" if sample is not None else ""
+            raise self._err(ChecksumMismatchError, f"page {k}", start, f"page CRC-32 mismatch{who}; the file is "
+                            "damaged: rewrite it or restore a copy")
+
     def record_pages(self) -> np.ndarray:
         """int64[N]: the page holding each record's first byte (zero-length records: the page of their offset,
         clamped to the last page). With no pages at all (only scalar fields), every record is on page 0."""
