@@ -131,8 +131,9 @@ class ImageStage(Stage):
         self.heights = ix[f"{name}.height"].astype(np.int64)
         self.widths = ix[f"{name}.width"].astype(np.int64)
         self.encodings = ix[f"{name}.encoding"].astype(np.uint8)
-        if (self.encodings != 0).any():
-            image_batch.prepare()  # loads libjpeg-turbo now: a missing library fails at construction
+        # Loads libjpeg-turbo (the slice kernel links it even for raw-only files) and enables the kernels' disk
+        # cache; a missing library fails here, at construction.
+        image_batch.prepare()
 
     def handout(self, arrays, view):
         out = super().handout(arrays, view)

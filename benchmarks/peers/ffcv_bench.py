@@ -1,0 +1,90 @@
+"""FFCV 1.0.2 on the same ImageFolder: convert to .beton, then one measured loader row (runs in benchmarks/.envs/ffcv).
+
+    benchmarks/.envs/ffcv/bin/python benchmarks/peers/ffcv_bench.py convert --folder F --out x.beton --max-res 512
+    benchmarks/.envs/ffcv/bin/python benchmarks/peers/ffcv_bench.py load --path x.beton --workers 2 \
+        [--order random|quasi_random] [--os-cache 1] [--batch-size 64]
+
+Pipeline: RandomResizedCropRGBImageDecoder(224) + RandomHorizontalFlip + NormalizeImage(float32) + ToTensor +
+ToTorchImage: float32 NCHW-shaped tensors in channels_last memory, like pageset's default ToTorchImage.
+Prints one JSON line (see measure.py for what each number means).
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import measure  # noqa: E402  (before the loader's imports: starts the time-to-first-batch clock)
+
+
+def convert(args):
+    import numpy as np  # noqa: F401
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.writer import DatasetWriter
+    from PIL import Image
+
+    files = measure.image_folder(args.folder)
+
+    class Folder:
+        def __len__(self):
+            return len(files)
+
+        def __getitem__(self, i):
+            with Image.open(files[i][0]) as img:
+                return img.convert("RGB"), files[i][1]
+
+    t = time.perf_counter()
+    writer = DatasetWriter(args.out, {"image": RGBImageField(write_mode="jpg", max_resolution=args.max_res,
+                                                             jpeg_quality=90),
+                                      "label": IntField()}, num_workers=args.workers)
+    writer.from_indexed_dataset(Folder())
+    dt = time.perf_counter() - t
+    measure.emit({"convert_s": dt, "images": len(files), "file_mb": os.path.getsize(args.out) / 1e6})
+
+
+def load(args):
+    import numpy as np
+    import torch
+    from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import NormalizeImage, RandomHorizontalFlip, ToTensor, ToTorchImage
+
+    mean = np.array(measure.MEAN) * 255
+    std = np.array(measure.STD) * 255
+    pipes = {"image": [RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip(),
+                       NormalizeImage(mean, std, np.float32), ToTensor(), ToTorchImage()],
+             "label": [IntDecoder(), ToTensor()]}
+    order = {"random": OrderOption.RANDOM, "quasi_random": OrderOption.QUASI_RANDOM}[args.order]
+    loader = Loader(args.path, batch_size=args.batch_size, num_workers=args.workers, order=order,
+                    os_cache=bool(args.os_cache), drop_last=True, pipelines=pipes)
+
+    def check(batch):
+        img = batch[0]
+        assert tuple(img.shape) == (args.batch_size, 3, 224, 224) and img.dtype == torch.float32, (img.shape, img.dtype)
+
+    row = measure.measure(lambda epoch: iter(loader), check)
+    row.update({"torch_threads": torch.get_num_threads()})
+    measure.emit(row)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("convert")
+    c.add_argument("--folder", required=True)
+    c.add_argument("--out", required=True)
+    c.add_argument("--max-res", type=int, default=512)
+    c.add_argument("--workers", type=int, default=os.cpu_count())
+    lo = sub.add_parser("load")
+    lo.add_argument("--path", required=True)
+    lo.add_argument("--workers", type=int, default=os.cpu_count())
+    lo.add_argument("--order", default="random")
+    lo.add_argument("--os-cache", type=int, default=1)
+    lo.add_argument("--batch-size", type=int, default=64)
+    args = ap.parse_args()
+    convert(args) if args.cmd == "convert" else load(args)
+
+
+if __name__ == "__main__":
+    main()
