@@ -29,15 +29,13 @@ import argparse
 import gzip
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.killresume import atomic_save, kill_and_resume, resume_log
+
 BATCH = 64
 
 
@@ -122,17 +120,6 @@ def evaluate(model, path) -> float:
     return correct / total
 
 
-def _atomic_save(obj, path: Path):
-    import torch
-
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def worker(args) -> None:
     """One training process: append one JSON line per step to ``args.log``; checkpoint; maybe stall; resume."""
     import torch
@@ -155,8 +142,7 @@ def worker(args) -> None:
         opt.load_state_dict(state["optimizer"])
         loader.load_state_dict(state["loader"])
         done = state["steps"]
-        lines = log_path.read_text().splitlines()[:done]  # steps run after the checkpoint died with the process
-        log_path.write_text("".join(ln + "\n" for ln in lines))
+        resume_log(log_path, done)
     else:
         log_path.write_text("")
     log = open(log_path, "a")
@@ -174,7 +160,7 @@ def worker(args) -> None:
             log.flush()
             if ckpt is not None and done % args.ckpt_every == 0:
                 # loader.state_dict() counts the batches handed out, so this is "after step `done`"
-                _atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                               "loader": loader.state_dict(), "steps": done}, ckpt)
             if args.stall_at and done == args.stall_at:
                 os.fsync(log.fileno())
@@ -185,87 +171,25 @@ def worker(args) -> None:
     print(json.dumps({"test_accuracy": acc, "steps": done}), flush=True)
 
 
-def _worker_cmd(args, log, ckpt=None, stall_at=0, resume=False):
-    cmd = [sys.executable, "-m", "benchmarks.train_cnn", "--worker", "--train", str(args.train), "--test",
-           str(args.test), "--epochs", str(args.epochs), "--log", str(log), "--batch-size", str(args.batch_size),
-           "--threads", str(args.threads), "--ckpt-every", str(args.ckpt_every)]
-    if ckpt:
-        cmd += ["--ckpt", str(ckpt)]
-    if stall_at:
-        cmd += ["--stall-at", str(stall_at)]
-    if resume:
-        cmd += ["--resume"]
-    return cmd
-
-
-def _read_log(path):
-    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln]
-
-
 def run(args) -> dict:
     from pageset import Loader
 
     out = Path(args.out)
     t = time.perf_counter()
-    args.train, args.test = build_files(out, args.samples)
-    with Loader(args.train, batch_size=args.batch_size, pipelines=pipelines(), num_threads=1) as ld:
+    train, test = build_files(out, args.samples)
+    with Loader(train, batch_size=args.batch_size, pipelines=pipelines(), num_threads=1) as ld:
         steps_per_epoch, n_train = ld.steps_per_epoch, ld.n_records
     print(f"data: {n_train} train digits, {steps_per_epoch} steps/epoch ({time.perf_counter() - t:.1f} s to convert)")
-
-    # 1. the uninterrupted run
-    t = time.perf_counter()
-    r = subprocess.run(_worker_cmd(args, out / "control.log"), cwd=ROOT, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"training failed:\n{r.stderr[-3000:]}")
-    control = json.loads(r.stdout.strip().splitlines()[-1])
-    train_s = time.perf_counter() - t
-    print(f"uninterrupted: {args.epochs} epochs in {train_s:.1f} s, test accuracy {control['test_accuracy']:.4f}")
-
-    # 2. kill mid-epoch after a checkpoint, then resume
     total = args.epochs * steps_per_epoch
     stall = args.stall_at or (min(args.epochs - 1, 1) * steps_per_epoch + steps_per_epoch // 2 + 3)
-    stall = min(stall, total - 1)
-    if stall <= args.ckpt_every:
-        raise SystemExit(f"kill step {stall} comes before the first checkpoint (every {args.ckpt_every}); "
-                         "lower --ckpt-every")
-    ckpt, log = out / "ckpt.pt", out / "resumed.log"
-    ckpt.unlink(missing_ok=True)
-    log.unlink(missing_ok=True)  # a previous run's log must not look like this run's progress
-    t = time.perf_counter()
-    proc = subprocess.Popen(_worker_cmd(args, log, ckpt, stall_at=stall), cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"the run to be killed exited early (rc={proc.returncode}): {proc.stderr.read()[-2000:]}")
-        if log.exists() and len(_read_log(log)) >= stall:
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    import torch
-
-    saved = torch.load(ckpt, weights_only=False)
-    killed_at, ckpt_step = len(_read_log(log)), saved["steps"]
-    print(f"SIGKILL at step {killed_at} (epoch {killed_at // steps_per_epoch}, step {killed_at % steps_per_epoch} "
-          f"of {steps_per_epoch}); last checkpoint after step {ckpt_step}, loader state {saved['loader']}")
-    r = subprocess.run(_worker_cmd(args, log, ckpt, resume=True), cwd=ROOT, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"resume failed:\n{r.stderr[-3000:]}")
-    resumed = json.loads(r.stdout.strip().splitlines()[-1])
-    resume_s = time.perf_counter() - t
-    a, b = _read_log(out / "control.log"), _read_log(log)
-    same_stream = [x["index"] for x in a] == [x["index"] for x in b]
-    same_loss = [x["loss"] for x in a] == [x["loss"] for x in b]
-    first_diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-    result = {"train_samples": n_train, "epochs": args.epochs, "steps": total, "batch_size": args.batch_size,
-              "test_accuracy": control["test_accuracy"], "train_s": train_s,
-              "resumed_test_accuracy": resumed["test_accuracy"], "killed_at_step": killed_at,
-              "checkpoint_step": ckpt_step, "kill_and_resume_s": resume_s, "same_sample_stream": same_stream,
-              "same_losses": same_loss, "first_difference": first_diff, "steps_compared": len(a),
-              "loss_first_last": [a[0]["loss"], a[-1]["loss"]]}
-    print(f"resumed from step {ckpt_step}: {len(b)} steps logged; same sample stream: {same_stream}; "
-          f"identical losses: {same_loss}; test accuracy {resumed['test_accuracy']:.4f}")
-    return result
+    worker_args = ["--train", str(train), "--test", str(test), "--epochs", str(args.epochs), "--batch-size",
+                   str(args.batch_size), "--threads", str(args.threads)]
+    res = kill_and_resume("benchmarks.train_cnn", worker_args, out, total, steps_per_epoch, args.ckpt_every, stall)
+    print(f"uninterrupted: {args.epochs} epochs in {res['train_s']:.1f} s, test accuracy "
+          f"{res['control']['test_accuracy']:.4f}; resumed run's test accuracy {res['resumed']['test_accuracy']:.4f}")
+    return {"train_samples": n_train, "epochs": args.epochs, "steps": total, "batch_size": args.batch_size,
+            "test_accuracy": res["control"]["test_accuracy"],
+            "resumed_test_accuracy": res["resumed"]["test_accuracy"], **res}
 
 
 def main(argv=None) -> None:

@@ -37,3 +37,18 @@ def test_cnn_kill_and_resume_same_stream_and_losses(tmp_path):
     control = [json.loads(ln) for ln in (out / "control.log").read_text().splitlines()]
     ids = [i for step in control for i in step["index"]]
     assert len(ids) == len(set(ids)) == 15 * 32  # one epoch without repeats
+
+
+@pytest.mark.slow
+def test_gpt_kill_and_resume_same_stream_and_losses(tmp_path):
+    pytest.importorskip("tokenizers")
+    out = tmp_path / "gpt"
+    cmd = [sys.executable, "-m", "benchmarks.train_gpt", "--max-docs", "1500", "--steps", "40", "--batch-size", "16",
+           "--ckpt-every", "10", "--stall-at", "25", "--threads", "2", "--out", str(out),
+           "--json", str(out / "result.json")]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    res = json.loads((out / "result.json").read_text())
+    assert res["checkpoint_step"] == 20 and res["killed_at_step"] == 25 and res["steps_compared"] == 40
+    assert res["same_sample_stream"] and res["same_losses"], res
+    assert res["control"]["last_loss"] < res["control"]["first_loss"]  # the loss falls
