@@ -370,3 +370,19 @@ def test_damaged_json_raises_decode_error_with_sample(tmp_path):
     with Loader(path, batch_size=5, order="sequential", num_threads=1) as loader:
         with pytest.raises(DecodeError, match=r"sample 6, field 'meta'"):
             list(loader)
+
+
+def test_out_of_range_positions_and_states_are_rejected(image_file):
+    from pageset.order import StateError
+
+    with Loader(image_file, batch_size=8, pipelines={"image": None}) as loader:
+        state = loader.state_dict()
+        for bad, match in (({**state, "cursor": 8 * 7}, "past the epoch"), ({**state, "cursor": 3}, "multiple"),
+                           ({**state, "epoch": -1}, "epoch")):
+            with pytest.raises(StateError, match=match):
+                loader.load_state_dict(bad)
+        with pytest.raises(ValueError, match="epoch"):
+            loader.set_epoch(-2)
+    with open_dataset(image_file) as ds:
+        with pytest.raises(IndexError, match="out of range"):
+            ds[len(ds)]

@@ -72,7 +72,7 @@ def test_imagefolder_and_determinism_across_workers(tmp_path, imagenet_like):
     rc = write_dataset(c, imagenet_like, num_workers=0, page_size=1 << 16, progress=False)
     assert ra.dataset_id == rb.dataset_id == rc.dataset_id
     with open_dataset(a) as da, open_dataset(b) as db:
-        # Everything but the lineage (time, host, num_workers) is byte-identical.
+        # Everything but the lineage (time, host) is byte-identical (see the lineage=False test for whole files).
         meta_a = da.file_size - (da.header["section_table_offset"] - 0)
         assert meta_a > 0
         bytes_a = open(a, "rb").read()
@@ -86,6 +86,14 @@ def test_imagefolder_and_determinism_across_workers(tmp_path, imagenet_like):
         assert set(labels.tolist()) == set(range(len(classes)))
         assert (np.diff(labels) >= 0).all()  # sorted class folders, integer labels in that order
         assert da.page_count > 1
+
+
+def test_whole_file_byte_identical_without_lineage(tmp_path, imagenet_like):
+    paths = [tmp_path / f"{w}.pageset" for w in (1, 2)]
+    for w, p in zip((1, 2), paths):
+        write_dataset(p, imagenet_like, num_workers=w, page_size=1 << 16, progress=False, lineage=False,
+                      chunk_size=2 + w)
+    assert paths[0].read_bytes() == paths[1].read_bytes()
 
 
 def test_image_inputs_and_modes(tmp_path, photo_arrays):

@@ -55,6 +55,7 @@ def write_dataset(
     on_error: str = "raise",
     metadata: dict | None = None,
     chunk_size: int = 8,
+    lineage: bool = True,
 ) -> WriteResult:
     """Convert ``source`` into one pageset file at ``path``.
 
@@ -72,6 +73,9 @@ def write_dataset(
             out; their indices and errors are recorded in the file's lineage metadata).
         metadata: a JSON-serialisable dict stored as user metadata (outside the dataset id).
         chunk_size: samples per task sent to a worker.
+        lineage: record when, where and by which versions the file was written (metadata section, outside the
+            dataset id). With ``False`` only the source description and skipped samples are recorded, so the
+            whole file is byte-identical across runs, machines and ``num_workers``.
 
     Returns:
         :class:`WriteResult`.
@@ -101,7 +105,7 @@ def write_dataset(
     try:
         with os.fdopen(fd, "wb") as f:
             stats = _write_body(f, src, fields, schema, page_size, num_workers, chunk_size, on_error, progress,
-                                metadata or {})
+                                metadata or {}, lineage)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -242,7 +246,8 @@ def _chunks_in_order(src, fields, num_workers, chunk_size, on_error):
     yield from ordered_map(_encode_chunk, tasks, num_workers, _init_worker, (src, fields), 4 * num_workers, died)
 
 
-def _write_body(f, src, fields, schema, page_size, num_workers, chunk_size, on_error, progress, user):
+def _write_body(f, src, fields, schema, page_size, num_workers, chunk_size, on_error, progress, user,
+                record_lineage):
     _, row_dtype = parse_schema(schema)
     n = len(src)
     index = np.zeros(n, dtype=row_dtype)
@@ -292,7 +297,7 @@ def _write_body(f, src, fields, schema, page_size, num_workers, chunk_size, on_e
     index_bytes = index.tobytes()
     crc_bytes = crcs.tobytes()
     dataset_id = hashlib.sha256(schema_bytes + index_bytes + crc_bytes).digest()
-    meta = dict(lineage(), source=src.description, samples_in_source=n, num_workers=num_workers,
+    meta = dict(lineage() if record_lineage else {}, source=src.description, samples_in_source=n,
                 skipped=skipped, skipped_errors=skip_log[:1000])
     sections = [
         (C.SECTION_SCHEMA, C.SECTION_FLAG_REQUIRED, schema_bytes),
