@@ -28,8 +28,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pageset import Int, Loader, Normalize, RandomHorizontalFlip, RandomResizedCrop, RGBImage, ToTensor, ToTorchImage
-from pageset import open_dataset, write_dataset
+from pageset import (
+    Int,
+    Loader,
+    Normalize,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    RGBImage,
+    ToTensor,
+    ToTorchImage,
+    open_dataset,
+    write_dataset,
+)
 from pageset.sample_data import debian_photos, make_imagenet_like, wheel_photos
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)

@@ -9,10 +9,18 @@ import random
 
 import numpy as np
 import pytest
-
-from pageset import Int, Loader, RandomHorizontalFlip, RandomResizedCrop, RGBImage, TokenWindows, write_dataset
-from pageset import write_tokens
 from resume_contract import global_stream, run_epochs
+
+from pageset import (
+    Int,
+    Loader,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    RGBImage,
+    TokenWindows,
+    write_dataset,
+    write_tokens,
+)
 
 TRIALS = 120
 EPOCHS = 2

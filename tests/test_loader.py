@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import hashlib
 import io
-import os
 import threading
 import time
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from resume_contract import check_resume
 
 from pageset import (
     Int,
@@ -17,7 +18,6 @@ from pageset import (
     write_dataset,
     write_tokens,
 )
-from resume_contract import check_resume
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pageset import Loader, PipelineError, TokenWindows, ToDevice, ToTensor, open_tokens, write_tokens
+from pageset import Loader, PipelineError, ToDevice, TokenWindows, ToTensor, open_tokens, write_tokens
 from pageset.ops.tokens import document_outputs
 
 

@@ -14,7 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
-from pageset import RGBImage, Int, open_dataset, write_dataset
+from pageset import Int, RGBImage, open_dataset, write_dataset
 from pageset.cli import describe
 from pageset.sample_data import debian_photos, make_imagenet_like, wheel_photos
 

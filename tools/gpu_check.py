@@ -28,7 +28,16 @@ from pathlib import Path
 
 import torch
 
-from pageset import Int, Loader, RandomHorizontalFlip, RandomResizedCrop, RGBImage, ToDevice, ToTensor, write_dataset
+from pageset import (
+    Int,
+    Loader,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    RGBImage,
+    ToDevice,
+    ToTensor,
+    write_dataset,
+)
 from pageset.sample_data import debian_photos, make_imagenet_like, wheel_photos
 
 PIPE = [RandomResizedCrop(224), RandomHorizontalFlip()]  # uint8 NHWC: normalize on the device

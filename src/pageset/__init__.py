@@ -29,10 +29,10 @@ from .format import (
     UnsupportedFeatureError,
     UnsupportedVersionError,
 )
-from .read import Dataset, EncodedImage, open_dataset
-from .write import ImageFolder, SampleError, WriteResult, write_dataset
 from .format.fields import Tokens
+from .read import Dataset, EncodedImage, open_dataset
 from .read.tokens import TokenDataset, open_tokens
+from .write import ImageFolder, SampleError, WriteResult, write_dataset
 from .write.importers import import_llmc, import_megatron, import_nanogpt
 from .write.tokens import TokenWriteResult, write_tokens
 

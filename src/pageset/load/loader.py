@@ -15,7 +15,6 @@ Order, rank slices and resume are order v1 (``pageset.order``): the batches of a
 from __future__ import annotations
 
 import os
-import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -111,6 +110,7 @@ class Loader:
         batches_ahead = max(2, 2 * num_threads) if batches_ahead is None else batches_ahead
         if batches_ahead < 1:
             raise ValueError(f"batches_ahead must be >= 1, got {batches_ahead}")
+        self._closed = True  # until construction succeeds
         enable_kernel_cache()
         r, w = resolve_rank(rank, world_size, probe=_torch_distributed)
         self.dist = Distributed(r, w)
@@ -118,6 +118,21 @@ class Loader:
         self.order, self.seed, self.drop_last = order, int(seed), bool(drop_last)
         self.window_pages, self.num_threads, self.batches_ahead = int(window_pages), num_threads, batches_ahead
         self._ds = open_dataset(path)
+        try:
+            self._setup(page_cache, cache_pages, pipelines, verify_pages)
+        except BaseException:
+            if getattr(self, "_pages", None) is not None:
+                self._pages.close()
+            self._ds.close()
+            raise
+        self._epoch, self._cursor = 0, 0
+        self._active = None  # the running epoch generator, if any
+        self._pool = ThreadPool(num_threads, self._run_slice)
+        self._closed = False  # only now: close() and __del__ have everything to release
+
+    def _setup(self, page_cache, cache_pages, pipelines, verify_pages) -> None:
+        """Page access, stages, record layout and the buffer ring (everything but the threads)."""
+        batch_size, batches_ahead = self.batch_size, self.batches_ahead
         self.path, self.dataset_id = self._ds.path, self._ds.dataset_id
         if page_cache == "os":
             self._pages = MmapPages(self._ds.buffer)
@@ -151,11 +166,6 @@ class Loader:
         self._slots = [Slot(i, [s.alloc(batch_size, empty) for s in self._stages])
                        for i in range(batches_ahead + 2)]
         self._empty = empty
-        self._epoch, self._cursor = 0, 0
-        self._active = None  # the running epoch generator, if any
-        self._lock = threading.Lock()
-        self._pool = ThreadPool(num_threads, self._run_slice)
-        self._closed = False
 
     # ---- configuration helpers -------------------------------------------------------------------------
     def _device_queue(self):
@@ -314,7 +324,7 @@ class Loader:
     # ---- lifetime --------------------------------------------------------------------------------------
     def close(self) -> None:
         """Stop the epoch in progress, join the threads and release the file. Idempotent."""
-        if self._closed:
+        if getattr(self, "_closed", True):
             return
         self._closed = True
         self._stop_active()

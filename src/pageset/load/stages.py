@@ -22,8 +22,8 @@ from ..ops.transforms import (
     Normalize,
     RandomHorizontalFlip,
     RandomResizedCrop,
-    ToTensor,
     TokenWindows,
+    ToTensor,
     ToTorchImage,
 )
 from .pages import MmapPages

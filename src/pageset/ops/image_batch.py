@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 
 import numba
-import numpy as np
 
 from pageset.format.constants import ENCODING_RAW
 from pageset.ops import jpeg

@@ -15,7 +15,8 @@ import io
 import json
 import mmap
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 import numpy as np
 
@@ -47,7 +48,7 @@ class EncodedImage:
     """An image as stored: ``data`` (bytes: a JPEG, or ``height*width*3`` raw HWC RGB uint8 bytes), ``height``
     and ``width`` (pixels), ``encoding`` (``"jpeg"`` or ``"raw"``)."""
 
-    data: bytes = field(repr=False)
+    data: bytes = dataclass_field(repr=False)
     height: int
     width: int
     encoding: str
