@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# The test command of README.md: set up (idempotent) and run the whole suite, slow cases included.
+# The test command of README.md: set up (idempotent), run the whole suite (slow cases included), then run the
+# pure kernel tests once more with NUMBA_DISABLE_JIT=1 so the kernel bodies are covered as plain Python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
-exec .venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest "$@"
+echo "--- kernels as plain Python (NUMBA_DISABLE_JIT=1) ---"
+NUMBA_DISABLE_JIT=1 .venv/bin/python -m pytest -q -W ignore::RuntimeWarning \
+  tests/test_keys.py tests/test_order.py tests/test_image_ops.py tests/test_jpeg.py
