@@ -21,6 +21,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def add_worker_args(ap, *data_args: str) -> None:
+    """The hidden arguments of a training script's worker process (``--worker``, its data paths, log, ckpt)."""
+    import argparse
+
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    for name in (*data_args, "--log", "--ckpt"):
+        ap.add_argument(name, help=argparse.SUPPRESS)
+    ap.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
+
+
 def read_log(path) -> list[dict]:
     return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln]
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.killresume import atomic_save, kill_and_resume, resume_log
+from benchmarks.killresume import add_worker_args, atomic_save, kill_and_resume, resume_log
 
 BATCH = 64
 
@@ -203,13 +203,7 @@ def main(argv=None) -> None:
     ap.add_argument("--min-accuracy", type=float, default=0.95)
     ap.add_argument("--out", default="out/cnn")
     ap.add_argument("--json", default=None)
-    # internal: the training process
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--train", help=argparse.SUPPRESS)
-    ap.add_argument("--test", help=argparse.SUPPRESS)
-    ap.add_argument("--log", help=argparse.SUPPRESS)
-    ap.add_argument("--ckpt", help=argparse.SUPPRESS)
-    ap.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
+    add_worker_args(ap, "--train", "--test")
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.killresume import atomic_save, kill_and_resume, resume_log
+from benchmarks.killresume import add_worker_args, atomic_save, kill_and_resume, resume_log
 
 SEQ_LEN = 64
 VOCAB = 1024
@@ -183,11 +183,7 @@ def main(argv=None) -> None:
     ap.add_argument("--stall-at", type=int, default=0)
     ap.add_argument("--out", default="out/gpt")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--log", help=argparse.SUPPRESS)
-    ap.add_argument("--ckpt", help=argparse.SUPPRESS)
-    ap.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
+    add_worker_args(ap, "--data")
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)

@@ -16,6 +16,17 @@ import numpy as np
 import torch
 
 
+def batch_digest(batch) -> str:
+    """One SHA-256 over every entry of a batch (keys sorted; tensors and arrays by their bytes)."""
+    h = hashlib.sha256()
+    for key in sorted(batch):
+        v = batch[key]
+        arr = v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
+        h.update(key.encode())
+        h.update(np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()
+
+
 def sample_digests(batch) -> list[str]:
     """One digest per sample of a batch over every per-sample output (ids included)."""
     keys = sorted(k for k, v in batch.items() if hasattr(v, "shape") and len(v.shape) >= 1 and k != "cu_seqlens")

@@ -3,7 +3,6 @@ replaced by ``write_dataset`` while a Loader reads the old one; two writers raci
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import threading
 
 import numpy as np
 import pytest
-import torch
+from resume_contract import batch_digest
 
 from pageset import (
     Int,
@@ -35,19 +34,11 @@ def image_file(tmp_path_factory, imagenet_like):
     return path
 
 
-def _digest(batch) -> str:
-    h = hashlib.sha256()
-    for key in sorted(batch):
-        v = batch[key]
-        arr = v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
-        h.update(key.encode())
-        h.update(np.ascontiguousarray(arr).tobytes())
-    return h.hexdigest()
 
 
 def _epochs(path, seed, epochs=2, **kw) -> list[str]:
     with Loader(path, batch_size=8, pipelines=PIPES, seed=seed, num_threads=2, **kw) as loader:
-        return [_digest(b) for _ in range(epochs) for b in loader]
+        return [batch_digest(b) for _ in range(epochs) for b in loader]
 
 
 def test_two_loaders_one_process_interleaved(image_file):
@@ -82,7 +73,7 @@ def test_two_loaders_step_interleaved_in_one_thread(image_file):
         for ba, bb in zip(a, b):
             kept_a.append(ba)
             kept_b.append(bb)
-        assert [_digest(x) for x in kept_a] == control == [_digest(x) for x in kept_b]
+        assert [batch_digest(x) for x in kept_a] == control == [batch_digest(x) for x in kept_b]
 
 
 SCRIPT = textwrap.dedent("""
@@ -130,7 +121,7 @@ def test_replace_file_while_a_loader_reads_the_old_one(tmp_path):
         got = []
         for epoch in range(3):
             for step, batch in enumerate(loader):
-                got.append(_digest(batch))
+                got.append(batch_digest(batch))
                 if step == 0:  # replace the file under the running loader, once per epoch
                     new = write_dataset(path, _source(10 + epoch, n=30), fields, num_workers=0,
                                         page_size=1 << 12, progress=False)

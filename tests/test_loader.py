@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from resume_contract import batch_digest
 
 from pageset import (
     CenterCrop,
@@ -45,19 +46,11 @@ def image_file(tmp_path_factory, imagenet_like):
     return path
 
 
-def _digest(batch) -> str:
-    h = hashlib.sha256()
-    for key in sorted(batch):
-        v = batch[key]
-        arr = v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
-        h.update(key.encode())
-        h.update(np.ascontiguousarray(arr).tobytes())
-    return h.hexdigest()
 
 
 def _epoch(path, **kw):
     with Loader(path, **kw) as loader:
-        return [(b["_index"].tolist(), _digest(b)) for b in loader]
+        return [(b["_index"].tolist(), batch_digest(b)) for b in loader]
 
 
 def test_exact_decode_without_crop_and_flip(tmp_path, photo_arrays):
@@ -165,7 +158,7 @@ def test_list_loader_keeps_every_batch_valid(image_file):
     truth = _epoch(image_file, **kw)
     with Loader(image_file, **kw) as loader:
         kept = list(loader)  # holds every batch: buffers must not be reused under them
-        assert [(b["_index"].tolist(), _digest(b)) for b in kept] == truth
+        assert [(b["_index"].tolist(), batch_digest(b)) for b in kept] == truth
         views = [b["image"][:1] for b in loader]  # a view keeps its batch's buffer alive too
         digests = [hashlib.sha256(v.numpy().tobytes()).hexdigest() for v in views]
     with Loader(image_file, **kw) as loader:
@@ -202,7 +195,7 @@ def test_state_dict_resume_matches_control(image_file):
         got = [next(it) for _ in range(5)]
         state = loader.state_dict()
         assert state["cursor"] == 20 and state["epoch"] == 0
-    assert [(b["_index"].tolist(), _digest(b)) for b in got] == control[:5]
+    assert [(b["_index"].tolist(), batch_digest(b)) for b in got] == control[:5]
     # resume on 2 ranks of batch 2 (same global batch) with another thread count: same global stream
     streams = []
     for rank in range(2):
@@ -218,7 +211,7 @@ def test_state_dict_resume_matches_control(image_file):
 def _epoch_of(path, epoch, **kw):
     with Loader(path, **kw) as loader:
         loader.set_epoch(epoch)
-        return [(b["_index"].tolist(), _digest(b)) for b in loader]
+        return [(b["_index"].tolist(), batch_digest(b)) for b in loader]
 
 
 def test_state_mismatch_errors(image_file):
