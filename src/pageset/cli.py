@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 import numpy as np
@@ -81,7 +82,7 @@ def cmd_convert_text(args) -> int:
         r = write_tokens(args.output, args.source, tokenizer, eos_id=args.eos_id, bos_id=args.bos_id,
                          dtype=args.dtype, num_workers=args.num_workers, progress=not args.no_progress,
                          text_key=args.text_key, separator=args.separator, page_size=args.page_size)
-    except (ValueError, TypeError, RuntimeError, ImportError) as exc:
+    except (ValueError, TypeError, RuntimeError, ImportError, OSError) as exc:
         print(f"pageset convert-text: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {r.path}: {r.documents} documents, {r.tokens} tokens ({r.dtype}), {r.bytes / 1e6:.1f} MB in "
@@ -132,13 +133,21 @@ def describe(ds) -> dict:
     }
 
 
+def _count(ds) -> str:
+    """'N records', or for a token file 'T tokens in D documents'."""
+    if ds.tokens_info is not None:
+        return f"{ds.tokens_info['count']} tokens in {ds.tokens_info['documents']} documents"
+    return f"{len(ds)} records"
+
+
 def cmd_inspect(args) -> int:
     with open_dataset(args.path) as ds:
         info = describe(ds)
+        count = _count(ds)
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True))
         return 0
-    print(f"{info['path']}: pageset v{info['version']}, {info['records']} records, "
+    print(f"{info['path']}: pageset v{info['version']}, {count}, "
           f"{info['file_bytes'] / 1e6:.2f} MB, {info['pages']} pages of {info['page_size']} bytes")
     print(f"dataset id: {info['dataset_id']}")
     for name, f in info["fields"].items():
@@ -167,7 +176,7 @@ def cmd_inspect(args) -> int:
 def cmd_verify(args) -> int:
     with open_dataset(args.path) as ds:
         ds.verify()
-        print(f"{args.path}: OK ({len(ds)} records, {ds.page_count} pages, header, sections, index and every page "
+        print(f"{args.path}: OK ({_count(ds)}, {ds.page_count} pages, header, sections, index and every page "
               "checksum verified)")
     return 0
 
@@ -214,13 +223,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds like Ctrl-C: temp files are removed, workers joined
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    # The command line is an application, so it may own the process's signals: SIGTERM / SIGHUP (what Slurm,
+    # Kubernetes and a closed terminal send) unwind like Ctrl-C instead of killing us with a temp file left behind.
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            signal.signal(sig, _terminate)
     try:
         return args.func(args)
     except (FormatError, OSError) as exc:
         print(f"pageset {args.command}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"pageset {args.command}: interrupted; nothing was written", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

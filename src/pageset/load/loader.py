@@ -135,7 +135,7 @@ class Loader:
         batch_size, batches_ahead = self.batch_size, self.batches_ahead
         self.path, self.dataset_id = self._ds.path, self._ds.dataset_id
         if page_cache == "os":
-            self._pages = MmapPages(self._ds.buffer)
+            self._pages = MmapPages(self._ds)
         else:
             capacity = cache_pages if cache_pages is not None else 2 * self.window_pages + batches_ahead + 2
             self._pages = ProcessPageCache(self._ds.path, self._ds.data_offset, self._ds.data_length,

@@ -120,6 +120,8 @@ class ImageStage(Stage):
             torch_dtype = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[normalize.dtype]
             if normalize.dtype == "bfloat16" and not self.to_tensor:
                 raise PipelineError(f"field {name!r}: numpy has no bfloat16; add ToTensor() to the pipeline")
+        if layout is not None:
+            self.to_tensor = True  # ToTorchImage hands out torch tensors by definition (NCHW-shaped views)
         # NHWC buffer unless ToTorchImage(channels_last=False) asks for a contiguous NCHW one.
         self.channels_last = layout is None or layout.channels_last
         self.permute = layout is not None and layout.channels_last
@@ -355,7 +357,13 @@ class TokenStage(Stage):
 
 def build_stage(name, field, ops, ds, pages) -> Stage:
     """The stage for one field and its pipeline (``None``/missing ops: the field's default decoder)."""
+    if ops is not None and not isinstance(ops, (list, tuple)):
+        raise PipelineError(f"field {name!r}: a pipeline is a list of ops, e.g. [RandomResizedCrop(224)], "
+                            f"got {ops!r}")
     ops = list(ops or [])
+    for op in ops:
+        if isinstance(op, type):
+            raise PipelineError(f"field {name!r}: {op.__name__} is a class; pass an instance, e.g. {op.__name__}()")
     if isinstance(field, Tokens):
         return TokenStage(name, ops, ds, pages)
     if isinstance(field, RGBImage):

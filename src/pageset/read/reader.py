@@ -328,6 +328,10 @@ class Dataset:
         """The whole file as a read-only uint8 array over the mmap (valid until ``close()``)."""
         return self._buf
 
+    def fileno(self) -> int:
+        """The open file's descriptor (valid until ``close()``)."""
+        return self._file.fileno()
+
     @property
     def page_checksums(self) -> np.ndarray | None:
         """uint32[page_count] stored CRC-32 of each page, or None when the file has none."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +50,8 @@ def _open_bytes(data: bytes, what: str) -> Image.Image:
         img = Image.open(io.BytesIO(data))
         img.load()
     except Exception as exc:  # Pillow raises many types: UnidentifiedImageError, OSError, SyntaxError...
-        raise ValueError(f"{what} could not be decoded as an image ({type(exc).__name__}: {exc})") from exc
+        detail = re.sub(r"<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "the data", str(exc))
+        raise ValueError(f"{what} could not be decoded as an image ({type(exc).__name__}: {detail})") from exc
     return img
 
 

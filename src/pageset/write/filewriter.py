@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import collections
 import datetime
+import glob
 import multiprocessing
+import os
 import platform
 import socket
 import sys
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -105,3 +108,67 @@ def write_tail(f, *, page_size: int, data_length: int, page_count: int, record_c
     f.seek(0)
     f.write(raw)
     return file_size
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux allows (``/proc/self/status``)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # elsewhere: the only portable way to read it is to set it back at once
+    os.umask(mask)
+    return mask
+
+
+def _tag() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def temp_file(path: str, kind: str = "tmp") -> tuple[int, str]:
+    """Create ``<path>.<kind>-<host>-<pid>-<random>`` next to ``path``: (fd, name), readable per the umask.
+
+    The host and pid in the name let a later write remove temp files of writers that were killed (SIGKILL, node
+    loss) before they could clean up (:func:`remove_stale_temps`).
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, name = tempfile.mkstemp(prefix=f"{os.path.basename(path)}.{kind}-{_tag()}-", dir=folder)
+    os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would make shared datasets unreadable to other users
+    return fd, name
+
+
+def remove_stale_temps(path: str) -> list[str]:
+    """Delete temp files of ``path`` left by dead writer processes on this host; returns the names removed."""
+    host = socket.gethostname()
+    removed = []
+    for kind in ("tmp", "spill"):
+        for name in glob.glob(glob.escape(os.path.abspath(path)) + f".{kind}-{glob.escape(host)}-*-*"):
+            try:
+                pid = int(name.rsplit("-", 2)[-2])
+            except ValueError:
+                continue
+            try:
+                os.kill(pid, 0)
+                continue  # that writer is alive (or the pid was reused): leave it
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+            try:
+                os.unlink(name)
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+def check_not_input(path: str, inputs) -> None:
+    """ValueError when the output ``path`` is one of the ``inputs`` (writing would destroy the source)."""
+    out = os.path.realpath(path)
+    for src in inputs:
+        if isinstance(src, (str, os.PathLike)) and os.path.realpath(src) == out:
+            raise ValueError(f"the output {os.fspath(path)!r} is the input {os.fspath(src)!r}: writing would destroy "
+                             "the source; choose another output path")

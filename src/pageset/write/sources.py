@@ -48,17 +48,24 @@ class ImageFolder:
         root = Path(self.root)
         if not root.is_dir():
             raise ValueError(f"{self.root}: not a directory; ImageFolder needs root/<class>/<image> folders")
-        self.classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+        # Hidden folders (.ipynb_checkpoints, .git) are not classes, as in torchvision.
+        self.classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
         if not self.classes:
             raise ValueError(f"{self.root}: no class sub-folders; expected root/<class>/<image>")
         for label, name in enumerate(self.classes):
+            found = 0
             for p in sorted((root / name).rglob("*")):
-                if not p.is_file():
+                if not p.is_file() or any(part.startswith(".") for part in p.relative_to(root).parts):
+                    self.ignored += not p.is_dir()  # hidden files, broken links
                     continue
                 if p.suffix.lower() in IMAGE_EXTENSIONS:
                     self.samples.append((str(p), label))
+                    found += 1
                 else:
                     self.ignored += 1
+            if not found:
+                raise ValueError(f"{self.root}: class folder {name!r} holds no image (extensions {IMAGE_EXTENSIONS}); "
+                                 "an empty class would shift every later label: remove the folder or add images")
         if not self.samples:
             raise ValueError(f"{self.root}: no image files (extensions {IMAGE_EXTENSIONS}) under the class folders")
 

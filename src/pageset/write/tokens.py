@@ -16,7 +16,6 @@ import hashlib
 import itertools
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ from ..format import constants as C
 from ..format.checksum import ALGORITHM
 from ..format.fields import Tokens
 from ..format.schema import build_schema, canonical_json, parse_schema
-from .filewriter import lineage, ordered_map, write_tail
+from .filewriter import check_not_input, lineage, ordered_map, remove_stale_temps, temp_file, write_tail
 from .writer import _check_page_size, _fsync_dir, _PageWriter
 
 UINT16_MAX = 65535
@@ -70,7 +69,8 @@ class TokenFileWriter:
         self.path, self.dtype, self.page_size = os.fspath(path), dtype, page_size
         self._le = np.dtype(dtype).newbyteorder("<")
         self.folder = os.path.dirname(os.path.abspath(self.path))
-        fd, self.tmp = tempfile.mkstemp(prefix=os.path.basename(self.path) + ".tmp-", dir=self.folder)
+        remove_stale_temps(self.path)
+        fd, self.tmp = temp_file(self.path)
         self.f = os.fdopen(fd, "wb")
         self.f.seek(C.DATA_OFFSET)
         self.pages = _PageWriter(self.f, page_size)
@@ -190,14 +190,18 @@ def load_tokenizer(tokenizer) -> TokenizerSpec:
     if isinstance(tokenizer, TokenizerSpec):
         return tokenizer
     if isinstance(tokenizer, (tuple, list)) and len(tokenizer) == 2:
-        return _gpt2_files(*map(os.fspath, tokenizer))
+        paths = list(map(os.fspath, tokenizer))
+        return _loading(paths, lambda: _gpt2_files(*paths))
     if isinstance(tokenizer, (str, os.PathLike)):
         path = os.fspath(tokenizer)
         if path.endswith(".tiktoken"):
-            return _tiktoken_file(path)
+            return _loading([path], lambda: _tiktoken_file(path))
+        if os.path.basename(path) in ("encoder.json", "vocab.json"):
+            raise ValueError(f"{path} is a GPT-2-style vocabulary: also give its merges file "
+                             "(tokenizer=(vocab, merges), or --merges vocab.bpe on the command line)")
         from tokenizers import Tokenizer
 
-        tok = Tokenizer.from_file(path)
+        tok = _loading([path], lambda: Tokenizer.from_file(path))
         return _hf(tok, os.path.basename(path), _sha256_files([path]))
     mod = type(tokenizer).__module__ or ""
     if mod.startswith("tokenizers"):
@@ -208,6 +212,19 @@ def load_tokenizer(tokenizer) -> TokenizerSpec:
     if callable(tokenizer):
         return TokenizerSpec(tokenizer, "callable", getattr(tokenizer, "__name__", "callable"), None, None, None)
     raise TypeError(f"unsupported tokenizer {tokenizer!r}; see pageset.write.tokens.load_tokenizer")
+
+
+def _loading(paths: list[str], load):
+    """Run ``load()``; turn the bare Exceptions HF tokenizers raises from Rust into a ValueError naming the files."""
+    for p in paths:
+        if not os.path.isfile(p):
+            raise FileNotFoundError(f"tokenizer file {p}: no such file")
+    try:
+        return load()
+    except (ValueError, TypeError, ImportError):
+        raise
+    except Exception as exc:  # tokenizers raises plain Exception("expected ',' or '}' ...")
+        raise ValueError(f"could not load the tokenizer from {', '.join(paths)}: {exc}") from exc
 
 
 def _hf(tok, name, digest) -> TokenizerSpec:
@@ -274,9 +291,13 @@ def _file_documents(path: str, text_key: str, separator: str | None):
                 if not line.strip():
                     continue
                 try:
-                    yield json.loads(line)[text_key]
+                    text = json.loads(line)[text_key]
                 except (KeyError, TypeError, json.JSONDecodeError) as exc:
                     raise ValueError(f"{path}:{lineno}: no string {text_key!r} in the JSON line ({exc})") from None
+                if not isinstance(text, str):
+                    raise ValueError(f"{path}:{lineno}: {text_key!r} holds {type(text).__name__} {text!r:.40}, "
+                                     "not a string")
+                yield text
         return
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
@@ -285,8 +306,12 @@ def _file_documents(path: str, text_key: str, separator: str | None):
         for batch in pf.iter_batches(columns=[text_key], batch_size=1024):
             yield from batch.column(0).to_pylist()
         return
-    with open(path, encoding="utf-8", errors="strict") as f:
-        text = f.read()
+    try:
+        with open(path, encoding="utf-8", errors="strict") as f:
+            text = f.read()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); convert it or leave it out "
+                         "of the source") from None
     if separator is None:
         yield text
     else:
@@ -471,16 +496,17 @@ def write_tokens(
     direct = dtype if dtype != "auto" else ("uint16" if vocab is not None and vocab <= UINT16_MAX + 1 else None)
     limit = UINT16_MAX if direct == "uint16" else UINT32_MAX
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
+    check_not_input(path, [source] if isinstance(source, (str, os.PathLike)) else [])
     docs_iter = iter_documents(source, text_key=text_key, separator=separator)
     lengths_parts: list[np.ndarray] = []
     max_id = -1
-    spill = None
+    spill, spill_name = None, None
     bar = tqdm(disable=not progress, desc="pageset tokens", unit="doc", leave=False)
     writer = TokenFileWriter(path, direct or "uint32", page_size) if direct else None
     try:
         if writer is None:
-            spill = tempfile.NamedTemporaryFile(prefix=os.path.basename(path) + ".spill-", dir=folder, delete=False)
+            fd, spill_name = temp_file(path, "spill")
+            spill = os.fdopen(fd, "wb")
         for start, n, (flat, lengths) in _encoded_in_order(docs_iter, spec, bos_id, eos_id, num_workers,
                                                            chunk_docs, chunk_chars):
             if flat.size:
@@ -507,7 +533,7 @@ def write_tokens(
         if writer is None:
             spill.close()
             writer = TokenFileWriter(path, final, page_size)
-            with open(spill.name, "rb") as f:
+            with open(spill_name, "rb") as f:
                 for block in iter(lambda: f.read(SPILL_CHUNK * 4), b""):
                     writer.write(np.frombuffer(block, dtype="<u4"))
         offsets = np.zeros(lengths.size + 1, dtype=np.uint64)
@@ -529,7 +555,7 @@ def write_tokens(
         if spill is not None:
             spill.close()
             try:
-                os.unlink(spill.name)
+                os.unlink(spill_name)
             except FileNotFoundError:
                 pass
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import time
 import traceback
 import zlib
@@ -26,7 +25,7 @@ from ..format.fields import Field
 from ..format.layout import PAGE_CHECKSUM
 from ..format.schema import build_schema, canonical_json, parse_schema
 from .encode import describe_path, encode_value
-from .filewriter import lineage, ordered_map, write_tail
+from .filewriter import check_not_input, lineage, ordered_map, remove_stale_temps, temp_file, write_tail
 from .packing import page_count, place_record
 from .sources import SampleError, Source, open_source
 
@@ -101,7 +100,12 @@ def write_dataset(
 
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp-", dir=folder)
+    if isinstance(source, (str, os.PathLike)):
+        check_not_input(path, [source])
+    elif isinstance(src.data, list) and src.data and isinstance(src.data[0], str):  # a list of image paths
+        check_not_input(path, src.data)
+    remove_stale_temps(path)
+    fd, tmp = temp_file(path)
     try:
         with os.fdopen(fd, "wb") as f:
             stats = _write_body(f, src, fields, schema, page_size, num_workers, chunk_size, on_error, progress,
