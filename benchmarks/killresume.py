@@ -31,6 +31,37 @@ def add_worker_args(ap, *data_args: str) -> None:
     ap.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
 
 
+def restore(args, model, opt, loader) -> int:
+    """Worker start: with ``--resume`` load model, optimizer and loader state from ``--ckpt`` and cut the log back
+    to the checkpoint; otherwise start an empty log. Returns the steps already done."""
+    import torch
+
+    log_path = Path(args.log)
+    if not args.resume:
+        log_path.write_text("")
+        return 0
+    state = torch.load(args.ckpt, weights_only=False)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    loader.load_state_dict(state["loader"])
+    resume_log(log_path, state["steps"])
+    return state["steps"]
+
+
+def record_step(args, log, done: int, epoch: int, loss: float, batch, model, opt, loader) -> None:
+    """After step ``done``: append its log line, checkpoint every ``--ckpt-every`` steps (``loader.state_dict()``
+    counts batches handed out, so the state is "after step ``done``"), and stall at ``--stall-at`` so the parent
+    can SIGKILL the process mid-epoch, past a checkpoint."""
+    log.write(json.dumps({"epoch": epoch, "step": done, "loss": loss, "index": batch["_index"].tolist()}) + "\n")
+    log.flush()
+    if args.ckpt and done % args.ckpt_every == 0:
+        atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "loader": loader.state_dict(),
+                     "steps": done}, Path(args.ckpt))
+    if args.stall_at and done == args.stall_at:
+        os.fsync(log.fileno())
+        time.sleep(3600)
+
+
 def read_log(path) -> list[dict]:
     return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln]
 

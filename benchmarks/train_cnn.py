@@ -28,13 +28,12 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.killresume import add_worker_args, atomic_save, kill_and_resume, resume_log
+from benchmarks.killresume import add_worker_args, kill_and_resume, record_step, restore
 
 BATCH = 64
 
@@ -134,17 +133,8 @@ def worker(args) -> None:
     loss_fn = torch.nn.CrossEntropyLoss()
     loader = Loader(args.train, batch_size=args.batch_size, order="random", seed=0, pipelines=pipelines(),
                     num_threads=args.threads)
-    log_path, ckpt = Path(args.log), Path(args.ckpt) if args.ckpt else None
-    done = 0  # steps already in the log
-    if args.resume:
-        state = torch.load(ckpt, weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        loader.load_state_dict(state["loader"])
-        done = state["steps"]
-        resume_log(log_path, done)
-    else:
-        log_path.write_text("")
+    done = restore(args, model, opt, loader)
+    log_path = Path(args.log)
     log = open(log_path, "a")
     steps_per_epoch = loader.steps_per_epoch
     while loader.epoch < args.epochs:
@@ -155,16 +145,7 @@ def worker(args) -> None:
             loss.backward()
             opt.step()
             done += 1
-            log.write(json.dumps({"epoch": epoch, "step": done, "loss": float(loss),
-                                  "index": batch["_index"].tolist()}) + "\n")
-            log.flush()
-            if ckpt is not None and done % args.ckpt_every == 0:
-                # loader.state_dict() counts the batches handed out, so this is "after step `done`"
-                atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                              "loader": loader.state_dict(), "steps": done}, ckpt)
-            if args.stall_at and done == args.stall_at:
-                os.fsync(log.fileno())
-                time.sleep(3600)  # the parent SIGKILLs us here: mid-epoch, past a checkpoint
+            record_step(args, log, done, epoch, float(loss), batch, model, opt, loader)
     log.close()
     assert done == args.epochs * steps_per_epoch, (done, args.epochs, steps_per_epoch)
     acc = evaluate(model, args.test)

@@ -21,10 +21,9 @@ import glob
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
-from benchmarks.killresume import add_worker_args, atomic_save, kill_and_resume, resume_log
+from benchmarks.killresume import add_worker_args, kill_and_resume, record_step, restore
 
 SEQ_LEN = 64
 VOCAB = 1024
@@ -115,17 +114,8 @@ def worker(args) -> None:
     loader = Loader(args.data, batch_size=args.batch_size, order="quasi_random", seed=0, window_pages=4,
                     num_threads=args.threads,
                     pipelines={"tokens": [TokenWindows(SEQ_LEN, document_outputs=True), ToTensor()]})
-    log_path, ckpt = Path(args.log), Path(args.ckpt) if args.ckpt else None
-    done = 0
-    if args.resume:
-        state = torch.load(ckpt, weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        loader.load_state_dict(state["loader"])
-        done = state["steps"]
-        resume_log(log_path, done)
-    else:
-        log_path.write_text("")
+    done = restore(args, model, opt, loader)
+    log_path = Path(args.log)
     log = open(log_path, "a")
     while done < args.steps:
         epoch = loader.epoch
@@ -136,15 +126,7 @@ def worker(args) -> None:
             loss.backward()
             opt.step()
             done += 1
-            log.write(json.dumps({"epoch": epoch, "step": done, "loss": float(loss),
-                                  "index": batch["_index"].tolist()}) + "\n")
-            log.flush()
-            if ckpt is not None and done % args.ckpt_every == 0:
-                atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                             "loader": loader.state_dict(), "steps": done}, ckpt)
-            if args.stall_at and done == args.stall_at:
-                os.fsync(log.fileno())
-                time.sleep(3600)  # the parent SIGKILLs us here
+            record_step(args, log, done, epoch, float(loss), batch, model, opt, loader)
             if done == args.steps:
                 break
     log.close()
