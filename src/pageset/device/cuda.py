@@ -3,13 +3,15 @@
 The loader's threads write each batch straight into page-locked ("pinned") host buffers, so the copy to the
 GPU is a DMA that overlaps the training step instead of a synchronous staging copy. Per batch:
 
-1. the copies are issued on a side stream with ``non_blocking=True``;
+1. the copies are issued on a side stream with ``non_blocking=True``, for batch s+1 as soon as batch s is handed
+   out (when it is ready), so they overlap the training step the consumer runs on batch s;
 2. an event recorded on the side stream after the copies is stored with the slot; the loader waits on it
    (``event.synchronize()``) before it lets a thread overwrite that slot, so a buffer still in flight is
    never reused;
-3. the consumer's current stream waits for the side stream (``wait_stream``), so kernels launched on it see
-   the copied data, and each output tensor is marked with ``record_stream`` so the caching allocator does not
-   hand its memory to another tensor while the consumer stream may still use it.
+3. when the batch is handed out, the consumer's current stream waits for that event (``wait_event``: on the GPU,
+   the host does not block), so kernels launched on it see the copied data, and each output tensor is marked
+   with ``record_stream`` so the caching allocator does not hand its memory to another tensor while the consumer
+   stream may still use it.
 
 Without CUDA, ``ToDevice("cpu")`` is accepted (tensors stay in host memory) and ``ToDevice("cuda")`` raises a
 clear error at Loader construction.
@@ -52,13 +54,18 @@ def _torch_dtype(np_dtype) -> torch.dtype:
 
 
 class HostQueue:
-    """ToDevice("cpu"): plain host buffers; batches are handed out as tensors over them."""
+    """ToDevice("cpu"): plain host buffers; batches are handed out as tensors over them (no early copy)."""
+
+    prefetch = False
 
     def empty(self, shape, np_dtype) -> np.ndarray:
         return np.empty(shape, np_dtype)
 
-    def copy(self, stages, slot, view) -> dict:
+    def issue(self, stages, slot, view) -> dict:
         return _host_batch(stages, slot, view)
+
+    def deliver(self, pending: dict) -> dict:
+        return pending
 
 
 def _host_batch(stages, slot, view) -> dict:
@@ -81,10 +88,16 @@ class CudaCopyQueue:
         """A numpy view of a pinned host tensor (the view keeps the tensor, and so the pinned memory, alive)."""
         return torch.empty(tuple(shape), dtype=_torch_dtype(np_dtype), pin_memory=True).numpy()
 
-    def copy(self, stages, slot, view) -> dict:
-        consumer = torch.cuda.current_stream(self.device)
+    prefetch = True  # the loader issues batch s+1's copy when it hands out batch s (copy/compute overlap)
+
+    def issue(self, stages, slot, view) -> dict:
+        """Queue the copies of a filled slot on the side stream; return the pending batch (not yet safe to use).
+
+        Only the side stream is involved, so the copies overlap whatever the consumer's stream is running (the
+        previous training step). An event recorded after the copies is stored in ``slot.event``: the loader
+        waits on it before letting a thread refill the slot's pinned buffers.
+        """
         out = {}
-        self.stream.wait_stream(consumer)  # copies start after the consumer's earlier work was queued
         with torch.cuda.stream(self.stream):
             for stage, arrays in zip(stages, slot.arrays):
                 for key, value in stage.handout(arrays, lambda a: a).items():  # views of the pinned slot
@@ -95,13 +108,20 @@ class CudaCopyQueue:
             event = torch.cuda.Event()
             event.record(self.stream)
         slot.event = event
-        consumer.wait_stream(self.stream)
-        for value in out.values():
+        out["_index"], out["_is_padding"] = slot.ids.copy(), slot.padding.copy()
+        return {"batch": out, "event": event}
+
+    def deliver(self, pending: dict) -> dict:
+        """Hand a pending batch to the consumer: its current stream waits for the copies (GPU-side, the host does
+        not block), and each tensor is marked as used by that stream so the caching allocator cannot recycle its
+        memory while queued kernels may still read it."""
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(pending["event"])
+        for value in pending["batch"].values():
             for t in value if isinstance(value, tuple) else (value,):
                 if isinstance(t, torch.Tensor) and t.is_cuda:
                     t.record_stream(consumer)
-        out["_index"], out["_is_padding"] = slot.ids.copy(), slot.padding.copy()
-        return out
+        return pending["batch"]
 
 
 def _to(value, device, non_blocking):

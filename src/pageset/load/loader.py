@@ -254,6 +254,7 @@ class Loader:
                 self._wait(slot)
                 batch = self._handout(slot)
                 self._cursor = (step + 1) * G
+                self._prefetch_to_device(scheduled[0] if scheduled else None)
                 yield batch
             self._epoch, self._cursor = epoch + 1, 0
         finally:
@@ -261,12 +262,19 @@ class Loader:
             for slot in scheduled:  # let in-flight slices finish before their buffers are reused
                 self._wait(slot, raise_errors=False)
 
+    def _prefetch_to_device(self, slot: Slot | None) -> None:
+        """Issue the next batch's host-to-device copy now, if it is ready, so it overlaps the step the consumer
+        is about to run on the batch just handed out (CUDA queue only)."""
+        if (slot is not None and self._queue is not None and self._queue.prefetch and slot.prefetched is None
+                and slot.done.is_set() and slot.error is None):
+            slot.prefetched = self._queue.issue(self._stages, slot, None)
+
     def _schedule(self, order: EpochOrder, epoch: int, step: int) -> Slot:
         slot = self._slots[step % len(self._slots)]
         self._reclaim(slot)
         positions, padding = rank_positions(step, self.dist.rank, self.dist.world_size, self.global_batch_size,
                                             self.n_records, self.drop_last)
-        slot.step, slot.generation, slot.error = step, self._pool.generation, None
+        slot.step, slot.generation, slot.error, slot.prefetched = step, self._pool.generation, None, None
         slot.positions, slot.padding = positions, padding
         slot.ids = order.ids(int(positions[0]), int(positions[-1]) + 1)
         slot.keys = sample_keys(self.seed, epoch, positions)
@@ -313,7 +321,8 @@ class Loader:
             return v
 
         if self._queue is not None:
-            return self._queue.copy(self._stages, slot, view)
+            pending, slot.prefetched = slot.prefetched, None
+            return self._queue.deliver(pending if pending is not None else self._queue.issue(self._stages, slot, view))
         batch = {}
         for stage, arrays in zip(self._stages, slot.arrays):
             batch.update(stage.handout(arrays, view))

@@ -31,6 +31,7 @@ class Slot:
     error: BaseException | None = None
     handed: list = field(default_factory=list)  # weakrefs to the views handed out from this slot
     event: object = None  # CUDA event of the last copy out of this slot (device queue)
+    prefetched: object = None  # a device copy issued before the batch was asked for (device queue)
 
 
 class WorkerFailed(RuntimeError):
