@@ -128,7 +128,7 @@ def _to(value, device, non_blocking):
     if isinstance(value, tuple):
         return tuple(_to(v, device, non_blocking) for v in value)
     if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=non_blocking)
+        return value.to(device, non_blocking=non_blocking, copy=True)  # never an alias of the reused slot
     return value  # Python values (max_seqlen)
 
 
