@@ -15,19 +15,17 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import math
 import os
 import platform
-import random
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from benchmarks.peers.measure import pillow_transform
 from pageset import (
     Int,
     Loader,
@@ -42,44 +40,24 @@ from pageset import (
 )
 from pageset.sample_data import debian_photos, make_imagenet_like, wheel_photos
 
-MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
-STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
-
 
 class PillowFolder(torch.utils.data.Dataset):
     """torchvision's ImageFolder + RandomResizedCrop + RandomHorizontalFlip + ToTensor + Normalize, in Pillow
-    (torchvision cannot be installed beside the CPU torch here; the box algorithm is torchvision's)."""
+    (torchvision cannot be installed beside the CPU torch here): ``peers.measure.pillow_transform``, the same
+    transform the streaming peers run, with torchvision's box algorithm."""
 
-    def __init__(self, files, size=224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
-        self.files, self.size, self.scale, self.ratio = files, size, scale, ratio
+    def __init__(self, files, size=224):
+        self.files, self.size = files, size
 
     def __len__(self):
         return len(self.files)
-
-    def _box(self, w, h):
-        area = w * h
-        log_r = (math.log(self.ratio[0]), math.log(self.ratio[1]))
-        for _ in range(10):
-            target = area * random.uniform(*self.scale)
-            ar = math.exp(random.uniform(*log_r))
-            cw, ch = int(round(math.sqrt(target * ar))), int(round(math.sqrt(target / ar)))
-            if 0 < cw <= w and 0 < ch <= h:
-                x, y = random.randint(0, w - cw), random.randint(0, h - ch)
-                return x, y, cw, ch
-        return 0, 0, w, h
 
     def __getitem__(self, i):
         from PIL import Image
 
         path, label = self.files[i]
         with Image.open(path) as img:
-            img = img.convert("RGB")
-            x, y, cw, ch = self._box(*img.size)
-            img = img.resize((self.size, self.size), Image.BILINEAR, box=(x, y, x + cw, y + ch))
-            if random.random() < 0.5:
-                img = img.transpose(Image.FLIP_LEFT_RIGHT)
-            t = torch.from_numpy(np.asarray(img)).permute(2, 0, 1).float().div_(255)
-        return (t - MEAN) / STD, label
+            return pillow_transform(img, self.size), label
 
 
 def _time_iter(make, n_images, warmup=1):

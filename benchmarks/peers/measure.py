@@ -141,9 +141,9 @@ def emit(row: dict) -> None:
 
 
 # ---- the baseline transform, for loaders whose samples are PIL images or JPEG bytes ----------------------
-# The same algorithm as benchmarks/images.py's PillowFolder (torchvision's RandomResizedCrop.get_params box,
-# BILINEAR resize of the box, flip p=0.5, /255, normalize, float32 CHW). Kept here because the peer envs have
-# no pageset to import images.py with.
+# torchvision's RandomResizedCrop.get_params box, BILINEAR resize of the box, flip p=0.5, /255, normalize, float32
+# CHW. It lives here, not in benchmarks/images.py (whose PillowFolder calls it), because the peer envs have no
+# pageset to import images.py with.
 def rrc_box(w, h, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
     area = w * h
     log_r = (math.log(ratio[0]), math.log(ratio[1]))

@@ -155,8 +155,9 @@ class ImageStage(Stage):
         out = arrays[self.name][lo:hi]
         n = ids.shape[0]
         heights, widths, encodings, lens = self.heights[ids], self.widths[ids], self.encodings[ids], self.lens[ids]
-        boxes = np.empty((n, 6), dtype=np.int64)
-        flips = np.empty(n, dtype=np.bool_)
+        # per-thread buffers, reused across slices: boxes int64[n, 6], flips bool[n], status int64[n]
+        boxes = self._buffer(ctx, "boxes", 6 * n, np.int64)[: 6 * n].reshape(n, 6)
+        flips = self._buffer(ctx, "flips", n, np.bool_)[:n]
         need_dec, need_jpeg, need_rs = image_batch.plan_slice(heights, widths, encodings, keys, self.crop_mode,
                                                               self.params, self.flip_p, self.out_h, self.out_w,
                                                               boxes, flips)
@@ -164,7 +165,7 @@ class ImageStage(Stage):
             ctx["decoder"] = jpeg.JpegDecoder()
         handle = ctx["decoder"].handle if "decoder" in ctx else 0
         buf, offs = self.pages.gather(self.offs[ids], lens, ctx)
-        status = np.zeros(n, dtype=np.int64)
+        status = self._buffer(ctx, "status", n, np.int64)[:n]
         for attempt in range(2):
             bad = image_batch.image_slice(
                 handle, buf, offs, lens, heights, widths, encodings, boxes, flips, self.table, out,
