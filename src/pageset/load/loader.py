@@ -2,8 +2,8 @@
 
     loader = Loader("train.pageset", batch_size=256, order="quasi_random", seed=0,
                     pipelines={"image": [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize(),
-                                         ToTorchImage(), ToTensor(), ToDevice("cuda")],
-                               "label": [IntDecoder(), ToTensor(), ToDevice("cuda")]})
+                                         ToTorchImage(), ToDevice("cuda")],
+                               "label": [IntDecoder(), ToDevice("cuda")]})
     for epoch in range(90):
         for batch in loader:              # one epoch (or the rest of it after load_state_dict)
             batch["image"], batch["label"], batch["_index"], batch["_is_padding"]
@@ -20,7 +20,9 @@ import weakref
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from ..format import arguments as check
 from ..order import (
     ORDERS,
     EpochOrder,
@@ -33,6 +35,7 @@ from ..order import (
     resolve_rank,
     sample_keys,
 )
+from ..order.keys import MASK64
 from ..read import open_dataset
 from .pages import MmapPages, PageVerifier, ProcessPageCache
 from .stages import PipelineError, build_stage
@@ -40,6 +43,7 @@ from .workers import Slot, ThreadPool
 
 INDEX_KEY = "_index"  # int64[B]: record ids of the batch (field names never start with "_")
 PADDING_KEY = "_is_padding"  # bool[B]: True for wrap-around samples of drop_last=False
+ARRAY_TYPES = ("torch", "numpy")  # what a batch's arrays are: torch tensors (default) or numpy arrays
 
 
 @dataclass(frozen=True)
@@ -70,8 +74,9 @@ class Loader:
         order: ``"random"`` (full shuffle), ``"quasi_random"`` (shuffle pages, then ids inside windows of
             ``window_pages`` pages: bounded memory, page-local reads) or ``"sequential"``.
         seed: u64; with the epoch it fixes the order and every augmentation.
-        drop_last: drop the last incomplete global batch (True) or complete it by wrapping to the start of the
-            epoch's order, flagging those samples in ``batch["_is_padding"]`` (False).
+        drop_last: ``True`` (default): drop the last incomplete global batch (up to ``G - 1`` samples of each
+            epoch are not seen that epoch; which ones changes with the epoch's order). ``False``: complete it by
+            wrapping to the start of the epoch's order, flagging those samples in ``batch["_is_padding"]``.
         num_threads: decode threads (default: ``os.cpu_count()``).
         batches_ahead: batches prepared ahead of the consumer (default 2 per thread, at least 2).
         rank, world_size: explicit values win; else an initialised torch.distributed; else torchrun's RANK /
@@ -82,34 +87,50 @@ class Loader:
         verify_pages: check each page's CRC-32 the first time a batch needs it (off by default: one extra pass
             over the data); a damaged page raises ChecksumMismatchError naming the page and the sample.
 
-    Each batch is a dict: one entry per loaded field (a Bytes field gives ``(data, lengths)``), plus
-    ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]). Batches are numpy arrays, or torch
-    tensors for fields whose pipeline has ``ToTensor``/``ToDevice``. Buffers are reused only once nothing
-    the user holds points at them: keeping batches (``list(loader)``) is safe, and costs a fresh allocation
-    for each kept batch instead of a copy for every batch.
+        array_type: ``"torch"`` (default): every array of a batch is a torch tensor (``ToTensor`` is implied;
+            CPU tensors over the batch buffers, no copy), as a ``torch.utils.data.DataLoader`` hands out;
+            ``"numpy"``: every array is a numpy array (``ToTensor``, ``ToTorchImage``, ``ToDevice`` and
+            bfloat16 are then refused). One batch never mixes the two.
 
-    Raises ValueError for bad arguments (naming the argument and the fix), PipelineError for bad pipelines,
-    FormatError for a damaged file; an exception raised while preparing a batch is re-raised by ``next()``
-    with the thread's traceback.
+    Each batch is a dict: one entry per loaded field (a Bytes field gives ``(data, lengths)``; a JSON field a
+    list of Python values), plus ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]), all of
+    ``array_type``; with ``ToDevice`` the field's tensors are on that device, ``_index`` and ``_is_padding``
+    stay on the CPU. Buffers are reused only once nothing the user holds points at them: keeping batches
+    (``list(loader)``) is safe, and costs a fresh allocation for each kept batch instead of a copy for every
+    batch.
+
+    ``len(loader)`` is the number of batches per epoch on this rank (:attr:`steps_per_epoch`); the batches left
+    in the current epoch are :attr:`steps_remaining`.
+
+    Raises TypeError / ValueError for bad arguments (naming the argument and what it accepts), PipelineError
+    for bad pipelines, FormatError for a damaged file; an exception raised while preparing a batch is re-raised
+    by ``next()`` with the thread's traceback.
     """
 
     def __init__(self, path, *, batch_size: int, pipelines: dict | None = None, order: str = "random",
                  seed: int = 0, drop_last: bool = True, num_threads: int | None = None,
                  batches_ahead: int | None = None, rank: int | None = None, world_size: int | None = None,
                  page_cache: str = "os", window_pages: int = 8, cache_pages: int | None = None,
-                 verify_pages: bool = False):
-        if order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if page_cache not in ("os", "process"):
-            raise ValueError(f"page_cache must be 'os' or 'process', got {page_cache!r}")
+                 verify_pages: bool = False, array_type: str = "torch"):
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be the pageset file's path (str or os.PathLike), got {path!r}")
+        batch_size = check.integer("batch_size", batch_size, minimum=1)
+        pipelines = check.mapping("pipelines", pipelines, optional=True,
+                                  example="{'image': [RandomResizedCrop(224)], 'label': [IntDecoder()]}")
+        order = check.choice("order", order, ORDERS)
+        seed = check.integer("seed", seed, minimum=0, maximum=MASK64)
+        drop_last = check.boolean("drop_last", drop_last)
+        num_threads = check.integer("num_threads", num_threads, minimum=1, optional=True)
+        batches_ahead = check.integer("batches_ahead", batches_ahead, minimum=1, optional=True)
+        rank = check.integer("rank", rank, minimum=0, optional=True)
+        world_size = check.integer("world_size", world_size, minimum=1, optional=True)
+        page_cache = check.choice("page_cache", page_cache, ("os", "process"))
+        window_pages = check.integer("window_pages", window_pages, minimum=1)
+        cache_pages = check.integer("cache_pages", cache_pages, minimum=1, optional=True)
+        verify_pages = check.boolean("verify_pages", verify_pages)
+        self.array_type = check.choice("array_type", array_type, ARRAY_TYPES)
         num_threads = (os.cpu_count() or 1) if num_threads is None else num_threads
-        if num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         batches_ahead = max(2, 2 * num_threads) if batches_ahead is None else batches_ahead
-        if batches_ahead < 1:
-            raise ValueError(f"batches_ahead must be >= 1, got {batches_ahead}")
         self._closed = True  # until construction succeeds
         enable_kernel_cache()
         r, w = resolve_rank(rank, world_size, probe=_torch_distributed)
@@ -145,7 +166,7 @@ class Loader:
         if unknown:
             raise PipelineError(f"{self.path}: pipelines name unknown fields {sorted(unknown)}; "
                                 f"the file has {list(self._ds.fields)}")
-        self._stages = [build_stage(n, f, pipelines.get(n), self._ds, self._pages)
+        self._stages = [build_stage(n, f, pipelines.get(n), self._ds, self._pages, self.array_type)
                         for n, f in self._ds.fields.items() if not (n in pipelines and pipelines[n] is None)]
         # Records are the file's records, or, for a token file, its seq_len windows.
         windows = [s for s in self._stages if hasattr(s, "records_per_page")]
@@ -187,8 +208,15 @@ class Loader:
         return self.epoch_length // self.global_batch_size
 
     def __len__(self) -> int:
-        """Batches the next ``iter()`` yields on this rank (the same number on every rank): the rest of the
-        current epoch, or a whole epoch once the current one has been handed out completely."""
+        """Batches per epoch on this rank (the same number on every rank), like ``torch.utils.data.DataLoader``:
+        ``N // G`` with ``drop_last``, ``ceil(N / G)`` without. The rest of a started epoch is
+        :attr:`steps_remaining`."""
+        return self.steps_per_epoch
+
+    @property
+    def steps_remaining(self) -> int:
+        """Batches the next ``iter()`` yields on this rank: the rest of the current epoch (after a partial epoch
+        or ``load_state_dict``), or a whole epoch once the current one has been handed out completely."""
         left = self.steps_per_epoch - self._cursor // self.global_batch_size
         return left if left > 0 else self.steps_per_epoch
 
@@ -322,12 +350,17 @@ class Loader:
 
         if self._queue is not None:
             pending, slot.prefetched = slot.prefetched, None
-            return self._queue.deliver(pending if pending is not None else self._queue.issue(self._stages, slot, view))
-        batch = {}
-        for stage, arrays in zip(self._stages, slot.arrays):
-            batch.update(stage.handout(arrays, view))
-        batch[INDEX_KEY] = slot.ids.copy()
-        batch[PADDING_KEY] = slot.padding.copy()
+            batch = self._queue.deliver(pending if pending is not None else self._queue.issue(self._stages, slot, view))
+        else:
+            batch = {}
+            for stage, arrays in zip(self._stages, slot.arrays):
+                batch.update(stage.handout(arrays, view))
+            batch[INDEX_KEY] = slot.ids.copy()
+            batch[PADDING_KEY] = slot.padding.copy()
+        if self.array_type == "torch":  # owned copies: from_numpy shares them, costs no copy
+            for key in (INDEX_KEY, PADDING_KEY):
+                if isinstance(batch[key], np.ndarray):
+                    batch[key] = torch.from_numpy(batch[key])
         return batch
 
     # ---- lifetime --------------------------------------------------------------------------------------
@@ -355,6 +388,6 @@ class Loader:
 
     def __repr__(self) -> str:
         return (f"Loader({self.path!r}, batch_size={self.batch_size}, order={self.order!r}, "
-                f"rank={self.dist.rank}/{self.dist.world_size}, epoch={self._epoch}, batches_left={len(self)})")
+                f"rank={self.dist.rank}/{self.dist.world_size}, epoch={self._epoch}, steps_remaining={self.steps_remaining})")
 
 
