@@ -26,7 +26,8 @@ def _got(value) -> str:
     return f"got {value!r} ({type(value).__name__})"
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
+    """True for Python and numpy integers, False for bools, floats and strings."""
     return isinstance(value, numbers.Integral) and not _is_bool(value)
 
 
@@ -43,7 +44,7 @@ def integer(name: str, value, *, minimum: int | None = None, maximum: int | None
     """``value`` as an ``int`` in ``[minimum, maximum]``; ``None`` passes through when ``optional``."""
     if value is None and optional:
         return None
-    if not _is_int(value):
+    if not is_int(value):
         raise TypeError(f"{name} must be an int{_range(minimum, maximum)}{' or None' if optional else ''}, "
                         f"{_got(value)}")
     value = int(value)
@@ -138,7 +139,7 @@ def pair_of_ints(name: str, value, *, minimum: int = 1) -> tuple[int, int]:
     """``(height, width)`` from an int (a square) or a sequence of two ints, each ``>= minimum``: torchvision's
     ``size`` convention. A string, a float or a sequence of another length is a TypeError."""
     value = _sequence(value)
-    if _is_int(value):
+    if is_int(value):
         h = w = integer(name, value, minimum=minimum)
         return h, w
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
@@ -150,7 +151,7 @@ def pair_of_ints(name: str, value, *, minimum: int = 1) -> tuple[int, int]:
 def ints_tuple(name: str, value, *, minimum: int = 0) -> tuple[int, ...]:
     """``value`` (a sequence of ints, or one int) as a tuple of ints ``>= minimum`` (an array shape)."""
     value = _sequence(value)
-    if _is_int(value):
+    if is_int(value):
         return (integer(name, value, minimum=minimum),)
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(f"{name} must be a tuple of ints, {_got(value)}")

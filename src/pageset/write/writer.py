@@ -19,13 +19,14 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
+from ..format import arguments as check
 from ..format import constants as C
 from ..format.checksum import ALGORITHM
 from ..format.fields import Field
 from ..format.layout import PAGE_CHECKSUM
 from ..format.schema import build_schema, canonical_json, parse_schema
 from .encode import describe_path, encode_value
-from .filewriter import check_not_input, lineage, ordered_map, remove_stale_temps, temp_file, write_tail
+from .filewriter import check_not_input, check_output_path, lineage, ordered_map, remove_stale_temps, temp_file, write_tail
 from .packing import page_count, place_record
 from .sources import SampleError, Source, open_source
 
@@ -85,20 +86,23 @@ def write_dataset(
         RuntimeError: a worker process died (killed or crashed).
     """
     t0 = time.perf_counter()
+    path = check_output_path(path)
+    fields = check.mapping("fields", fields, optional=True, example="{'image': RGBImage(), 'label': Int()}")
+    num_workers = check.integer("num_workers", num_workers, minimum=0, optional=True)
     _check_page_size(page_size)
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    progress = check.boolean("progress", progress)
+    on_error = check.choice("on_error", on_error, ("raise", "skip"))
+    metadata = check.mapping("metadata", metadata, optional=True)
+    chunk_size = check.integer("chunk_size", chunk_size, minimum=1)
+    lineage = check.boolean("lineage", lineage)
     if num_workers is None:
         num_workers = os.cpu_count() or 1
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
     src, fields = open_source(source, fields)
     writer_params = {"page_size": page_size, "checksum": ALGORITHM}
     schema = build_schema(fields, src.attributes, writer_params)
     parse_schema(schema)  # the writer must never produce a schema its own reader refuses
     canonical_json(metadata or {})  # fail early on non-JSON metadata, before any work
 
-    path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if isinstance(source, (str, os.PathLike)):
         check_not_input(path, [source])
@@ -125,9 +129,11 @@ def write_dataset(
 
 
 def _check_page_size(page_size: int) -> None:
+    if not check.is_int(page_size):
+        raise TypeError(f"page_size must be an int, a power of two in [{C.MIN_PAGE_SIZE}, {C.MAX_PAGE_SIZE}], "
+                        f"got {page_size!r} ({type(page_size).__name__})")
     if (
-        not isinstance(page_size, int)
-        or page_size < C.MIN_PAGE_SIZE
+        page_size < C.MIN_PAGE_SIZE
         or page_size > C.MAX_PAGE_SIZE
         or page_size & (page_size - 1)
     ):
