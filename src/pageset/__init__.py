@@ -32,7 +32,7 @@ from .format import (
 from .format.fields import Tokens
 from .read import Dataset, EncodedImage, open_dataset
 from .read.tokens import TokenDataset, open_tokens
-from .write import ImageFolder, SampleError, WriteResult, write_dataset
+from .write import ImageFolder, ImageList, SampleError, WriteResult, write_dataset
 from .write.importers import import_llmc, import_megatron, import_nanogpt
 from .write.tokens import TokenWriteResult, write_tokens
 
@@ -86,6 +86,7 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "ImageFolder",
+    "ImageList",
     "IndexBoundsError",
     "Int",
     "IntDecoder",

@@ -21,49 +21,30 @@ from .format import FormatError
 from .format.constants import DEFAULT_PAGE_SIZE, ENCODING_NAMES
 from .format.fields import Int, RGBImage
 from .read import open_dataset
-from .write import SampleError, write_dataset
-
-
-def _read_file_list(path: str):
-    """Samples and fields from a text file of image paths (relative paths are relative to the list file)."""
-    base = os.path.dirname(os.path.abspath(path))
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            parts = line.split("\t")
-            p = parts[0] if os.path.isabs(parts[0]) else os.path.join(base, parts[0])
-            if len(parts) > 2:
-                raise SystemExit(f"{path}:{lineno}: expected '<path>' or '<path>\\t<label>', got {line!r}")
-            try:
-                rows.append((p, int(parts[1])) if len(parts) == 2 else (p,))
-            except ValueError:
-                raise SystemExit(f"{path}:{lineno}: label {parts[1]!r} is not an integer") from None
-    if not rows:
-        raise SystemExit(f"{path}: no image paths listed")
-    if len({len(r) for r in rows}) != 1:
-        raise SystemExit(f"{path}: either every line has a label or none does")
-    return rows, len(rows[0]) == 2
+from .write import ImageList, SampleError, write_dataset
 
 
 def cmd_convert(args) -> int:
     image = RGBImage(max_resolution=args.max_resolution, encoding=args.encoding, jpeg_quality=args.jpeg_quality,
                      jpeg_subsampling=args.jpeg_subsampling, jpeg_passthrough=args.jpeg_passthrough)
-    if os.path.isdir(args.source):
-        source, fields = args.source, {"image": image, "label": Int()}
-    elif os.path.isfile(args.source):
-        rows, labelled = _read_file_list(args.source)
-        source = rows
-        fields = {"image": image, "label": Int()} if labelled else {"image": image}
-    else:
-        print(f"pageset convert: {args.source}: no such directory or file list", file=sys.stderr)
-        return 2
     try:
+        if os.path.isdir(args.source):
+            source, fields = args.source, {"image": image, "label": Int()}
+        elif os.path.isfile(args.source):
+            source = ImageList(args.source)  # relative paths: relative to the list file's folder
+            fields = {"image": image, "label": Int()} if source.labelled else {"image": image}
+        else:
+            print(f"pageset convert: {args.source}: no such directory or file list", file=sys.stderr)
+            return 2
         result = write_dataset(args.output, source, fields, num_workers=args.num_workers, page_size=args.page_size,
                                progress=not args.no_progress, on_error=args.on_error)
-    except (SampleError, ValueError, RuntimeError) as exc:
+    except SampleError as exc:  # the message once; the worker's traceback is for the Python API, not the CLI
+        print(f"pageset convert: {exc.brief}", file=sys.stderr)
+        if args.on_error == "raise":
+            print("pageset convert: to leave bad samples out instead, rerun with --on-error skip (their indices "
+                  "and errors are recorded in the file; `pageset inspect` lists them)", file=sys.stderr)
+        return 1
+    except (ValueError, RuntimeError) as exc:
         print(f"pageset convert: {exc}", file=sys.stderr)
         return 1
     rate = result.records / result.seconds if result.seconds else float("inf")

@@ -321,21 +321,40 @@ def _split_separator(text: str, separator: str) -> list[str]:
     return docs
 
 
+def _jsonl_documents(path: str, text_key: str):
+    """The ``text_key`` string of each line of a JSON Lines file (``.gz`` too); ValueError naming file, line and
+    byte for a line that is not UTF-8, not valid JSON, or without a string under ``text_key``."""
+    opener = __import__("gzip").open if path.endswith(".gz") else open
+    offset = 0  # byte offset of the line's start (in the decompressed stream for .gz)
+    with opener(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            start, offset = offset, offset + len(raw)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 text: byte 0x{raw[exc.start]:02x} at byte "
+                                 f"{start + exc.start} of the file (column {exc.start + 1} of the line): "
+                                 f"{exc.reason}; re-encode the file as UTF-8 or leave the line out") from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"invalid JSON at {path}:{lineno} (column {exc.colno}): {exc.msg}") from None
+            if not isinstance(obj, dict) or text_key not in obj:
+                keys = sorted(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__
+                raise ValueError(f"{path}:{lineno}: no {text_key!r} key in the JSON line (it has {keys}); "
+                                 "set text_key= (--text-key) to the key holding the text")
+            text = obj[text_key]
+            if not isinstance(text, str):
+                raise ValueError(f"{path}:{lineno}: {text_key!r} holds {type(text).__name__} {text!r:.40}, "
+                                 "not a string")
+            yield text
+
+
 def _file_documents(path: str, text_key: str, separator: str | None):
-    if path.endswith((".jsonl", ".jsonl.gz")) or path.endswith(".ndjson"):
-        opener = __import__("gzip").open if path.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    text = json.loads(line)[text_key]
-                except (KeyError, TypeError, json.JSONDecodeError) as exc:
-                    raise ValueError(f"{path}:{lineno}: no string {text_key!r} in the JSON line ({exc})") from None
-                if not isinstance(text, str):
-                    raise ValueError(f"{path}:{lineno}: {text_key!r} holds {type(text).__name__} {text!r:.40}, "
-                                     "not a string")
-                yield text
+    if path.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
+        yield from _jsonl_documents(path, text_key)
         return
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq

@@ -28,7 +28,11 @@ from ..format.schema import build_schema, canonical_json, parse_schema
 from .encode import describe_path, encode_value
 from .filewriter import check_not_input, check_output_path, lineage, ordered_map, remove_stale_temps, temp_file, write_tail
 from .packing import page_count, place_record
-from .sources import SampleError, Source, open_source
+from .sources import ImageList, SampleError, Source, WorkerTraceback, open_source
+
+# Said once under a failing sample's message when on_error="raise" (the CLI says --on-error skip instead).
+ON_ERROR_HINT = ("To leave bad samples out instead, pass on_error='skip': their indices and errors are recorded in "
+                 "the file's lineage (WriteResult.skipped).")
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,8 @@ def write_dataset(
         check_not_input(path, [source])
     elif isinstance(src.data, list) and src.data and isinstance(src.data[0], str):  # a list of image paths
         check_not_input(path, src.data)
+    elif isinstance(src.data, ImageList):
+        check_not_input(path, [src.data.path] + [row[0] for row in src.data.rows])
     remove_stale_temps(path)
     fd, tmp = temp_file(path)
     try:
@@ -117,6 +123,11 @@ def write_dataset(
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except SampleError as exc:
+        _unlink(tmp)
+        if exc.hint:
+            raise
+        raise SampleError(exc.source, exc.index, exc.field, exc.detail, ON_ERROR_HINT) from exc.__cause__
     except BaseException:
         try:
             os.unlink(tmp)
@@ -126,6 +137,13 @@ def write_dataset(
     _fsync_dir(folder)
     return WriteResult(path, stats["records"], tuple(stats["skipped"]), stats["dataset_id"], stats["bytes"],
                        time.perf_counter() - t0)
+
+
+def _unlink(name: str) -> None:
+    try:
+        os.unlink(name)
+    except FileNotFoundError:
+        pass
 
 
 def _check_page_size(page_size: int) -> None:
@@ -211,7 +229,8 @@ def encode_sample(src: Source, fields: dict[str, Field], i: int) -> tuple[list, 
         try:
             payload, cols = encode_value(values[name], field)
         except Exception as exc:
-            detail = f"{type(exc).__name__}: {exc}{describe_path(values[name])}"
+            where = describe_path(values[name])
+            detail = f"{type(exc).__name__}: {exc}" + (where if where.strip(" ()") not in str(exc) else "")
             raise SampleError(src.description, i, name, detail) from exc
         if payload is not None:
             payloads.append(payload)
@@ -233,8 +252,10 @@ def _encode_chunk(start: int, stop: int, on_error: str, src=None, fields=None) -
         except SampleError as exc:
             if on_error == "skip":
                 out.append(("skip", exc.index, exc.field, exc.detail))
-            elif in_worker:
-                out.append(("error", exc.index, exc.field, exc.detail, traceback.format_exc()))
+            elif in_worker:  # the cause's traceback only: the SampleError adds nothing to it but its message
+                cause = exc.__cause__ if exc.__cause__ is not None else exc
+                tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+                out.append(("error", exc.index, exc.field, exc.detail, tb))
                 return out
             else:
                 raise
@@ -274,7 +295,7 @@ def _write_body(f, src, fields, schema, page_size, num_workers, chunk_size, on_e
             for entry in chunk:
                 if entry[0] == "error":
                     _, i, field, detail, tb = entry
-                    raise SampleError(src.description, i, field, f"{detail}\n\nWorker traceback:\n{tb}")
+                    raise SampleError(src.description, i, field, detail) from WorkerTraceback(tb)
                 if entry[0] == "skip":
                     skipped.append(entry[1])
                     skip_log.append({"index": entry[1], "field": entry[2], "error": entry[3]})
