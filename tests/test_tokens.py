@@ -151,8 +151,8 @@ def test_corruption_and_old_readers(tmp_path):
     raw = bytearray(path.read_bytes())
     raw[4096 + 10] ^= 1  # a token byte: page checksums catch it
     bad.write_bytes(raw)
-    with open_dataset(bad) as ds, pytest.raises(ChecksumMismatchError, match="page 0"):
-        ds.verify()
+    with open_tokens(bad) as td, pytest.raises(ChecksumMismatchError, match="page 0"):
+        td.dataset.verify()
     import pageset.format.constants as C
 
     old = C.KNOWN_REQUIRED_FEATURES

@@ -18,9 +18,9 @@ import sys
 import numpy as np
 
 from .format import FormatError
-from .format.constants import DEFAULT_PAGE_SIZE, ENCODING_NAMES
+from .format.constants import DEFAULT_PAGE_SIZE, ENCODING_NAMES, FORMAT_MAJOR, FORMAT_MINOR
 from .format.fields import Int, RGBImage
-from .read import open_dataset
+from .read import Dataset
 from .write import ImageList, SampleError, write_dataset
 
 
@@ -122,7 +122,7 @@ def _count(ds) -> str:
 
 
 def cmd_inspect(args) -> int:
-    with open_dataset(args.path) as ds:
+    with Dataset(args.path) as ds:  # either kind of file
         info = describe(ds)
         count = _count(ds)
     if args.json:
@@ -155,15 +155,28 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    with open_dataset(args.path) as ds:
+    with Dataset(args.path) as ds:  # either kind of file
         ds.verify()
         print(f"{args.path}: OK ({_count(ds)}, {ds.page_count} pages, header, sections, index and every page "
               "checksum verified)")
     return 0
 
 
+def version() -> str:
+    """The installed pageset version (package metadata), or "unknown" when running from a source tree."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        return package_version("pageset")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pageset", description=__doc__.split("\n")[0])
+    p.add_argument("--version", action="version", version=f"pageset {version()} (file format "
+                   f"{FORMAT_MAJOR}.{FORMAT_MINOR})")
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("convert", help="ImageFolder directory or image-path list -> pageset file")
     c.add_argument("source", help="ImageFolder directory (root/<class>/<image>) or a text file of image paths")

@@ -36,7 +36,7 @@ from ..order import (
     sample_keys,
 )
 from ..order.keys import MASK64
-from ..read import open_dataset
+from ..read import Dataset
 from .pages import MmapPages, PageVerifier, ProcessPageCache
 from .stages import PipelineError, build_stage
 from .workers import Slot, ThreadPool
@@ -138,7 +138,7 @@ class Loader:
         self.batch_size, self.global_batch_size = batch_size, batch_size * w
         self.order, self.seed, self.drop_last = order, int(seed), bool(drop_last)
         self.window_pages, self.num_threads, self.batches_ahead = int(window_pages), num_threads, batches_ahead
-        self._ds = open_dataset(path)
+        self._ds = Dataset(path)  # records or a token file
         try:
             self._setup(page_cache, cache_pages, pipelines, verify_pages)
         except BaseException:

@@ -416,5 +416,14 @@ def _canonical(doc) -> bytes:
 
 
 def open_dataset(path) -> Dataset:
-    """Open and validate a pageset file; see :class:`Dataset`. Raises FormatError subclasses, OSError."""
-    return Dataset(path)
+    """Open and validate a pageset file of records; see :class:`Dataset`. Raises FormatError subclasses,
+    OSError, and ValueError for a token file (it has no records: open it with :func:`pageset.open_tokens`;
+    ``Dataset(path)`` opens either kind for header, schema and ``verify()``)."""
+    ds = Dataset(path)
+    if ds.tokens_info is not None:
+        ds.close()
+        raise ValueError(f"{ds.path} is a token file ({ds.tokens_info['count']} tokens in "
+                         f"{ds.tokens_info['documents']} documents, no records): open it with "
+                         "pageset.open_tokens(path), or load it with Loader(path, ..., pipelines={'tokens': "
+                         "[TokenWindows(seq_len)]})")
+    return ds
