@@ -415,10 +415,19 @@ def _canonical(doc) -> bytes:
     return canonical_json(doc)
 
 
+def check_path(path) -> None:
+    """TypeError unless ``path`` is a str or os.PathLike (an int would be taken as an open file descriptor)."""
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be the pageset file's path (str or os.PathLike), got {path!r} "
+                        f"({type(path).__name__})")
+
+
 def open_dataset(path) -> Dataset:
     """Open and validate a pageset file of records; see :class:`Dataset`. Raises FormatError subclasses,
     OSError, and ValueError for a token file (it has no records: open it with :func:`pageset.open_tokens`;
-    ``Dataset(path)`` opens either kind for header, schema and ``verify()``)."""
+    ``Dataset(path)`` opens either kind for header, schema and ``verify()``); TypeError for a path that is not a
+    str or os.PathLike."""
+    check_path(path)
     ds = Dataset(path)
     if ds.tokens_info is not None:
         ds.close()

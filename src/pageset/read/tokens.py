@@ -22,7 +22,7 @@ import numpy as np
 
 from ..format import constants as C
 from ..format.errors import FormatError, SchemaError
-from .reader import Dataset
+from .reader import Dataset, check_path
 
 DOC_OFFSET = np.dtype("<u8")
 
@@ -166,5 +166,7 @@ class TokenDataset:
 
 
 def open_tokens(path: str | os.PathLike) -> TokenDataset:
-    """Open and validate a token file; see :class:`TokenDataset`. Raises FormatError subclasses, OSError."""
+    """Open and validate a token file; see :class:`TokenDataset`. Raises FormatError subclasses (a record file is
+    refused, naming open_dataset), OSError, TypeError (a path that is not a str or os.PathLike)."""
+    check_path(path)
     return TokenDataset(path)

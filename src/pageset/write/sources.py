@@ -53,11 +53,13 @@ class ImageFolder:
     """
 
     root: str
-    classes: list[str] = field(default_factory=list)
-    samples: list[tuple[str, int]] = field(default_factory=list)
-    ignored: int = 0
+    classes: list[str] = field(default_factory=list, init=False)
+    samples: list[tuple[str, int]] = field(default_factory=list, init=False)
+    ignored: int = field(default=0, init=False)
 
     def __post_init__(self):
+        if isinstance(self.root, bytes) or not isinstance(self.root, (str, os.PathLike)):
+            raise TypeError(f"ImageFolder.root must be a folder path (str or os.PathLike), got {self.root!r}")
         root = Path(self.root)
         if not root.is_dir():
             raise ValueError(f"{self.root}: not a directory; ImageFolder needs root/<class>/<image> folders")
@@ -100,10 +102,12 @@ class ImageList:
     """
 
     path: str
-    rows: list = field(default_factory=list)
-    labelled: bool = False
+    rows: list = field(default_factory=list, init=False)
+    labelled: bool = field(default=False, init=False)
 
     def __post_init__(self):
+        if isinstance(self.path, bytes) or not isinstance(self.path, (str, os.PathLike)):
+            raise TypeError(f"ImageList.path must be the file list's path (str or os.PathLike), got {self.path!r}")
         self.path = os.fspath(self.path)
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"file list {self.path}: no such file")
