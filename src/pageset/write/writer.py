@@ -65,8 +65,9 @@ def write_dataset(
 
     Args:
         path: output file (any extension; ``.pageset`` is conventional). Replaced atomically.
-        source: an ImageFolder directory, a list of image paths, or any object with ``__len__`` and
-            ``__getitem__`` returning a tuple (one value per field, in field order) or a dict.
+        source: an ImageFolder directory, a list of image paths, a file list (the path of a text file of image
+            paths, optionally ``<path>\t<label>``, relative to its folder; see :class:`ImageList`), or any object
+            with ``__len__`` and ``__getitem__`` returning a tuple (one value per field, in field order) or a dict.
         fields: ``{name: Field}`` in storage order, e.g. ``{"image": RGBImage(max_resolution=512), "label":
             Int()}``; defaults exist for ImageFolder and path lists.
         num_workers: encoding processes (``None``: ``os.cpu_count()``; ``0``: encode in this process). Worker
@@ -85,8 +86,10 @@ def write_dataset(
         :class:`WriteResult`.
 
     Raises:
-        SampleError: a sample could not be read or encoded (names the sample index, field and cause; the
-            worker's traceback is included); ``ValueError``/``TypeError`` for invalid arguments;
+        SampleError: a sample could not be read or encoded (names the source, sample index, field and cause,
+            and how to skip bad samples; a worker's traceback is its ``__cause__``); ``TypeError`` (wrong kind of
+            value) / ``ValueError`` (out of range) for invalid arguments, naming the argument, before any work;
+            FileNotFoundError: the output folder does not exist;
         RuntimeError: a worker process died (killed or crashed).
     """
     t0 = time.perf_counter()
