@@ -28,7 +28,15 @@ from ..format import constants as C
 from ..format.checksum import ALGORITHM
 from ..format.fields import Tokens
 from ..format.schema import build_schema, canonical_json, parse_schema
-from .filewriter import check_not_input, check_output_path, lineage, ordered_map, remove_stale_temps, temp_file, write_tail
+from .filewriter import (
+    check_not_input,
+    check_output_path,
+    lineage,
+    ordered_map,
+    remove_stale_temps,
+    temp_file,
+    write_tail,
+)
 from .writer import _check_page_size, _fsync_dir, _PageWriter
 
 UINT16_MAX = 65535

@@ -26,7 +26,15 @@ from ..format.fields import Field
 from ..format.layout import PAGE_CHECKSUM
 from ..format.schema import build_schema, canonical_json, parse_schema
 from .encode import describe_path, encode_value
-from .filewriter import check_not_input, check_output_path, lineage, ordered_map, remove_stale_temps, temp_file, write_tail
+from .filewriter import (
+    check_not_input,
+    check_output_path,
+    lineage,
+    ordered_map,
+    remove_stale_temps,
+    temp_file,
+    write_tail,
+)
 from .packing import page_count, place_record
 from .sources import ImageList, SampleError, Source, WorkerTraceback, open_source
 
