@@ -324,8 +324,8 @@ class Dataset:
                 now = os.fstat(fd).st_size
                 raise self._err(
                     TruncatedFileError, "file", offset,
-                    f"short read of bytes [{offset}, {offset + length}): {done} bytes read; the file is now {now} "
-                    f"bytes, {self.file_size} when opened: it was truncated or rewritten in place while being read. "
+                    f"short read of bytes [{offset}, {offset + length}): {done} bytes read; the file shrank to {now} "
+                    f"bytes ({self.file_size} when opened): it was truncated or rewritten in place while being read. "
                     "Replace files by renaming a new one over them, as write_dataset does")
             done += n
 
@@ -342,8 +342,8 @@ class Dataset:
         if st.st_size < self.file_size:
             raise self._err(
                 TruncatedFileError, "file", None,
-                f"the file is now {st.st_size} bytes, {self.file_size} when opened: it was truncated or rewritten "
-                "in place while being read. Replace files by renaming a new one over them, as write_dataset does")
+                f"the file shrank to {st.st_size} bytes ({self.file_size} when opened): it was truncated or "
+                "rewritten in place while being read. Replace files by renaming a new one over them, as write_dataset does")
         raise self._err(
             FileChangedError, "file", None,
             f"the file was modified in place after it was opened ({self.file_size} -> {st.st_size} bytes, "
