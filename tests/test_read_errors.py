@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from pageset import (
+    JSON,
     BadMagicError,
     ChecksumMismatchError,
     FormatError,
@@ -20,6 +21,7 @@ from pageset import (
     UnsupportedVersionError,
     open_dataset,
     write_dataset,
+    write_tokens,
 )
 from pageset.format.checksum import crc32
 from pageset.format.constants import HEADER_SIZE
@@ -215,8 +217,6 @@ def test_not_a_file_at_all(tmp_path):
 
 def _small_files(tmp_path, photo_arrays):
     """A small image file (JPEG and raw records, labels, a JSON field) and a small token file."""
-    from pageset import JSON, write_tokens
-
     img = tmp_path / "small.pageset"
     samples = [(a[:16, :16], k, {"k": k}) for k, a in enumerate(photo_arrays[:3])]
     samples += [(a[:6, :6], 10 + k, {"k": [k]}) for k, a in enumerate(photo_arrays[:2])]

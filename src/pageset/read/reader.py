@@ -324,9 +324,9 @@ class Dataset:
                 now = os.fstat(fd).st_size
                 raise self._err(
                     TruncatedFileError, "file", offset,
-                    f"short read of bytes [{offset}, {offset + length}): {done} bytes read; the file shrank to {now} "
-                    f"bytes ({self.file_size} when opened): it was truncated or rewritten in place while being read. "
-                    "Replace files by renaming a new one over them, as write_dataset does")
+                    f"short read of bytes [{offset}, {offset + length}): {done} bytes read; the file shrank "
+                    f"to {now} bytes ({self.file_size} when opened): it was truncated or rewritten in place while "
+                    "being read. Replace files by renaming a new one over them, as write_dataset does")
             done += n
 
     def check_unchanged(self) -> None:
@@ -343,7 +343,8 @@ class Dataset:
             raise self._err(
                 TruncatedFileError, "file", None,
                 f"the file shrank to {st.st_size} bytes ({self.file_size} when opened): it was truncated or "
-                "rewritten in place while being read. Replace files by renaming a new one over them, as write_dataset does")
+                "rewritten in place while being read. Replace files by renaming a new one over them, as "
+                "write_dataset does")
         raise self._err(
             FileChangedError, "file", None,
             f"the file was modified in place after it was opened ({self.file_size} -> {st.st_size} bytes, "
