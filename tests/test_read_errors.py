@@ -11,6 +11,7 @@ from pageset import (
     JSON,
     BadMagicError,
     ChecksumMismatchError,
+    FileChangedError,
     FormatError,
     IndexBoundsError,
     Int,
@@ -274,3 +275,12 @@ def test_damaged_padding_names_the_byte(tmp_path, photo_arrays):
     _flip(good, gaps[0], out=tmp_path / "p")
     with pytest.raises(FormatError, match="zero padding"):
         open_dataset(tmp_path / "p")
+    st = os.stat(good)
+    with open_dataset(good) as ds:  # damaged after open: verify() reads the padding again
+        with open(good, "r+b") as f:
+            os.pwrite(f.fileno(), b"\x01", 2000)
+        with pytest.raises(FileChangedError):  # a write under the reader is named as such
+            ds.verify()
+        os.utime(good, ns=(st.st_atime_ns, st.st_mtime_ns))  # damage at rest (a bad sector) keeps the mtime
+        with pytest.raises(FormatError, match="byte 2000 is 0x01 in the zero padding"):
+            ds.verify()

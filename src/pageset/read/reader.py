@@ -144,7 +144,7 @@ class Dataset:
         self.dataset_id = bytes(h["dataset_id"]).hex()
         self._check_geometry(h, size)
         sections = self._read_section_table(h, size)
-        self._check_padding(h, size)
+        self._check_padding()
         self.schema = self._read_schema(sections)
         self.index = self._read_index(sections)
         self._page_crcs = self._read_page_crcs(sections, h)
@@ -201,10 +201,11 @@ class Dataset:
                 raise self._err(FormatError, C.SECTION_NAMES[kind], None, "required section is missing")
         return sections
 
-    def _check_padding(self, h, size) -> None:
+    def _check_padding(self) -> None:
         """Every byte outside the header, the data area, the sections and the section table is zero padding
-        (``formats/v1.md`` section 1): a damaged byte there is covered by no CRC, so it is checked here."""
-        table_off, count = int(h["section_table_offset"]), int(h["section_count"])
+        (``formats/v1.md`` section 1): no CRC covers it, so open and ``verify()`` read it (a few KiB)."""
+        size = self.file_size
+        table_off, count = int(self.header["section_table_offset"]), int(self.header["section_count"])
         covered = [(0, C.HEADER_SIZE), (self.data_offset, self.data_offset + self.data_length),
                    (table_off, table_off + count * SECTION_ENTRY.itemsize)]
         covered += [(int(e["offset"]), int(e["offset"]) + int(e["length"])) for e in self._section_entries]
@@ -214,6 +215,7 @@ class Dataset:
                 chunk = np.frombuffer(self._pread(off, min(READ_CHUNK, start - off)), dtype=np.uint8)
                 bad = np.flatnonzero(chunk)
                 if bad.size:
+                    self.check_unchanged()  # a change under the reader, not damage at rest
                     at = off + int(bad[0])
                     raise self._err(FormatError, "padding", at,
                                     f"byte {at} is {int(chunk[bad[0]]):#04x} in the zero padding [{pos}, {start}): "
@@ -464,13 +466,15 @@ class Dataset:
         return np.bincount(self.record_pages(), minlength=max(self.page_count, 1)).astype(np.int64)
 
     def verify(self) -> None:
-        """Recompute every page CRC-32 and the dataset id.
+        """Recompute every page CRC-32 and the dataset id, and re-check the zero padding.
 
         Raises ChecksumMismatchError naming the first bad page, its byte offset and the sample indices stored
-        in it; FormatError when the file has no page checksums.
+        in it; FormatError for a non-zero padding byte or a file without page checksums; TruncatedFileError /
+        FileChangedError for a file changed in place since it was opened.
         """
         if self._page_crcs is None:
             raise self._err(FormatError, "page_checksums", None, "this file has no page checksums to verify")
+        self._check_padding()
         ps = self.page_size
         scratch = np.empty(min(ps, READ_CHUNK), dtype=np.uint8)
         for k in range(self.page_count):
