@@ -1,11 +1,11 @@
 """``open_dataset``: open and validate a pageset file, then read records.
 
 Validation at open follows ``formats/v1.md``: magic -> version and feature bits -> header checksum -> file
-size vs sections -> section checksums -> schema -> index bounds. Each step raises its own
+size vs sections -> section checksums -> zero padding -> schema -> index bounds. Each step raises its own
 :class:`~pageset.format.FormatError` subclass naming the path, section and byte offset. Page checksums are
 checked by :meth:`Dataset.verify` (``pageset verify``), not at open: that would read the whole file. The zero
-padding (bytes ``[160, data_offset)`` and the alignment gaps around the sections) is checked at open: it is
-a few KiB, and no CRC covers it.
+padding (bytes ``[160, data_offset)`` and the alignment gaps around the sections) is checked at open and again
+by ``verify()``: it is a few KiB, and no CRC covers it.
 Every offset and length taken from the file is checked against the file size before it is used, so a
 damaged index can never make a reader (or a Numba kernel fed from it) touch memory outside the file.
 
@@ -84,6 +84,7 @@ class Dataset:
 
     Reads use ``pread``: if the file is truncated or modified in place while it is open, reads raise
     TruncatedFileError / FileChangedError (never SIGBUS); a file replaced by a rename keeps being read whole.
+    Page sources build on ``ds.read_into(offset, out)`` and ``ds.check_unchanged()``.
     """
 
     def __init__(self, path):
