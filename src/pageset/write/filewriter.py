@@ -172,3 +172,95 @@ def check_not_input(path: str, inputs) -> None:
         if isinstance(src, (str, os.PathLike)) and os.path.realpath(src) == out:
             raise ValueError(f"the output {os.fspath(path)!r} is the input {os.fspath(src)!r}: writing would destroy "
                              "the source; choose another output path")
+
+
+def is_url(path: str) -> bool:
+    """True for an fsspec URL (``s3://``, ``gs://``, ``memory://``...); ``file://`` and plain paths are local."""
+    return "://" in path and not path.startswith("file://")
+
+
+def local_path(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+UPLOAD_BLOCK = 64 << 20  # bytes per multipart part (S3 allows 5 MiB .. 5 GiB; 10,000 parts: files up to 640 GB)
+
+
+class Output:
+    """The one file a writer produces, made visible only by :meth:`commit`.
+
+    A local ``path``: a temp file ``<path>.tmp-<host>-<pid>-<random>`` next to it, fsynced and renamed over
+    ``path``. An fsspec URL (``s3://bucket/train.pageset``): a temp file in the local temp folder (``TMPDIR``),
+    uploaded on commit through ``fsspec`` with ``autocommit=False`` (for S3 a multipart upload that becomes
+    visible only when ``complete_multipart_upload`` succeeds, atomically); on failure the upload is aborted.
+    Either way the previous file or object at ``path`` is untouched until the commit. ``f`` is the seekable
+    binary temp file; :meth:`abort` removes it. ``storage_options`` go to ``fsspec.core.url_to_fs``.
+    """
+
+    def __init__(self, path: str, storage_options: dict | None = None, kind: str = "tmp",
+                 upload_block: int = UPLOAD_BLOCK):
+        self.path, self.storage_options, self.upload_block = path, dict(storage_options or {}), upload_block
+        self.remote = is_url(path)
+        if self.remote:
+            fd, self.tmp = tempfile.mkstemp(prefix="pageset-upload-", suffix=".pageset")
+        else:
+            self.path = local_path(path)
+            remove_stale_temps(self.path)
+            fd, self.tmp = temp_file(self.path, kind)
+        self.f = os.fdopen(fd, "w+b")
+
+    def commit(self) -> None:
+        """fsync and rename (local) or upload and complete (URL); removes the temp file either way."""
+        try:
+            self.f.flush()
+            if self.remote:
+                self._upload()
+            else:
+                os.fsync(self.f.fileno())
+                self.f.close()
+                os.replace(self.tmp, self.path)
+                fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        finally:
+            self.abort()
+
+    def _upload(self) -> None:
+        from fsspec.core import url_to_fs
+
+        fs, target = url_to_fs(self.path, **self.storage_options)
+        self.f.seek(0)
+        dst = fs.open(target, "wb", block_size=self.upload_block, autocommit=False)
+        try:
+            for block in iter(lambda: self.f.read(self.upload_block), b""):
+                dst.write(block)
+            dst.close()  # uploads the last part; nothing is visible before commit()
+            dst.commit()  # S3: complete_multipart_upload (or one PUT for a file smaller than a part)
+        except BaseException:
+            try:
+                if not dst.closed:
+                    dst.close()
+            except Exception:  # the store is failing already: abort below is what matters
+                pass
+            dst.discard()  # S3: abort_multipart_upload, so no part is left billed or visible
+            raise
+
+    def abort(self) -> None:
+        try:
+            self.f.close()
+        finally:
+            try:
+                os.unlink(self.tmp)
+            except FileNotFoundError:
+                pass
+
+
+def fsync_dir(folder: str) -> None:
+    try:
+        dfd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories; the rename is still atomic
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
