@@ -12,6 +12,7 @@ header, the header (``{"arrays": [[name, nbytes], ...], "crc32": ..., ...}``), t
 from __future__ import annotations
 
 import collections
+import hashlib
 import io
 import json
 import os
@@ -307,20 +308,46 @@ def executor_map(executor: futures.Executor, fn, tasks, ahead: int):
             futures.wait(pending, timeout=WAIT_ON_FAILURE_S)
 
 
-def check_picklable(obj, what: str, executor) -> None:
-    """TypeError naming the innermost part of ``obj`` (attribute, key or item) that cannot be pickled, for
-    work sent to an executor. Dask and Ray pickle with cloudpickle (lambdas and local classes are fine there);
-    other executors with the standard pickle."""
-    dumps = pickle.dumps
+def dumps_for(executor):
+    """The pickler ``executor`` uses: cloudpickle for Dask and Ray (when installed), else ``pickle.dumps``."""
     mod = type(executor).__module__ or ""
     if mod.split(".")[0] in ("distributed", "ray", "dask"):
         try:
             import cloudpickle
 
-            dumps = cloudpickle.dumps
+            return cloudpickle.dumps
         except ImportError:
             pass
-    found = _unpicklable(obj, what, dumps, 0)
+    return pickle.dumps
+
+
+_LOADED: dict = {}
+
+
+def pickled_once(obj, executor) -> tuple[str, bytes] | None:
+    """``obj`` pickled once here, for tasks that would otherwise each unpickle it anew (a tokenizer: ~0.3 s)."""
+    if obj is None:
+        return None
+    blob = dumps_for(executor)(obj)
+    return hashlib.sha256(blob).hexdigest(), blob
+
+
+def unpickled(ref: tuple[str, bytes] | None):
+    """The object of :func:`pickled_once`, unpickled once per worker process (the latest one is kept)."""
+    if ref is None:
+        return None
+    digest, blob = ref
+    if digest not in _LOADED:
+        _LOADED.clear()
+        _LOADED[digest] = pickle.loads(blob)
+    return _LOADED[digest]
+
+
+def check_picklable(obj, what: str, executor) -> None:
+    """TypeError naming the innermost part of ``obj`` (attribute, key or item) that cannot be pickled, for
+    work sent to an executor. Dask and Ray pickle with cloudpickle (lambdas and local classes are fine there);
+    other executors with the standard pickle."""
+    found = _unpicklable(obj, what, dumps_for(executor), 0)
     if found is not None:
         where, kind, exc = found
         raise TypeError(

@@ -34,8 +34,10 @@ from .ranges import (
     check_picklable,
     executor_map,
     new_shard_folder,
+    pickled_once,
     remove_shard_folder,
     shard_name,
+    unpickled,
     write_shard,
 )
 from .writer import _check_page_size
@@ -598,12 +600,14 @@ def _source_files(source) -> list[str] | None:
     return None
 
 
-def tokenize_to_shard(url: str, docs_or_file, start: int, spec, bos_id, eos_id, text_key: str,
+def tokenize_to_shard(url: str, docs_or_file, start: int, spec_ref, bos_id, eos_id, text_key: str,
                       separator: str | None, storage_options: dict | None) -> dict:
     """Executor task: tokenize one file (a path) or a chunk of documents (numbered from ``start``) into a shard
     at ``url``: arrays ``lengths`` (int64 per document) and ``ids`` (uint32). Returns ``{"url", "bytes",
-    "documents", "tokens", "max_id"}``. A pure function of its arguments: a retry rewrites the same bytes."""
+    "documents", "tokens", "max_id"}``. ``spec_ref``: the tokenizer from ``ranges.pickled_once``, unpickled
+    once per worker process. A pure function of its arguments: a retry rewrites the same bytes."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # this worker process only
+    spec = unpickled(spec_ref)
     if isinstance(docs_or_file, str):
         try:
             docs = list(_file_documents(docs_or_file, text_key, separator))
@@ -630,8 +634,9 @@ def _write_tokens_on(executor, path, source, spec, info, direct, limit, page_siz
         items = ((start, start + len(docs), docs) for start, docs in
                  _chunks(iter_documents(source, text_key=text_key, separator=separator), chunk_docs, chunk_chars))
     check_picklable(spec, "the tokenizer", executor)
+    spec_ref = pickled_once(spec, executor)
     folder = new_shard_folder(path, shard_dir)
-    tasks = ((shard_name(folder, a, b), item, a, spec, info["bos_id"], info["eos_id"], text_key, separator,
+    tasks = ((shard_name(folder, a, b), item, a, spec_ref, info["bos_id"], info["eos_id"], text_key, separator,
               storage_options) for a, b, item in items)
     results = executor_map(executor, tokenize_to_shard, tasks, ahead=64)
     bar = tqdm(total=len(files) if files is not None else None, disable=not progress, desc="pageset tokens",

@@ -140,8 +140,8 @@ def write_dataset(
             check_not_input(path, src.data)
     ranges = cut(len(src), chunk_size)
     if executor is not None:
-        check_picklable((src.part(*ranges[0]), fields), f"the source part ({src.description}) or fields",
-                        executor)
+        check_picklable(src.part(*ranges[0]).data, "source", executor)
+        check_picklable(fields, "fields", executor)
     out = Output(path, storage_options)
     try:
         parts = _encoded_parts(src, fields, row_dtype, ranges, num_workers, on_error, executor, path, shard_dir,

