@@ -140,25 +140,36 @@ def temp_file(path: str, kind: str = "tmp") -> tuple[int, str]:
     return fd, name
 
 
-def remove_stale_temps(path: str) -> list[str]:
-    """Delete temp files of ``path`` left by dead writer processes on this host; returns the names removed."""
+def remove_stale_temps(path: str, every_host: bool = False) -> list[str]:
+    """Delete what writes of ``path`` left behind when killed: temp files (``<path>.tmp-*``, ``.spill-*``) and
+    shard folders (``<path>.shards-*``) of dead writer processes on this host, and with ``every_host=True`` those
+    of writers on any host (their liveness cannot be checked from here). Returns the names removed."""
+    import shutil
+
     host = socket.gethostname()
     removed = []
-    for kind in ("tmp", "spill"):
-        for name in glob.glob(glob.escape(os.path.abspath(path)) + f".{kind}-{glob.escape(host)}-*-*"):
+    for kind in ("tmp", "spill", "shards"):
+        prefix = os.path.abspath(path) + f".{kind}-"
+        pattern = glob.escape(prefix) + ("*-*-*" if every_host else f"{glob.escape(host)}-*-*")
+        for name in glob.glob(pattern):
             try:
-                pid = int(name.rsplit("-", 2)[-2])
+                writer_host, pid, _ = name[len(prefix):].rsplit("-", 2)
+                pid = int(pid)
             except ValueError:
                 continue
+            if writer_host == host:
+                try:
+                    os.kill(pid, 0)
+                    continue  # that writer is alive (or the pid was reused): leave it
+                except ProcessLookupError:
+                    pass
+                except PermissionError:
+                    continue
             try:
-                os.kill(pid, 0)
-                continue  # that writer is alive (or the pid was reused): leave it
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                continue
-            try:
-                os.unlink(name)
+                if os.path.isdir(name):
+                    shutil.rmtree(name)
+                else:
+                    os.unlink(name)
                 removed.append(name)
             except FileNotFoundError:
                 pass
