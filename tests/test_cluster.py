@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pageset import Int, NDArray, RGBImage, SampleError, open_dataset, write_dataset, write_tokens
+from pageset import Int, NDArray, RGBImage, SampleError, write_dataset, write_tokens
 
 distributed = pytest.importorskip("distributed")
+from test_object_store import moto_s3  # noqa: E402,F401  (the S3 server fixture, shared)
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +156,21 @@ def test_unpicklable_source_is_refused_naming_the_part(tmp_path, photos):
         write_dataset(tmp_path / "x.pageset", [(np.zeros(2),), ((x for x in ()),)], {"a": NDArray("float64", (2,))},
                       progress=False, executor=ex)
     assert _only(tmp_path) == []
+
+
+def test_dask_workers_write_shards_to_s3(tmp_path, photos, cluster, moto_s3):
+    from test_object_store import _fs, _keys, _uploads
+
+    fields = {"image": RGBImage(max_resolution=64), "label": Int()}
+    src = [(p, k) for k, p in enumerate(photos[:10])]
+    kw = {"progress": False, "lineage": False, "page_size": 1 << 14}
+    write_dataset(tmp_path / "ref.pageset", src, fields, num_workers=0, **kw)
+    url = "s3://pageset-test/dask/train.pageset"
+    write_dataset(url, src, fields, executor=cluster.get_executor(), chunk_size=3, storage_options=moto_s3, **kw)
+    assert _fs(moto_s3).cat_file(url) == (tmp_path / "ref.pageset").read_bytes()
+    assert _keys(moto_s3, "dask") == ["dask/train.pageset"]  # the shard objects are gone
+    bad = src[:4] + [("/nonexistent.jpg", 4)] + src[5:]
+    with pytest.raises(SampleError, match="sample 4"):
+        write_dataset(url, bad, fields, executor=cluster.get_executor(), chunk_size=2, storage_options=moto_s3, **kw)
+    assert _fs(moto_s3).cat_file(url) == (tmp_path / "ref.pageset").read_bytes()
+    assert _keys(moto_s3, "dask") == ["dask/train.pageset"] and _uploads(moto_s3) == []

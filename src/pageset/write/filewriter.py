@@ -209,8 +209,9 @@ class Output:
     """
 
     def __init__(self, path: str, storage_options: dict | None = None, kind: str = "tmp",
-                 upload_block: int = UPLOAD_BLOCK):
-        self.path, self.storage_options, self.upload_block = path, dict(storage_options or {}), upload_block
+                 upload_block: int | None = None):
+        self.path, self.storage_options = path, dict(storage_options or {})
+        self.upload_block = upload_block or UPLOAD_BLOCK
         self.remote = is_url(path)
         if self.remote:
             fd, self.tmp = tempfile.mkstemp(prefix="pageset-upload-", suffix=".pageset")
