@@ -174,3 +174,53 @@ def test_dask_workers_write_shards_to_s3(tmp_path, photos, cluster, moto_s3):
         write_dataset(url, bad, fields, executor=cluster.get_executor(), chunk_size=2, storage_options=moto_s3, **kw)
     assert _fs(moto_s3).cat_file(url) == (tmp_path / "ref.pageset").read_bytes()
     assert _keys(moto_s3, "dask") == ["dask/train.pageset"] and _uploads(moto_s3) == []
+
+
+def test_cli_convert_with_scheduler(tmp_path, imagenet_like, cluster, capsys):
+    from pageset import open_dataset, open_tokens
+    from pageset.cli import main
+
+    address = cluster.scheduler.address
+    base = ["--max-resolution", "64", "--page-size", "16384", "--no-progress"]
+    assert main(["convert", str(imagenet_like), str(tmp_path / "local.pageset"), "--num-workers", "0"] + base) == 0
+    assert main(["convert", str(imagenet_like), str(tmp_path / "dask.pageset"), "--scheduler", address,
+                 "--chunk-size", "10", "--shard-dir", str(tmp_path / "shards")] + base) == 0
+    with open_dataset(tmp_path / "local.pageset") as a, open_dataset(tmp_path / "dask.pageset") as b:
+        assert a.dataset_id == b.dataset_id
+    assert list((tmp_path / "shards").iterdir()) == []  # this write's shard folder is gone
+    from test_tokens import GPT2
+
+    if not GPT2[0].is_file():
+        return
+    (tmp_path / "c.txt").write_text("one document\n%\nanother one\n%\nand a third\n")
+    for out, extra in [("t0", ["--num-workers", "0"]), ("t1", ["--scheduler", address])]:
+        assert main(["convert-text", str(tmp_path / "c.txt"), str(tmp_path / out), "--tokenizer", str(GPT2[0]),
+                     "--merges", str(GPT2[1]), "--separator", "%", "--no-progress"] + extra) == 0
+    with open_tokens(tmp_path / "t0") as a, open_tokens(tmp_path / "t1") as b:
+        assert a.dataset_id == b.dataset_id and a.documents == 3
+
+
+def test_clean_removes_what_killed_writes_left(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    from pageset.cli import main
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    host = socket.gethostname()
+    out = tmp_path / "train.pageset"
+    out.write_bytes(b"keep")
+    (tmp_path / f"train.pageset.tmp-{host}-{dead}-abcd").write_bytes(b"x")
+    shards = tmp_path / f"train.pageset.shards-{host}-{dead}-ef01"
+    shards.mkdir()
+    (shards / "000000000000-000000000008.shard").write_bytes(b"x")
+    alive = tmp_path / f"train.pageset.shards-{host}-{os.getpid()}-2345"  # a running write: kept
+    alive.mkdir()
+    other = tmp_path / "train.pageset.shards-otherhost-12-6789"  # another host: only with --all-hosts
+    other.mkdir()
+    assert main(["clean", str(out)]) == 0
+    assert _only(tmp_path) == sorted([out.name, alive.name, other.name])
+    assert main(["clean", str(out), "--all-hosts"]) == 0
+    assert _only(tmp_path) == sorted([out.name, alive.name])
