@@ -224,3 +224,24 @@ def test_clean_removes_what_killed_writes_left(tmp_path):
     assert _only(tmp_path) == sorted([out.name, alive.name, other.name])
     assert main(["clean", str(out), "--all-hosts"]) == 0
     assert _only(tmp_path) == sorted([out.name, alive.name])
+
+
+def test_task_finishing_after_its_job_ended_leaves_no_shard(tmp_path, photos):
+    """Engines cannot stop a running task: one that writes its shard after the job's cleanup deletes it again."""
+    from pageset.format.schema import build_schema, parse_schema
+    from pageset.write.ranges import encode_range_to_shard, new_shard_folder, remove_shard_folder
+    from pageset.write.sources import open_source
+
+    src, fields = open_source(photos[:3], {"image": RGBImage(max_resolution=32)})
+    _, row_dtype = parse_schema(build_schema(fields, {}, {"page_size": 4096, "checksum": "crc32"}))
+    folder = new_shard_folder(str(tmp_path / "out.pageset"), None)
+    done = encode_range_to_shard(src, fields, row_dtype, 0, 1, "raise", folder, None)
+    assert os.path.getsize(done["url"]) == done["bytes"]
+    remove_shard_folder(folder, None)  # the job failed and cleaned up ...
+    with pytest.raises(FileNotFoundError):  # ... a straggler finishes: its folder is gone
+        encode_range_to_shard(src, fields, row_dtype, 1, 3, "raise", folder, None)
+    assert _only(tmp_path) == []
+    os.makedirs(folder)  # the cleanup is midway: marker removed, folder not yet
+    with pytest.raises(RuntimeError, match="has ended; shard discarded"):
+        encode_range_to_shard(src, fields, row_dtype, 1, 3, "raise", folder, None)
+    assert _only(tmp_path) == []

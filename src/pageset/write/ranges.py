@@ -109,9 +109,49 @@ def shard_name(folder: str, start: int, stop: int) -> str:
     return f"{folder.rstrip('/')}/{start:012d}-{stop:012d}.shard"
 
 
+MARKER = "_writing"  # present in a shard folder while its write is running
+
+
+def _exists(url: str, storage_options: dict | None) -> bool:
+    if is_url(url):
+        fs, path = _fs(url, storage_options)
+        fs.invalidate_cache()
+        return fs.exists(path)
+    return os.path.exists(local_path(url))
+
+
+def _remove(url: str, storage_options: dict | None) -> None:
+    try:
+        if is_url(url):
+            fs, path = _fs(url, storage_options)
+            fs.rm(path)
+        else:
+            os.unlink(local_path(url))
+    except FileNotFoundError:
+        pass
+
+
 def write_shard(url: str, header: dict, arrays: list[tuple[str, object]], storage_options: dict | None) -> int:
     """Write a shard atomically where the store allows (local: temp + rename; S3: one PUT or a completed
-    multipart upload). Returns its size in bytes."""
+    multipart upload). Returns its size in bytes.
+
+    A task still running when its job failed (engines cannot stop a running task) finds the folder's marker gone
+    after writing and deletes its own shard: the job removed the marker before the folder, so no shard outlives
+    the cleanup."""
+    size = _write_shard(url, header, arrays, storage_options)
+    folder = url.rsplit("/", 1)[0]
+    if not _exists(f"{folder}/{MARKER}", storage_options):
+        _remove(url, storage_options)
+        if not is_url(folder):
+            try:
+                os.rmdir(local_path(folder))
+            except OSError:
+                pass
+        raise RuntimeError(f"{folder}: the write this shard belongs to has ended; shard discarded")
+    return size
+
+
+def _write_shard(url: str, header: dict, arrays: list[tuple[str, object]], storage_options: dict | None) -> int:
     views = [(name, memoryview(a).cast("B")) for name, a in arrays]
     crc = 0
     for _, v in views:
@@ -256,20 +296,26 @@ class ShardPart:
 
 # ---- executors ---------------------------------------------------------------------------------------------
 
-def new_shard_folder(output: str, shard_dir: str | None) -> str:
+def new_shard_folder(output: str, shard_dir: str | None, storage_options: dict | None = None) -> str:
     """A fresh folder (or URL prefix) for one write's shards: ``<shard_dir or output>.shards-<host>-<pid>-<hex>``.
 
     Local folders are created here; object stores need none. The host and pid let ``pageset clean`` and later
     writes remove the shards of a killed job."""
     base = shard_dir.rstrip("/") + "/" + os.path.basename(output.rstrip("/")) if shard_dir else output
     name = f"{base}.shards-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-    if not is_url(name):
+    if is_url(name):
+        fs, path = _fs(name, storage_options)
+        fs.pipe_file(f"{path}/{MARKER}", b"")
+    else:
         os.makedirs(local_path(name))
+        open(os.path.join(local_path(name), MARKER), "wb").close()
     return name
 
 
 def remove_shard_folder(folder: str, storage_options: dict | None) -> None:
-    """Delete one write's shard folder and everything in it (missing is fine)."""
+    """Delete one write's shard folder and everything in it (missing is fine): the marker first, so that tasks
+    still running discard what they write (see :func:`write_shard`)."""
+    _remove(f"{folder}/{MARKER}", storage_options)
     if is_url(folder):
         fs, path = _fs(folder, storage_options)
         try:

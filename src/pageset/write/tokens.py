@@ -635,7 +635,7 @@ def _write_tokens_on(executor, path, source, spec, info, direct, limit, page_siz
                  _chunks(iter_documents(source, text_key=text_key, separator=separator), chunk_docs, chunk_chars))
     check_picklable(spec, "the tokenizer", executor)
     spec_ref = pickled_once(spec, executor)
-    folder = new_shard_folder(path, shard_dir)
+    folder = new_shard_folder(path, shard_dir, storage_options)
     tasks = ((shard_name(folder, a, b), item, a, spec_ref, info["bos_id"], info["eos_id"], text_key, separator,
               storage_options) for a, b, item in items)
     results = executor_map(executor, tokenize_to_shard, tasks, ahead=64)

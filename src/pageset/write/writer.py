@@ -195,7 +195,7 @@ def _encoded_parts(src, fields, row_dtype, ranges, num_workers, on_error, execut
                    storage_options):
     """Yield the encoded ranges in order (:class:`EncodedRange` or :class:`ShardPart`)."""
     if executor is not None:
-        folder = new_shard_folder(path, shard_dir)
+        folder = new_shard_folder(path, shard_dir, storage_options)
         tasks = ((src.part(a, b), fields, row_dtype, a, b, on_error, folder, storage_options) for a, b in ranges)
         results = executor_map(executor, encode_range_to_shard, tasks, ahead=64)
         try:
