@@ -30,6 +30,22 @@ NODES = (1, 8, 32, 128)
 S3_OBJECT_MAX = 5 * 10**12  # bytes: the largest S3 object (and multipart upload)
 
 
+def _cpu_seconds() -> float:
+    """CPU seconds of this process, its waited-for children and its live descendants (Dask workers, nannies)."""
+    import psutil
+
+    me = psutil.Process()
+    t = me.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in me.children(recursive=True):
+        try:
+            c = child.cpu_times()
+            total += c.user + c.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 def _cluster(n):
     from dask.distributed import Client, LocalCluster
 
@@ -57,15 +73,16 @@ def bench_images(args, tmp, photos):
                         print(f"Dask LocalCluster with {w} worker processes started in {startup:.1f} s (not timed)")
                     kw = {"executor": client.get_executor(), "chunk_size": args.dask_chunk}
                 out = Path(tmp) / f"{encoding}-{engine}-{w}.pageset"
-                t0 = time.perf_counter()
+                c0, t0 = _cpu_seconds(), time.perf_counter()
                 res = write_dataset(out, folder, fields, progress=False, **kw)
-                dt = time.perf_counter() - t0
+                dt, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
                 ids.add(res.dataset_id)
                 with open_dataset(out) as ds:
                     ds.verify()
                 out.unlink()
                 rows.append({"encoding": encoding, "engine": engine, "workers": w, "images": res.records,
-                             "seconds": dt, "images_per_s": res.records / dt, "file_mb": res.bytes / 1e6})
+                             "seconds": dt, "images_per_s": res.records / dt, "file_mb": res.bytes / 1e6,
+                             "cpu_ms_per_image": 1e3 * cpu / res.records})
             assert len(ids) == 1, "the output must not depend on the engine or num_workers"
     finally:
         if client is not None:
@@ -92,13 +109,14 @@ def bench_tokens(args, tmp):
                 cluster, client, _ = _cluster(w)
                 kw = {"executor": client.get_executor()}
             out = os.path.join(tmp, f"tokens-{engine}-{w}.pageset")
-            t0 = time.perf_counter()
-            r = write_tokens(out, docs, gpt2, progress=False, **kw)
-            dt = time.perf_counter() - t0
+            c0, t0 = _cpu_seconds(), time.perf_counter()
+            r = write_tokens(out, docs, gpt2, progress=False, chunk_docs=args.chunk_docs, **kw)
+            dt, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
             ids.add(r.dataset_id)
             os.unlink(out)
             rows.append({"engine": engine, "workers": w, "documents": r.documents, "tokens": r.tokens,
-                         "seconds": dt, "tokens_per_s": r.tokens / dt, "bytes_per_token": r.bytes / r.tokens})
+                         "seconds": dt, "tokens_per_s": r.tokens / dt, "bytes_per_token": r.bytes / r.tokens,
+                         "cpu_us_per_token": 1e6 * cpu / r.tokens})
     finally:
         if client is not None:
             client.close()
@@ -143,6 +161,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--max-resolution", type=int, default=512)
     ap.add_argument("--dask-chunk", type=int, default=50, help="samples per Dask task (one shard each)")
+    ap.add_argument("--chunk-docs", type=int, default=16, help="documents per write_tokens task (both engines)")
     ap.add_argument("--no-dask", dest="dask", action="store_false")
     ap.add_argument("--no-tokens", dest="tokens", action="store_false")
     ap.add_argument("--json", default="out/bench_write.json")
@@ -156,18 +175,18 @@ def main() -> None:
             and r["workers"] == args.workers[0]}
     print(f"\nwrite_dataset on {args.images} ImageNet-like JPEGs ({src_mb:.1f} MB, long side 400-500 px, "
           f"{len(photos)} source photos), max_resolution={args.max_resolution}, {os.cpu_count()} cores\n")
-    print("| encoding | engine | workers | images/s | vs 1 process | file MB |")
-    print("|---|---|---|---|---|---|")
+    print("| encoding | engine | workers | images/s | vs 1 process | CPU ms/image | file MB |")
+    print("|---|---|---|---|---|---|---|")
     for r in image_rows:
         print(f"| {r['encoding']} | {r['engine']} | {r['workers']} | {r['images_per_s']:.0f} | "
-              f"{r['images_per_s'] / base[r['encoding']]:.2f}x | {r['file_mb']:.1f} |")
+              f"{r['images_per_s'] / base[r['encoding']]:.2f}x | {r['cpu_ms_per_image']:.2f} | {r['file_mb']:.1f} |")
     if token_rows:
         print(f"\nwrite_tokens on {corpus} ({token_rows[0]['documents']} documents, {token_rows[0]['tokens']} "
               "tokens, GPT-2 BPE)\n")
-        print("| engine | workers | tokens/s |")
-        print("|---|---|---|")
+        print("| engine | workers | tokens/s | CPU us/token |")
+        print("|---|---|---|---|")
         for r in token_rows:
-            print(f"| {r['engine']} | {r['workers']} | {r['tokens_per_s'] / 1e6:.2f} M |")
+            print(f"| {r['engine']} | {r['workers']} | {r['tokens_per_s'] / 1e6:.2f} M | {r['cpu_us_per_token']:.2f} |")
     est = estimates(image_rows, token_rows, args.workers)
     if est:
         print(f"\nOn paper: {NODE_CORES}-core nodes at the measured per-core rates and engine efficiency "

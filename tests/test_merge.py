@@ -145,3 +145,17 @@ def test_cli_merge_records(tmp_path, photos, capsys):
     assert main(["merge", str(tmp_path / "n.pageset"), str(tmp_path / "a.pageset"), str(tmp_path / "c.pageset"),
                  "--no-progress"]) == 1
     assert "field 1 is 'label'" in capsys.readouterr().err
+
+
+def test_merge_refuses_a_damaged_input(tmp_path, photos):
+    kw = {"num_workers": 0, "progress": False, "page_size": 1 << 12}
+    write_dataset(tmp_path / "a.pageset", Rows(_rows(photos, 3)), FIELDS, **kw)
+    write_dataset(tmp_path / "b.pageset", Rows(_rows(photos, 3)), FIELDS, **kw)
+    raw = bytearray((tmp_path / "b.pageset").read_bytes())
+    raw[4096 + 5000] ^= 0x10  # a bit flip inside page 1 of the data area
+    (tmp_path / "b.pageset").write_bytes(bytes(raw))
+    from pageset import ChecksumMismatchError
+
+    with pytest.raises(ChecksumMismatchError, match="page 1 CRC-32"):
+        merge_datasets(tmp_path / "m.pageset", [tmp_path / "a.pageset", tmp_path / "b.pageset"], progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pageset", "b.pageset"]
