@@ -138,8 +138,13 @@ def write_shard(url: str, header: dict, arrays: list[tuple[str, object]], storag
     A task still running when its job failed (engines cannot stop a running task) finds the folder's marker gone
     after writing and deletes its own shard: the job removed the marker before the folder, so no shard outlives
     the cleanup."""
-    size = _write_shard(url, header, arrays, storage_options)
     folder = url.rsplit("/", 1)[0]
+    if not is_url(folder) and not os.path.isdir(local_path(folder)):
+        raise FileNotFoundError(
+            f"shard folder {folder} does not exist on worker host {socket.gethostname()}: either its write has "
+            "ended, or the folder is not on storage shared with the workers; pass shard_dir= a shared folder or "
+            "an fsspec URL (s3://bucket/tmp) that every worker can write")
+    size = _write_shard(url, header, arrays, storage_options)
     if not _exists(f"{folder}/{MARKER}", storage_options):
         _remove(url, storage_options)
         if not is_url(folder):

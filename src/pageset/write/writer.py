@@ -139,7 +139,7 @@ def write_dataset(
         elif isinstance(src.data, list) and src.data and isinstance(src.data[0], str):  # a list of image paths
             check_not_input(path, src.data)
     ranges = cut(len(src), chunk_size)
-    if executor is not None:
+    if executor is not None and ranges:
         check_picklable(src.part(*ranges[0]).data, "source", executor)
         check_picklable(fields, "fields", executor)
     out = Output(path, storage_options)
