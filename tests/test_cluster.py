@@ -99,7 +99,7 @@ def test_token_write_on_dask_is_byte_identical(tmp_path, cluster):
         assert (tmp_path / "dask.pageset").read_bytes() == (tmp_path / "ref.pageset").read_bytes()
     # pre-tokenized ids above 65535 with dtype="auto": every shard is known before the dtype is chosen
     pre = [np.arange(k, k + 50) * 1000 for k in range(30)]
-    a = write_tokens(tmp_path / "a", pre, None, eos_id=1, num_workers=0, progress=False, lineage=False)
+    write_tokens(tmp_path / "a", pre, None, eos_id=1, num_workers=0, progress=False, lineage=False)
     b = write_tokens(tmp_path / "b", pre, None, eos_id=1, progress=False, lineage=False, executor=ex, chunk_docs=4)
     assert b.dtype == "uint32" and (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
     assert not [n for n in _only(tmp_path) if ".shards-" in n or ".tmp-" in n]
@@ -158,7 +158,7 @@ def test_unpicklable_source_is_refused_naming_the_part(tmp_path, photos):
     assert _only(tmp_path) == []
 
 
-def test_dask_workers_write_shards_to_s3(tmp_path, photos, cluster, moto_s3):
+def test_dask_workers_write_shards_to_s3(tmp_path, photos, cluster, moto_s3):  # noqa: F811
     from test_object_store import _fs, _keys, _uploads
 
     fields = {"image": RGBImage(max_resolution=64), "label": Int()}

@@ -30,8 +30,8 @@ from .format import (
     UnsupportedVersionError,
 )
 from .format.fields import Tokens
-from .read import Dataset, EncodedImage, open_dataset
 from .merge import merge_datasets
+from .read import Dataset, EncodedImage, open_dataset
 from .read.tokens import TokenDataset, open_tokens
 from .write import ImageFolder, SampleError, WriteResult, write_dataset
 from .write.importers import import_llmc, import_megatron, import_nanogpt

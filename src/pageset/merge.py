@@ -24,6 +24,7 @@ from .write.filewriter import Output, check_not_input, is_url, lineage
 from .write.tokens import TokenFileWriter, TokenWriteResult
 from .write.writer import WriteResult, _check_page_size
 
+
 class _Pages:
     """An input's data area read page by page (``pread``), each page's CRC-32 checked before its bytes are
     copied, so that a damaged input is refused instead of laundered into a file with fresh checksums."""

@@ -21,8 +21,8 @@ from ..format import constants as C
 from ..format.checksum import ALGORITHM
 from ..format.fields import Field
 from ..format.schema import build_schema, canonical_json, parse_schema
-from .assemble import Assembly, PageWriter
-from .filewriter import Output, check_not_input, fsync_dir, is_url, ordered_map
+from .assemble import Assembly
+from .filewriter import Output, check_not_input, is_url, ordered_map
 from .filewriter import lineage as lineage_info
 from .ranges import (
     ShardPart,
@@ -30,16 +30,11 @@ from .ranges import (
     cut,
     encode_range,
     encode_range_to_shard,
-    encode_sample,
     executor_map,
     new_shard_folder,
     remove_shard_folder,
 )
 from .sources import Source, open_source
-
-_PageWriter = PageWriter  # the token writer's name for it
-_fsync_dir = fsync_dir
-__all__ = ["WriteResult", "encode_sample", "write_dataset"]
 
 
 @dataclass(frozen=True)
