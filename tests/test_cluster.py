@@ -89,8 +89,14 @@ def test_token_write_on_dask_is_byte_identical(tmp_path, cluster):
     folder.mkdir()
     for k in range(4):  # one task per file
         (folder / f"part{k}.txt").write_text("\n%\n".join(docs[k * 12:(k + 1) * 12]) + "\n")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    for k in range(3):  # a Parquet glob: one task per file, read by the worker
+        pq.write_table(pa.table({"body": docs[k * 16:(k + 1) * 16]}), tmp_path / f"shard-{k}.parquet")
     ex = cluster.get_executor()
-    for source, kw in [(folder, {"separator": "%"}), (docs, {"chunk_docs": 17})]:
+    for source, kw in [(folder, {"separator": "%"}), (docs, {"chunk_docs": 17}),
+                       (str(tmp_path / "shard-*.parquet"), {"text_key": "body"})]:
         ref = write_tokens(tmp_path / "ref.pageset", source, GPT2, num_workers=0, progress=False, lineage=False,
                            page_size=1 << 12, **kw)
         res = write_tokens(tmp_path / "dask.pageset", source, GPT2, progress=False, lineage=False,

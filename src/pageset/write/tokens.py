@@ -12,6 +12,7 @@ pool would otherwise deadlock or oversubscribe after ``fork``), never in the cal
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import itertools
 import json
@@ -328,22 +329,16 @@ def _file_documents(path: str, text_key: str, separator: str | None):
 def iter_documents(source, *, text_key: str = "text", separator: str | None = None):
     """Yield documents (``str`` or integer arrays) from ``source`` in order.
 
-    ``source``: a path (a file, or a directory whose regular files are read in sorted order, recursively); an
-    iterable of ``str`` documents, of ``os.PathLike`` files, or of integer arrays/lists (pre-tokenized).
+    ``source``: a path (a file, or a directory whose regular files are read in sorted order, recursively), or a
+    glob pattern (``"corpus/*.jsonl"``, ``"**"`` recursive; matches in sorted order); an iterable of ``str``
+    documents, of ``os.PathLike`` files, or of integer arrays/lists (pre-tokenized).
     Files: ``.jsonl``/``.ndjson`` (``text_key`` of each line), ``.parquet`` (column ``text_key``, needs
     pyarrow), anything else UTF-8 text: one document per file, or split at lines equal to ``separator``
     (``"%"`` for fortune files).
     """
     if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        if os.path.isdir(path):
-            files = sorted(os.path.join(r, n) for r, _, names in os.walk(path) for n in names)
-            for p in files:
-                yield from _file_documents(p, text_key, separator)
-        elif os.path.isfile(path):
-            yield from _file_documents(path, text_key, separator)
-        else:
-            raise FileNotFoundError(f"{path}: no such file or directory")
+        for p in _source_files(source):
+            yield from _file_documents(p, text_key, separator)
         return
     for item in source:
         if isinstance(item, os.PathLike):
@@ -594,6 +589,11 @@ def _source_files(source) -> list[str] | None:
             return sorted(os.path.join(r, n) for r, _, names in os.walk(path) for n in names)
         if os.path.isfile(path):
             return [path]
+        if any(c in path for c in "*?["):
+            files = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
+            if not files:
+                raise FileNotFoundError(f"{path}: the pattern matches no file")
+            return files
         raise FileNotFoundError(f"{path}: no such file or directory")
     if isinstance(source, (list, tuple)) and source and all(isinstance(p, os.PathLike) for p in source):
         return [os.fspath(p) for p in source]
