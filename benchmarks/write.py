@@ -46,13 +46,23 @@ def _cpu_seconds() -> float:
     return total
 
 
+IDLE = {}
+
+
 def _cluster(n):
+    """A LocalCluster of ``n`` single-threaded worker processes; records its idle CPU use (heartbeats, the
+    workers' profiler and memory monitor) in IDLE["cpu_s_per_s"]."""
     from dask.distributed import Client, LocalCluster
 
     t0 = time.perf_counter()
     cluster = LocalCluster(n_workers=n, processes=True, threads_per_worker=1, dashboard_address=None)
     client = Client(cluster)
-    return cluster, client, time.perf_counter() - t0
+    startup = time.perf_counter() - t0
+    time.sleep(1.0)
+    c0, t1 = _cpu_seconds(), time.perf_counter()
+    time.sleep(3.0)
+    IDLE["cpu_s_per_s"] = (_cpu_seconds() - c0) / (time.perf_counter() - t1)
+    return cluster, client, startup
 
 
 def bench_images(args, tmp, photos):
@@ -71,6 +81,12 @@ def bench_images(args, tmp, photos):
                     if client is None:
                         cluster, client, startup = _cluster(w)
                         print(f"Dask LocalCluster with {w} worker processes started in {startup:.1f} s (not timed)")
+                        # Warm-up, untimed: each worker imports pageset, NumPy and Pillow on its first task (a
+                        # one-time ~0.5 CPU-s per worker that an hours-long job amortizes; forked num_workers
+                        # inherit them).
+                        warm = [str(p) for p in sorted(folder.rglob("*.jpg"))[:8]]
+                        write_dataset(Path(tmp) / "warm.pageset", warm, {"image": fields["image"]}, progress=False,
+                                      executor=client.get_executor(), chunk_size=2)
                     kw = {"executor": client.get_executor(), "chunk_size": args.dask_chunk}
                 out = Path(tmp) / f"{encoding}-{engine}-{w}.pageset"
                 c0, t0 = _cpu_seconds(), time.perf_counter()
@@ -99,6 +115,7 @@ def bench_tokens(args, tmp):
     if not gpt2[0].is_file():
         return [], None
     name, docs = corpus_docs()
+    docs = docs * args.token_repeat
     rows, ids = [], set()
     engines = [("processes", w) for w in args.workers] + ([("dask", max(args.workers))] if args.dask else [])
     cluster = client = None
@@ -108,6 +125,8 @@ def bench_tokens(args, tmp):
             if engine == "dask":
                 cluster, client, _ = _cluster(w)
                 kw = {"executor": client.get_executor()}
+                # Warm-up, untimed: imports and the tokenizer, loaded once per worker process.
+                write_tokens(os.path.join(tmp, "warm.pageset"), docs[:8], gpt2, progress=False, chunk_docs=1, **kw)
             out = os.path.join(tmp, f"tokens-{engine}-{w}.pageset")
             c0, t0 = _cpu_seconds(), time.perf_counter()
             r = write_tokens(out, docs, gpt2, progress=False, chunk_docs=args.chunk_docs, **kw)
@@ -126,32 +145,42 @@ def bench_tokens(args, tmp):
 
 
 def estimates(image_rows, token_rows, workers):
-    """Hours on N nodes of NODE_CORES cores from the measured 1-worker rates, with the measured engine efficiency
-    (Dask rate / process rate at the same worker count), and the object-store bandwidth that needs."""
+    """Hours on N nodes of NODE_CORES cores, from the measured CPU seconds per item on the Dask engine (CPU time,
+    not wall time: steady on a shared machine; it includes the engine's own CPU), and the bandwidth that needs:
+    shards are written and read back once (object store), and the single assembly pass on the driver moves the
+    output once (DRIVER_GB_S assumed: local NVMe + 10 GbE). Encoding and assembly overlap (shards are streamed
+    in order as they finish), so a job takes the longer of the two."""
     out = []
-    jpeg = {(r["engine"], r["workers"]): r for r in image_rows if r["encoding"] == "jpeg"}
-    w = max(workers)
-    if ("processes", 1) in jpeg:
-        per_core = jpeg[("processes", 1)]["images_per_s"]
-        eff = jpeg[("dask", w)]["images_per_s"] / jpeg[("processes", w)]["images_per_s"] if ("dask", w) in jpeg else 1.0
-        scaling = jpeg[("processes", w)]["images_per_s"] / (w * per_core)
-        bytes_per = jpeg[("processes", 1)]["file_mb"] * 1e6 / jpeg[("processes", 1)]["images"]
-        for name, n in IMAGE_SETS:
-            for nodes in NODES:
-                rate = per_core * NODE_CORES * nodes * eff * scaling
-                out.append({"data": name, "items": n, "nodes": nodes, "hours": n / rate / 3600,
-                            "items_per_s": rate, "output_TB": n * bytes_per / 1e12,
-                            "store_MB_s": rate * bytes_per / 1e6})
-    toks = {(r["engine"], r["workers"]): r for r in token_rows}
-    if ("processes", 1) in toks:
-        per_core = toks[("processes", 1)]["tokens_per_s"]
-        eff = toks[("dask", w)]["tokens_per_s"] / toks[("processes", w)]["tokens_per_s"] if ("dask", w) in toks else 1.0
-        scaling = toks[("processes", w)]["tokens_per_s"] / (w * per_core)
-        name, n = TOKEN_CORPUS
+
+    def row(rows, engine):
+        found = [r for r in rows if r["engine"] == engine and r["workers"] == max(workers)]
+        return found[0] if found else None
+
+    jpeg = [r for r in image_rows if r["encoding"] == "jpeg"]
+    r = row(jpeg, "dask") or row(jpeg, "processes")
+    if r is not None:
+        cpu_s, item_bytes = r["cpu_ms_per_image"] / 1e3, r["file_mb"] * 1e6 / r["images"]
+        out += _estimate([(name, n) for name, n in IMAGE_SETS], cpu_s, item_bytes, r["engine"])
+    r = row(token_rows, "dask") or row(token_rows, "processes")
+    if r is not None:
+        out += _estimate([TOKEN_CORPUS], r["cpu_us_per_token"] / 1e6, 2.0, r["engine"])
+    return out
+
+
+DRIVER_GB_S = 1.0
+
+
+def _estimate(sets, cpu_s, item_bytes, engine):
+    out = []
+    for name, n in sets:
         for nodes in NODES:
-            rate = per_core * NODE_CORES * nodes * eff * scaling
-            out.append({"data": name, "items": n, "nodes": nodes, "hours": n / rate / 3600, "items_per_s": rate,
-                        "output_TB": n * 2 / 1e12, "store_MB_s": rate * 2 / 1e6})
+            rate = NODE_CORES * nodes / cpu_s
+            encode_h = n / rate / 3600
+            assemble_h = n * item_bytes / (DRIVER_GB_S * 1e9) / 3600
+            out.append({"data": name, "items": n, "nodes": nodes, "engine": engine, "cpu_s_per_item": cpu_s,
+                        "encode_hours": encode_h, "assembly_hours": assemble_h, "hours": max(encode_h, assemble_h),
+                        "items_per_s": rate, "output_TB": n * item_bytes / 1e12,
+                        "shard_MB_s": rate * item_bytes / 1e6})
     return out
 
 
@@ -161,7 +190,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--max-resolution", type=int, default=512)
     ap.add_argument("--dask-chunk", type=int, default=50, help="samples per Dask task (one shard each)")
-    ap.add_argument("--chunk-docs", type=int, default=16, help="documents per write_tokens task (both engines)")
+    ap.add_argument("--chunk-docs", type=int, default=32, help="documents per write_tokens task (both engines)")
+    ap.add_argument("--token-repeat", type=int, default=4, help="repeat the corpus for a longer token run")
     ap.add_argument("--no-dask", dest="dask", action="store_false")
     ap.add_argument("--no-tokens", dest="tokens", action="store_false")
     ap.add_argument("--json", default="out/bench_write.json")
@@ -180,6 +210,8 @@ def main() -> None:
     for r in image_rows:
         print(f"| {r['encoding']} | {r['engine']} | {r['workers']} | {r['images_per_s']:.0f} | "
               f"{r['images_per_s'] / base[r['encoding']]:.2f}x | {r['cpu_ms_per_image']:.2f} | {r['file_mb']:.1f} |")
+    if IDLE:
+        print(f"\nIdle Dask cluster (scheduler, nannies, workers): {IDLE['cpu_s_per_s']:.3f} CPU-s per second")
     if token_rows:
         print(f"\nwrite_tokens on {corpus} ({token_rows[0]['documents']} documents, {token_rows[0]['tokens']} "
               "tokens, GPT-2 BPE)\n")
@@ -189,19 +221,21 @@ def main() -> None:
             print(f"| {r['engine']} | {r['workers']} | {r['tokens_per_s'] / 1e6:.2f} M | {r['cpu_us_per_token']:.2f} |")
     est = estimates(image_rows, token_rows, args.workers)
     if est:
-        print(f"\nOn paper: {NODE_CORES}-core nodes at the measured per-core rates and engine efficiency "
-              "(jpeg for images, GPT-2 BPE uint16 for tokens)\n")
-        print("| data | nodes | hours | items/s | output TB | object-store MB/s (shards in + out) |")
-        print("|---|---|---|---|---|---|")
+        print(f"\nOn paper: {NODE_CORES}-core nodes, all cores encoding at the measured CPU cost per item "
+              f"(jpeg at {est[0]['cpu_s_per_item'] * 1e3:.2f} ms/image, GPT-2 BPE uint16 tokens), one assembly pass "
+              f"on the driver at {DRIVER_GB_S:.0f} GB/s\n")
+        print("| data | nodes | encode h | assembly h | job h | items/s | output TB | shard writes = reads MB/s |")
+        print("|---|---|---|---|---|---|---|---|")
         for e in est:
-            print(f"| {e['data']} | {e['nodes']} | {e['hours']:.2f} | {e['items_per_s']:.3g} | "
-                  f"{e['output_TB']:.2f} | {e['store_MB_s']:.0f} x 2 |")
+            print(f"| {e['data']} | {e['nodes']} | {e['encode_hours']:.2f} | {e['assembly_hours']:.2f} | "
+                  f"{e['hours']:.2f} | {e['items_per_s']:.3g} | {e['output_TB']:.2f} | {e['shard_MB_s']:.0f} |")
         if any(e["output_TB"] * 1e12 > S3_OBJECT_MAX for e in est):
             print(f"\nOutputs over {S3_OBJECT_MAX / 1e12:.0f} TB exceed one S3 object: write several files.")
     result = {"benchmark": "write", "settings": vars(args), "source_mb": src_mb, "source_photos": len(photos),
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                           "python": platform.python_version(), "load_avg": os.getloadavg()},
-              "results": image_rows, "tokens": token_rows, "estimates": est}
+              "results": image_rows, "tokens": token_rows, "estimates": est,
+              "dask_idle_cpu_s_per_s": IDLE.get("cpu_s_per_s")}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2))
     print(f"\nJSON: {args.json}")

@@ -251,3 +251,26 @@ def test_task_finishing_after_its_job_ended_leaves_no_shard(tmp_path, photos):
     with pytest.raises(RuntimeError, match="has ended; shard discarded"):
         encode_range_to_shard(src, fields, row_dtype, 1, 3, "raise", folder, None)
     assert _only(tmp_path) == []
+
+
+def test_damaged_or_truncated_shard_is_refused(tmp_path, photos):
+    from pageset.format.schema import build_schema, parse_schema
+    from pageset.write.ranges import ShardPart, encode_range_to_shard, new_shard_folder, remove_shard_folder
+    from pageset.write.sources import open_source
+
+    src, fields = open_source(photos[:2], {"image": RGBImage(max_resolution=48)})
+    _, row_dtype = parse_schema(build_schema(fields, {}, {"page_size": 4096, "checksum": "crc32"}))
+    folder = new_shard_folder(str(tmp_path / "out.pageset"), None)
+    summary = encode_range_to_shard(src, fields, row_dtype, 0, 2, "raise", folder, None)
+    good = Path(summary["url"]).read_bytes()
+    assert sum(len(p) for p in ShardPart(summary, row_dtype, None).payloads()) > 0
+    damaged = bytearray(good)
+    damaged[-10] ^= 1
+    Path(summary["url"]).write_bytes(bytes(damaged))
+    with pytest.raises(ValueError, match="shard checksum mismatch"):
+        list(ShardPart(summary, row_dtype, None).payloads())
+    Path(summary["url"]).write_bytes(good[:-10])
+    with pytest.raises(ValueError, match="truncated shard"):
+        list(ShardPart(summary, row_dtype, None).payloads())
+    remove_shard_folder(folder, None)
+    assert _only(tmp_path) == []

@@ -166,10 +166,9 @@ def _write_shard(url: str, header: dict, arrays: list[tuple[str, object]], stora
     size = len(prefix) + sum(len(v) for _, v in views)
     if is_url(url):
         fs, path = _fs(url, storage_options)
-        with fs.open(path, "wb") as f:
-            f.write(prefix)
-            for _, v in views:
-                f.write(v)
+        # One call for the whole object (S3: one PUT, or a multipart upload completed only at its end), so a task
+        # killed midway leaves nothing readable under the shard's name.
+        fs.pipe_file(path, b"".join([prefix] + [v.tobytes() for _, v in views]))
         return size
     path = local_path(url)
     tmp = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
@@ -189,9 +188,9 @@ def _write_shard(url: str, header: dict, arrays: list[tuple[str, object]], stora
 
 
 class Shard:
-    """A shard opened for reading: ``header`` (dict), then :meth:`read` each array in the order written
-    (``read(name)`` returns its bytes) or :meth:`blocks` to stream one; the CRC-32 and size are checked at
-    the end (:meth:`close`). Raises ValueError naming the shard when it is damaged or truncated."""
+    """A shard opened for reading: ``header`` (dict), then each array in the order written, whole
+    (:meth:`read`) or streamed (:meth:`begin`, then :meth:`take` pieces); the CRC-32 and size are checked at the
+    end (:meth:`close`). Raises ValueError naming the shard when it is damaged or truncated."""
 
     def __init__(self, url: str, storage_options: dict | None, expect_size: int | None = None):
         self.url = url
