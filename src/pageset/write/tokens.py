@@ -466,7 +466,8 @@ def write_tokens(
             ``</s>``). Validated against the vocabulary before any work. Required without a tokenizer.
         bos_id: optional id put before each document, unless its first id already is ``bos_id``.
         dtype: ``"auto"`` (uint16 iff the largest emitted id <= 65535), ``"uint16"`` or ``"uint32"``.
-        num_workers: encoding processes (``None``: ``os.cpu_count()``; 0: this process).
+        num_workers: encoding processes (``None``: ``os.cpu_count()``; 0: this process). Ignored when
+            ``executor`` is given.
         progress: tqdm bar over documents.
         text_key: the JSONL key / Parquet column holding the text.
         separator: split text files at lines equal to this (``"%"`` for fortune files); ``None``: one
