@@ -127,6 +127,18 @@ def test_worker_sigkilled_mid_task_is_retried_same_bytes(tmp_path, photos, clust
     cluster.wait_for_workers(2, timeout=60)  # the nanny restarted the killed worker
 
 
+def test_process_pool_executor_same_bytes(tmp_path, photos):
+    """Any concurrent.futures.Executor plugs in: a plain process pool gives the bytes of num_workers=0."""
+    fields = {"image": RGBImage(max_resolution=64), "label": Int()}
+    src = [(p, k) for k, p in enumerate(photos[:6])]
+    kw = {"progress": False, "lineage": False, "page_size": 1 << 13}
+    write_dataset(tmp_path / "ref.pageset", src, fields, num_workers=0, **kw)
+    with ProcessPoolExecutor(2) as ex:
+        write_dataset(tmp_path / "pool.pageset", src, fields, executor=ex, chunk_size=4, **kw)
+    assert (tmp_path / "pool.pageset").read_bytes() == (tmp_path / "ref.pageset").read_bytes()
+    assert _only(tmp_path) == ["pool.pageset", "ref.pageset"]
+
+
 def test_worker_killed_without_retry_fails_cleanly(tmp_path, photos):
     """A plain ProcessPoolExecutor does not retry: the job fails, the old file stays, no shard is left."""
     out = tmp_path / "out.pageset"

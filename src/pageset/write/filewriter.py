@@ -201,7 +201,8 @@ class Output:
     """The one file a writer produces, made visible only by :meth:`commit`.
 
     A local ``path``: a temp file ``<path>.tmp-<host>-<pid>-<random>`` next to it, fsynced and renamed over
-    ``path``. An fsspec URL (``s3://bucket/train.pageset``): a temp file in the local temp folder (``TMPDIR``),
+    ``path``. An fsspec URL (``s3://bucket/train.pageset``): a temp file ``pageset-upload-<host>-<pid>-*`` in the
+    local temp folder (``TMPDIR``),
     uploaded on commit through ``fsspec`` with ``autocommit=False`` (for S3 a multipart upload that becomes
     visible only when ``complete_multipart_upload`` succeeds, atomically); on failure the upload is aborted.
     Either way the previous file or object at ``path`` is untouched until the commit. ``f`` is the seekable
@@ -214,7 +215,7 @@ class Output:
         self.upload_block = upload_block or UPLOAD_BLOCK
         self.remote = is_url(path)
         if self.remote:
-            fd, self.tmp = tempfile.mkstemp(prefix="pageset-upload-", suffix=".pageset")
+            fd, self.tmp = tempfile.mkstemp(prefix=f"pageset-upload-{_tag()}-", suffix=".pageset")
         else:
             self.path = local_path(path)
             remove_stale_temps(self.path)
