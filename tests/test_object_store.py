@@ -65,6 +65,26 @@ def test_write_dataset_to_s3_same_bytes_as_local(tmp_path, photos, moto_s3):
     assert _keys(moto_s3, "tok") == ["tok/m.pageset", "tok/t.pageset"]
 
 
+class FailsAt:
+    """Raw-image rows that fail at ``bad``; before failing it records the parts S3 already holds for the upload
+    in progress (so the test sees that the interruption really came mid-upload)."""
+
+    def __init__(self, photos, n, bad, opts):
+        self.photos, self.n, self.bad, self.opts, self.seen = photos, n, bad, opts, []
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            fs = _fs(self.opts)
+            for up in _uploads(self.opts):
+                parts = fs.call_s3("list_parts", Bucket="pageset-test", Key=up["Key"], UploadId=up["UploadId"])
+                self.seen.append((up["Key"], len(parts.get("Parts", []))))
+            raise OSError(f"row {i}: connection to the image store lost")
+        return (self.photos[i % len(self.photos)],)
+
+
 def test_interrupted_upload_is_aborted_and_previous_object_stays(tmp_path, photos, moto_s3, monkeypatch):
     import pageset.write.filewriter as fw
 
@@ -72,28 +92,40 @@ def test_interrupted_upload_is_aborted_and_previous_object_stays(tmp_path, photo
     write_dataset(url, photos[:1], {"image": RGBImage(max_resolution=32)}, num_workers=0, progress=False,
                   storage_options=moto_s3)
     before = _fs(moto_s3).cat_file(url)
-    # A raw 15 MB file in 5 MiB parts; the network fails after the first part went up.
-    monkeypatch.setattr(fw, "UPLOAD_BLOCK", 5 << 20)
-    real = s3fs.core.S3File._upload_chunk
-    calls = []
-
-    def failing(self, final=False):
-        calls.append(final)
-        if len(calls) == 2:
-            raise ConnectionResetError("connection reset by peer (injected after part 1)")
-        return real(self, final)
-
-    monkeypatch.setattr(s3fs.core.S3File, "_upload_chunk", failing)
-    with pytest.raises(ConnectionResetError):
-        write_dataset(url, photos[:24], {"image": RGBImage(max_resolution=512, encoding="raw")}, num_workers=0,
-                      progress=False, storage_options=moto_s3)
-    assert len(calls) >= 2  # a multipart upload really started
+    monkeypatch.setattr(fw, "UPLOAD_BLOCK", 5 << 20)  # S3's smallest part, so a few MB make several parts
+    src = FailsAt(photos, 60, 55, moto_s3)
+    with pytest.raises(SampleError, match="connection to the image store lost"):
+        write_dataset(url, src, {"image": RGBImage(max_resolution=512, encoding="raw")}, num_workers=0,
+                      progress=False, storage_options=moto_s3, page_size=1 << 16)
+    assert src.seen and src.seen[0][0] == "big/train.pageset" and src.seen[0][1] >= 1  # parts were up
     assert _fs(moto_s3).cat_file(url) == before
     assert _uploads(moto_s3) == []  # aborted: no part left behind
     assert _keys(moto_s3, "big") == ["big/train.pageset"]
-    monkeypatch.undo()
-    # and a failing source never starts an upload
-    with pytest.raises(SampleError):
-        write_dataset(url, photos[:3] + ["/nonexistent.jpg"], {"image": RGBImage(max_resolution=32)},
-                      num_workers=0, progress=False, storage_options=moto_s3)
-    assert _fs(moto_s3).cat_file(url) == before and _uploads(moto_s3) == []
+    # the same source without the failure: the multipart upload completes, same bytes as a local write
+    src.bad = -1
+    kw = {"num_workers": 0, "progress": False, "page_size": 1 << 16, "lineage": False}
+    fields = {"image": RGBImage(max_resolution=512, encoding="raw")}
+    write_dataset(url, src, fields, storage_options=moto_s3, **kw)
+    write_dataset(tmp_path / "ref.pageset", src, fields, **kw)
+    assert _fs(moto_s3).cat_file(url) == (tmp_path / "ref.pageset").read_bytes()
+    assert (tmp_path / "ref.pageset").stat().st_size > 3 * (5 << 20) and _uploads(moto_s3) == []
+
+
+def test_other_fsspec_urls_upload_a_local_temp_file(tmp_path):
+    """Stores without S3's multipart API (here fsspec's in-memory one) get the file assembled locally, then
+    uploaded on commit; file:// URLs are local paths."""
+    import fsspec
+
+    rows = [(i,) for i in range(50)]
+    kw = {"num_workers": 0, "progress": False, "lineage": False, "page_size": 1 << 12}
+    write_dataset(tmp_path / "ref.pageset", rows, {"y": Int()}, **kw)
+    res = write_dataset("memory://pageset-test/a.pageset", rows, {"y": Int()}, **kw)
+    mem = fsspec.filesystem("memory")
+    try:
+        assert res.path == "memory://pageset-test/a.pageset"
+        assert mem.cat_file("/pageset-test/a.pageset") == (tmp_path / "ref.pageset").read_bytes()
+    finally:
+        mem.rm("/pageset-test", recursive=True)
+    res = write_dataset(f"file://{tmp_path}/b.pageset", rows, {"y": Int()}, **kw)
+    assert res.path == str(tmp_path / "b.pageset")
+    assert (tmp_path / "b.pageset").read_bytes() == (tmp_path / "ref.pageset").read_bytes()

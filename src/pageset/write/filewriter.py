@@ -201,12 +201,13 @@ class Output:
     """The one file a writer produces, made visible only by :meth:`commit`.
 
     A local ``path``: a temp file ``<path>.tmp-<host>-<pid>-<random>`` next to it, fsynced and renamed over
-    ``path``. An fsspec URL (``s3://bucket/train.pageset``): a temp file ``pageset-upload-<host>-<pid>-*`` in the
-    local temp folder (``TMPDIR``),
-    uploaded on commit through ``fsspec`` with ``autocommit=False`` (for S3 a multipart upload that becomes
-    visible only when ``complete_multipart_upload`` succeeds, atomically); on failure the upload is aborted.
-    Either way the previous file or object at ``path`` is untouched until the commit. ``f`` is the seekable
-    binary temp file; :meth:`abort` removes it. ``storage_options`` go to ``fsspec.core.url_to_fs``.
+    ``path``. An ``s3://`` URL: one multipart upload streamed while the file is assembled, no local copy
+    (:class:`~pageset.write.upload.S3PartsFile`), completed on commit: S3 makes the object visible only then,
+    whole. Other fsspec URLs: a temp file ``pageset-upload-<host>-<pid>-*`` in the local temp folder
+    (``TMPDIR``), uploaded on commit through ``fsspec`` with ``autocommit=False``. On failure the upload is
+    aborted; either way the previous file or object at ``path`` is untouched until the commit. ``f`` is the
+    binary file to write (seekable forward; the first ``upload_block`` bytes may be rewritten); :meth:`abort`
+    removes what was written. ``storage_options`` go to ``fsspec.core.url_to_fs``.
     """
 
     def __init__(self, path: str, storage_options: dict | None = None, kind: str = "tmp",
@@ -214,7 +215,17 @@ class Output:
         self.path, self.storage_options = path, dict(storage_options or {})
         self.upload_block = upload_block or UPLOAD_BLOCK
         self.remote = is_url(path)
+        self.stream = None
         if self.remote:
+            from fsspec.core import url_to_fs
+
+            fs, target = url_to_fs(self.path, **self.storage_options)
+            if callable(getattr(fs, "call_s3", None)):
+                from .upload import S3PartsFile
+
+                self.tmp = None
+                self.f = self.stream = S3PartsFile(fs, target, self.upload_block)
+                return
             fd, self.tmp = tempfile.mkstemp(prefix=f"pageset-upload-{_tag()}-", suffix=".pageset")
         else:
             self.path = local_path(path)
@@ -224,6 +235,12 @@ class Output:
 
     def commit(self) -> None:
         """fsync and rename (local) or upload and complete (URL); removes the temp file either way."""
+        if self.stream is not None:
+            try:
+                self.stream.complete()
+            finally:
+                self.stream.abort()  # a no-op once completed
+            return
         try:
             self.f.flush()
             if self.remote:
@@ -258,12 +275,13 @@ class Output:
 
     def abort(self) -> None:
         try:
-            self.f.close()
+            self.f.close()  # S3PartsFile: abort_multipart_upload
         finally:
-            try:
-                os.unlink(self.tmp)
-            except FileNotFoundError:
-                pass
+            if self.tmp is not None:
+                try:
+                    os.unlink(self.tmp)
+                except FileNotFoundError:
+                    pass
 
 
 def fsync_dir(folder: str) -> None:
