@@ -93,7 +93,7 @@ def test_interrupted_upload_is_aborted_and_previous_object_stays(tmp_path, photo
                   storage_options=moto_s3)
     before = _fs(moto_s3).cat_file(url)
     monkeypatch.setattr(fw, "UPLOAD_BLOCK", 5 << 20)  # S3's smallest part, so a few MB make several parts
-    src = FailsAt(photos, 60, 55, moto_s3)
+    src = FailsAt(photos, 44, 40, moto_s3)
     with pytest.raises(SampleError, match="connection to the image store lost"):
         write_dataset(url, src, {"image": RGBImage(max_resolution=512, encoding="raw")}, num_workers=0,
                       progress=False, storage_options=moto_s3, page_size=1 << 16)
