@@ -104,9 +104,10 @@ class Assembly:
             self.skipped.append(entry["index"])
             if len(self.skip_log) < 1000:
                 self.skip_log.append(entry)
-        rows = np.array(part.rows, dtype=self.row_dtype)  # a copy: offsets are filled in here
-        if rows.dtype != self.row_dtype:
-            raise ValueError(f"{self.source}: a part's index rows have dtype {rows.dtype}, expected {self.row_dtype}")
+        if part.rows.dtype != self.row_dtype:
+            raise ValueError(f"{self.source}: a part's index rows have dtype {part.rows.dtype}, expected "
+                             f"{self.row_dtype}")
+        rows = part.rows.copy()  # offsets are filled in here
         n_rows = len(rows)
         payloads = part.payloads()
         span_len = [rows[f"{name}.length"] for name in self.span_names]
