@@ -172,7 +172,7 @@ def test_version_flag(capsys):
     assert proc.returncode == 0 and proc.stdout.startswith("pageset ")
 
 
-WRITERS = ("write_dataset", "write_tokens", "import_nanogpt", "import_llmc", "import_megatron")
+WRITERS = ("write_dataset", "write_tokens", "import_nanogpt", "import_llmc", "import_megatron", "merge_datasets")
 
 
 def test_every_public_writer_takes_the_output_first():

@@ -156,6 +156,9 @@ WRITE_DATASET = [
     ("metadata", [1, 2], T, r"metadata must be a dict or None"),
     ("chunk_size", 0, V, r"chunk_size must be an int >= 1"),
     ("lineage", None, T, r"lineage must be True or False"),
+    ("executor", "dask", T, r"executor must be a concurrent\.futures\.Executor"),
+    ("shard_dir", 5, T, r"shard_dir must be a string or None"),
+    ("storage_options", "anon=True", T, r"storage_options must be a dict or None"),
 ]
 
 WRITE_TOKENS = [
@@ -174,6 +177,22 @@ WRITE_TOKENS = [
     ("metadata", "x", T, r"metadata must be a dict or None"),
     ("chunk_docs", 0, V, r"chunk_docs must be an int >= 1"),
     ("chunk_chars", "big", T, r"chunk_chars must be an int >= 1"),
+    ("lineage", "no", T, r"lineage must be True or False"),
+    ("executor", 4, T, r"executor must be a concurrent\.futures\.Executor"),
+    ("shard_dir", ["a"], T, r"shard_dir must be a string or None"),
+    ("storage_options", [("anon", True)], T, r"storage_options must be a dict or None"),
+]
+
+MERGE = [
+    ("path", 3, T, r"path must be the output file's path"),
+    ("path", "missing/m.pageset", FileNotFoundError, r"the output folder .*missing does not exist"),
+    ("inputs", "a.pageset", T, r"inputs must be a list of pageset file paths, got 'a\.pageset'"),
+    ("inputs", [1, 2], T, r"inputs must hold paths"),
+    ("progress", "yes", T, r"progress must be True or False"),
+    ("page_size", 1000, V, r"page_size must be a power of two"),
+    ("metadata", "m", T, r"metadata must be a dict or None"),
+    ("lineage", 0, T, r"lineage must be True or False"),
+    ("storage_options", 1, T, r"storage_options must be a dict or None"),
 ]
 
 IMPORTERS = [  # (function, argument, bad value, exception, message)
@@ -256,6 +275,16 @@ def test_write_tokens_refuses_bad_argument_before_reading(tmp_path, monkeypatch,
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("arg, value, exc, match", MERGE, ids=[f"{r[0]}={r[1]!r}" for r in MERGE])
+def test_merge_datasets_refuses_bad_argument_before_reading(files, tmp_path, monkeypatch, arg, value, exc, match):
+    monkeypatch.chdir(tmp_path)
+    kw = {"path": tmp_path / "m.pageset", "inputs": [files / "img.pageset"] * 2, "progress": False}
+    kw[arg] = value
+    with pytest.raises(exc, match=match):
+        pageset.merge_datasets(**kw)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("fn, arg, value, exc, match", IMPORTERS, ids=[f"{r[0]}.{r[1]}={r[2]!r}" for r in IMPORTERS])
 def test_importer_refuses_bad_argument(files, tmp_path, fn, arg, value, exc, match):
     from test_tokens import _megatron
@@ -289,7 +318,7 @@ def test_valid_values_are_normalised():
 def _table_coverage() -> dict[str, set[str]]:
     rows = [(r[0], r[1]) for r in OPS + FIELDS + OTHERS + IMPORTERS]
     rows += [("Loader", r[0]) for r in LOADER] + [("write_dataset", r[0]) for r in WRITE_DATASET]
-    rows += [("write_tokens", r[0]) for r in WRITE_TOKENS]
+    rows += [("write_tokens", r[0]) for r in WRITE_TOKENS] + [("merge_datasets", r[0]) for r in MERGE]
     covered: dict[str, set[str]] = {}
     for name, arg in rows:
         covered.setdefault(name, set()).add(arg)
