@@ -200,3 +200,17 @@ def test_swapped_importer_arguments_never_overwrite_the_source(tmp_path):
     with pytest.raises(ValueError, match=r"train\.bin exists and is not a pageset file: refusing to replace it"):
         import_nanogpt(nano, val)  # swapped, both sources: the "output" would be a source file
     assert nano.read_bytes() == before
+
+
+def test_file_list_on_an_executor_gives_the_same_bytes(tmp_path, photos):
+    """A file list is cut into row slices for executor tasks (paths already resolved against the list's folder)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    for k in range(5):
+        Image.open(photos[k]).convert("RGB").resize((24, 16)).save(tmp_path / f"{k}.jpg")
+    (tmp_path / "files.txt").write_text("".join(f"{k}.jpg\t{k}\n" for k in range(5)))
+    kw = dict(progress=False, lineage=False)
+    write_dataset(tmp_path / "a.pageset", tmp_path / "files.txt", num_workers=0, **kw)
+    with ProcessPoolExecutor(2) as ex:
+        write_dataset(tmp_path / "b.pageset", tmp_path / "files.txt", executor=ex, chunk_size=2, **kw)
+    assert (tmp_path / "a.pageset").read_bytes() == (tmp_path / "b.pageset").read_bytes()

@@ -156,9 +156,10 @@ class Source:
 
     def part(self, start: int, stop: int) -> Source:
         """The source as a task for samples ``[start, stop)`` needs it: a slice of a list of paths or of an
-        ImageFolder's samples (small to send to a worker), otherwise the whole source."""
-        if self.base == 0 and isinstance(self.data, (list, ImageFolder)):
-            items = self.data[start:stop] if isinstance(self.data, list) else self.data.samples[start:stop]
+        ImageFolder's samples or a file list's rows (small to send to a worker), otherwise the whole source."""
+        if self.base == 0 and isinstance(self.data, (list, ImageFolder, ImageList)):
+            items = (self.data[start:stop] if isinstance(self.data, list) else
+                     self.data.samples[start:stop] if isinstance(self.data, ImageFolder) else self.data.rows[start:stop])
             return Source(items, self.names, self.description, {}, start)
         return self
 
