@@ -33,6 +33,7 @@ from ..order import (
     resolve_rank,
     sample_keys,
 )
+from ..order.subset import SubsetLayout, as_indices
 from ..read import open_dataset
 from .pages import MmapPages, PageVerifier, ProcessPageCache
 from .stages import PipelineError, build_stage
@@ -81,6 +82,13 @@ class Loader:
         window_pages: pages per quasi-random window (M).
         verify_pages: check each page's CRC-32 the first time a batch needs it (off by default: one extra pass
             over the data); a damaged page raises ChecksumMismatchError naming the page and the sample.
+        indices: load only these record ids (token files: window ids), e.g. a train/validation split: a sequence
+            or 1-D integer array of n ids in ``[0, len(file))``, any order, repeats allowed. The loader then
+            behaves like a file of n records (order, epoch length, rank slices, resume); ``"sequential"``
+            follows the given order, ``"quasi_random"`` groups the ids by page (reads stay page-local).
+            ``batch["_index"]`` holds the file's record ids. The state records a digest of the ids and
+            refuses another subset. ValueError/TypeError naming the first bad position (out of range,
+            not an integer).
 
     Each batch is a dict: one entry per loaded field (a Bytes field gives ``(data, lengths)``), plus
     ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]). Batches are numpy arrays, or torch
@@ -97,7 +105,7 @@ class Loader:
                  seed: int = 0, drop_last: bool = True, num_threads: int | None = None,
                  batches_ahead: int | None = None, rank: int | None = None, world_size: int | None = None,
                  page_cache: str = "os", window_pages: int = 8, cache_pages: int | None = None,
-                 verify_pages: bool = False):
+                 verify_pages: bool = False, indices=None):
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -120,6 +128,7 @@ class Loader:
         self._ds = open_dataset(path)
         try:
             self._setup(page_cache, cache_pages, pipelines, verify_pages)
+            self._setup_subset(indices)
         except BaseException:
             if getattr(self, "_pages", None) is not None:
                 self._pages.close()
@@ -167,6 +176,25 @@ class Loader:
                        for i in range(batches_ahead + 2)]
         self._empty = empty
 
+    def _setup_subset(self, indices) -> None:
+        """Restrict the records to ``indices`` (None: the whole file); sets n_records and the epoch length."""
+        self._subset = None
+        if indices is None:
+            return
+        try:
+            ids = as_indices(indices, self.n_records)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{self.path}: {exc}") from None
+        self._subset = SubsetLayout(self._page_sizes, ids, self.order)
+        self.n_records = self._subset.n_records
+        self.epoch_length = epoch_length(self.n_records, self.global_batch_size, self.drop_last)
+
+    def _epoch_order(self, epoch: int):
+        """Epoch positions -> record ids for ``epoch``: ``.ids(start, stop)``."""
+        if self._subset is not None:
+            return self._subset.epoch_order(self.seed, epoch, self.order, self.window_pages)
+        return EpochOrder(self._page_sizes, self.seed, epoch, self.order, self.window_pages)
+
     # ---- configuration helpers -------------------------------------------------------------------------
     def _device_queue(self):
         targets = {s.to_device for s in self._stages if s.to_device is not None}
@@ -199,7 +227,8 @@ class Loader:
     def _state(self, epoch, cursor) -> OrderState:
         return OrderState(dataset_id=self.dataset_id, seed=self.seed, epoch=epoch, cursor=cursor,
                           global_batch_size=self.global_batch_size, order=self.order,
-                          window_pages=self.window_pages, drop_last=self.drop_last)
+                          window_pages=self.window_pages, drop_last=self.drop_last,
+                          subset=self._subset.digest if self._subset is not None else "")
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (possibly saved with another world size or thread count).
@@ -242,7 +271,7 @@ class Loader:
         G, epoch = self.global_batch_size, self._epoch
         steps = self.steps_per_epoch
         first = self._cursor // G
-        order = EpochOrder(self._page_sizes, self.seed, epoch, self.order, self.window_pages)
+        order = self._epoch_order(epoch)
         scheduled: list[Slot] = []
         nxt = first
         try:
@@ -269,7 +298,7 @@ class Loader:
                 and slot.done.is_set() and slot.error is None):
             slot.prefetched = self._queue.issue(self._stages, slot, None)
 
-    def _schedule(self, order: EpochOrder, epoch: int, step: int) -> Slot:
+    def _schedule(self, order, epoch: int, step: int) -> Slot:
         slot = self._slots[step % len(self._slots)]
         self._reclaim(slot)
         positions, padding = rank_positions(step, self.dist.rank, self.dist.world_size, self.global_batch_size,
