@@ -578,6 +578,7 @@ def test_order_imports_only_numpy_numba_and_itself():
         "fractions",
         "functools",
         "hashlib",
+        "json",
         "math",
         "numba",
         "numbers",

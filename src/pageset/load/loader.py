@@ -33,14 +33,23 @@ from ..order import (
     resolve_rank,
     sample_keys,
 )
+from ..order.mixture import (
+    Mixture,
+    MixtureOrder,
+    MixtureSchedule,
+    mixture_id,
+    mixture_state,
+    resume_mixture,
+)
 from ..order.subset import SubsetLayout, as_indices
 from ..read import open_dataset
-from .pages import MmapPages, PageVerifier, ProcessPageCache
-from .stages import PipelineError, build_stage
+from .source import FileSource, check_same_fields
+from .stages import PipelineError
 from .workers import Slot, ThreadPool
 
 INDEX_KEY = "_index"  # int64[B]: record ids of the batch (field names never start with "_")
 PADDING_KEY = "_is_padding"  # bool[B]: True for wrap-around samples of drop_last=False
+SOURCE_KEY = "_source"  # int16[B]: which file of a Mixture each sample comes from (mixtures only)
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,9 @@ class Loader:
     """Batches from a pageset file.
 
     Args:
-        path: the pageset file.
+        path: the pageset file, or a :class:`~pageset.Mixture` of files read as one stream in fixed
+            proportions (see ``formats/mixture.md``): each batch then also carries ``"_source"`` (int16[B],
+            the file of each sample) and ``"_index"`` holds record ids within that file.
         batch_size: samples per batch on this rank (B); the global batch is ``G = B * world_size``.
         pipelines: ``{field: [ops]}``; a field mapped to ``None`` is not loaded; fields left out get their
             default decoder (images have none: give them a crop). See ``pageset.ops.transforms``.
@@ -125,14 +136,24 @@ class Loader:
         self.batch_size, self.global_batch_size = batch_size, batch_size * w
         self.order, self.seed, self.drop_last = order, int(seed), bool(drop_last)
         self.window_pages, self.num_threads, self.batches_ahead = int(window_pages), num_threads, batches_ahead
-        self._ds = open_dataset(path)
+        self._mixture = path if isinstance(path, Mixture) else None
+        if self._mixture is not None and indices is not None:
+            raise ValueError("indices= selects records of one file; it cannot be combined with a Mixture "
+                             "(write the subsets to files of their own and mix those)")
+        self._sources: list[FileSource] = []
+        self._datasets = []
         try:
+            for p in (self._mixture.sources if self._mixture is not None else [path]):
+                self._datasets.append(open_dataset(p))
+            self._ds = self._datasets[0]
             self._setup(page_cache, cache_pages, pipelines, verify_pages)
             self._setup_subset(indices)
+            self._setup_buffers()
         except BaseException:
-            if getattr(self, "_pages", None) is not None:
-                self._pages.close()
-            self._ds.close()
+            for src in self._sources:
+                src.close()
+            for ds in self._datasets:
+                ds.close()
             raise
         self._epoch, self._cursor = 0, 0
         self._active = None  # the running epoch generator, if any
@@ -140,40 +161,42 @@ class Loader:
         self._closed = False  # only now: close() and __del__ have everything to release
 
     def _setup(self, page_cache, cache_pages, pipelines, verify_pages) -> None:
-        """Page access, stages, record layout and the buffer ring (everything but the threads)."""
-        batch_size, batches_ahead = self.batch_size, self.batches_ahead
-        self.path, self.dataset_id = self._ds.path, self._ds.dataset_id
-        if page_cache == "os":
-            self._pages = MmapPages(self._ds)
-        else:
-            capacity = cache_pages if cache_pages is not None else 2 * self.window_pages + batches_ahead + 2
-            self._pages = ProcessPageCache(self._ds.path, self._ds.data_offset, self._ds.data_length,
-                                           self._ds.page_size, capacity)
+        """Page access, stages and record layout of every file (a Mixture has several)."""
         pipelines = dict(pipelines or {})
-        unknown = set(pipelines) - set(self._ds.fields)
-        if unknown:
-            raise PipelineError(f"{self.path}: pipelines name unknown fields {sorted(unknown)}; "
-                                f"the file has {list(self._ds.fields)}")
-        self._stages = [build_stage(n, f, pipelines.get(n), self._ds, self._pages)
-                        for n, f in self._ds.fields.items() if not (n in pipelines and pipelines[n] is None)]
-        # Records are the file's records, or, for a token file, its seq_len windows.
-        windows = [s for s in self._stages if hasattr(s, "records_per_page")]
-        if windows:
-            self.n_records = windows[0].n_records
-            self._page_sizes = windows[0].records_per_page(self._ds.page_count)
-            self._spans = windows[0].spans
-        else:
-            self.n_records = len(self._ds)
-            self._page_sizes = self._ds.records_per_page()
-            rec_off = self._ds.index["_offset"].astype(np.int64)
-            rec_len = self._ds.index["_length"].astype(np.int64)
-            self._spans = lambda ids: (rec_off[ids], rec_len[ids])
-        self._verifier = PageVerifier(self._ds) if verify_pages else None
+        if cache_pages is None:
+            cache_pages = 2 * self.window_pages + self.batches_ahead + 2
+        for ds in self._datasets:
+            self._sources.append(FileSource(ds, pipelines, page_cache, cache_pages, verify_pages,
+                                            in_mixture=self._mixture is not None))
+        src = self._sources[0]
+        self._pages, self._stages, self._verifier = src.pages, src.stages, src.verifier
+        self._page_sizes, self._spans, self.n_records = src.page_sizes, src.spans, src.n_records
+        self.path, self.dataset_id = src.path, src.dataset_id
+        self._plan = None  # a MixtureOrder for a mixture
+        if self._mixture is not None:
+            self._setup_mixture()
         self.epoch_length = epoch_length(self.n_records, self.global_batch_size, self.drop_last)
+
+    def _setup_mixture(self) -> None:
+        """Check that the files match, then the schedule and the mixture's epoch (samples_per_epoch)."""
+        mix = self._mixture
+        self._stages = check_same_fields(self._sources)
+        for i, (src, q) in enumerate(zip(self._sources, mix.quotas)):
+            if q > 0 and src.n_records == 0:
+                raise ValueError(f"{src.path}: source {i} of the mixture has no records but weight "
+                                 f"{mix.weights[i]}; give it weight 0 or drop it")
+        self.n_records = mix.samples_per_epoch or sum(s.n_records for s in self._sources)
+        self._plan = MixtureOrder(MixtureSchedule(mix.quotas), [s.page_sizes for s in self._sources], self.seed,
+                                  self.order, self.window_pages)
+        self.path = f"Mixture of {len(self._sources)} files ({', '.join(s.path for s in self._sources)})"
+        self.dataset_id = mixture_id([s.dataset_id for s in self._sources], mix.quotas, self.n_records)
+
+    def _setup_buffers(self) -> None:
+        """The device queue and the ring of batch buffers."""
         self._queue = self._device_queue()
         empty = self._queue.empty if self._queue is not None else (lambda shape, dt: np.empty(shape, dt))
-        self._slots = [Slot(i, [s.alloc(batch_size, empty) for s in self._stages])
-                       for i in range(batches_ahead + 2)]
+        self._slots = [Slot(i, [s.alloc(self.batch_size, empty) for s in self._stages])
+                       for i in range(self.batches_ahead + 2)]
         self._empty = empty
 
     def _setup_subset(self, indices) -> None:
@@ -190,7 +213,9 @@ class Loader:
         self.epoch_length = epoch_length(self.n_records, self.global_batch_size, self.drop_last)
 
     def _epoch_order(self, epoch: int):
-        """Epoch positions -> record ids for ``epoch``: ``.ids(start, stop)``."""
+        """Epoch positions -> record ids for ``epoch``: ``.ids(start, stop)`` (a mixture: ``.lookup``)."""
+        if self._plan is not None:
+            return self._plan.epoch(epoch, self.epoch_length)
         if self._subset is not None:
             return self._subset.epoch_order(self.seed, epoch, self.order, self.window_pages)
         return EpochOrder(self._page_sizes, self.seed, epoch, self.order, self.window_pages)
@@ -221,8 +246,17 @@ class Loader:
         return left if left > 0 else self.steps_per_epoch
 
     def state_dict(self) -> dict:
-        """The resume state (order v1): JSON-serialisable, the same on every rank; counts delivered batches."""
+        """The resume state (order v1): JSON-serialisable, the same on every rank; counts delivered batches.
+
+        A mixture's state also holds ``"mixture"``: the weights' quotas, samples_per_epoch and every source's
+        ``dataset_id``, ``epoch`` and ``cursor`` (its own stream's position)."""
+        if self._plan is not None:
+            return self._mixture_state(self._epoch, self._cursor)
         return self._state(self._epoch, self._cursor).to_dict()
+
+    def _mixture_state(self, epoch, cursor) -> dict:
+        return mixture_state(self._plan, [s.dataset_id for s in self._sources], self.n_records,
+                             self._state(epoch, cursor), epoch * self.epoch_length + cursor)
 
     def _state(self, epoch, cursor) -> OrderState:
         return OrderState(dataset_id=self.dataset_id, seed=self.seed, epoch=epoch, cursor=cursor,
@@ -236,7 +270,10 @@ class Loader:
         Raises StateError / StateMismatchError naming the field (another dataset, seed, order, global batch,
         ...). The next batch is step ``cursor / G``; skipped samples are never read.
         """
-        saved = OrderState.from_dict(state)
+        if self._plan is not None:
+            saved = resume_mixture(state, self._mixture_state(0, 0), self._plan, self.epoch_length)
+        else:
+            saved = OrderState.from_dict(state)
         check_compatible(saved, self._state(0, 0), self.dist.world_size, self.n_records)
         self._stop_active()
         self._epoch, self._cursor = normalize_cursor(saved.epoch, saved.cursor, self.epoch_length)
@@ -305,7 +342,11 @@ class Loader:
                                             self.n_records, self.drop_last)
         slot.step, slot.generation, slot.error, slot.prefetched = step, self._pool.generation, None, None
         slot.positions, slot.padding = positions, padding
-        slot.ids = order.ids(int(positions[0]), int(positions[-1]) + 1)
+        if self._plan is not None:  # a mixture: no padding, every position is a sample of the schedule
+            slot.sources, slot.ids = order.lookup(int(positions[0]), int(positions[-1]) + 1)
+            slot.padding = np.zeros_like(padding)
+        else:
+            slot.sources, slot.ids = None, order.ids(int(positions[0]), int(positions[-1]) + 1)
         slot.keys = sample_keys(self.seed, epoch, positions)
         n_slices = min(self.num_threads, self.batch_size)
         bounds = np.linspace(0, self.batch_size, n_slices + 1).astype(int)
@@ -326,6 +367,13 @@ class Loader:
         slot.handed = []
 
     def _run_slice(self, slot: Slot, lo: int, hi: int, ctx: dict) -> None:
+        if slot.sources is not None:  # a mixture: each run of rows from one file is filled by that file
+            src = slot.sources[lo:hi]
+            cuts = [0, *(np.flatnonzero(src[1:] != src[:-1]) + 1).tolist(), hi - lo]
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                self._sources[int(src[a])].fill(slot.arrays, lo + a, lo + b, slot.ids[lo + a : lo + b],
+                                                slot.keys[lo + a : lo + b], ctx)
+            return
         ids, keys = slot.ids[lo:hi], slot.keys[lo:hi]
         if self._verifier is not None:
             self._verifier.check(*self._spans(ids), ids)
@@ -351,12 +399,15 @@ class Loader:
 
         if self._queue is not None:
             pending, slot.prefetched = slot.prefetched, None
-            return self._queue.deliver(pending if pending is not None else self._queue.issue(self._stages, slot, view))
-        batch = {}
-        for stage, arrays in zip(self._stages, slot.arrays):
-            batch.update(stage.handout(arrays, view))
-        batch[INDEX_KEY] = slot.ids.copy()
-        batch[PADDING_KEY] = slot.padding.copy()
+            batch = self._queue.deliver(pending if pending is not None else self._queue.issue(self._stages, slot, view))
+        else:
+            batch = {}
+            for stage, arrays in zip(self._stages, slot.arrays):
+                batch.update(stage.handout(arrays, view))
+            batch[INDEX_KEY] = slot.ids.copy()
+            batch[PADDING_KEY] = slot.padding.copy()
+        if slot.sources is not None:
+            batch[SOURCE_KEY] = slot.sources.copy()
         return batch
 
     # ---- lifetime --------------------------------------------------------------------------------------
@@ -367,8 +418,10 @@ class Loader:
         self._closed = True
         self._stop_active()
         self._pool.close()
-        self._pages.close()
-        self._ds.close()
+        for src in self._sources:
+            src.close()
+        for ds in self._datasets:
+            ds.close()
 
     def __enter__(self):
         return self

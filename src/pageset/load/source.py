@@ -1,0 +1,102 @@
+"""One opened pageset file as the loader reads it: page access, one stage per loaded field, and its records.
+
+A Loader reads one ``FileSource`` (a file, or a subset of it) or several (a ``Mixture``); the threads fill
+batch rows from whichever source a row's sample comes from.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .pages import MmapPages, PageVerifier, ProcessPageCache
+from .stages import BytesStage, PipelineError, TokenStage, build_stage
+
+
+class FileSource:
+    """Page access, stages and record layout of one open dataset ``ds`` (the caller owns ``ds``).
+
+    Attributes: ``ds``, ``path``, ``dataset_id``; ``pages`` (MmapPages or ProcessPageCache); ``stages`` (one
+    per loaded field, file order); ``n_records`` (records, or seq_len windows for a token file);
+    ``page_sizes`` int64[K] records per page; ``spans(ids) -> (starts, lengths)`` absolute byte spans;
+    ``verifier`` (PageVerifier or None). Raises PipelineError for pipelines naming fields the file lacks or
+    invalid for its fields (``in_mixture``: fields mapped to None may be missing); ``close()`` releases the page access (not ``ds``).
+    """
+
+    def __init__(self, ds, pipelines: dict, page_cache: str, cache_pages: int, verify_pages: bool,
+                 in_mixture: bool = False):
+        self.ds, self.path, self.dataset_id = ds, ds.path, ds.dataset_id
+        if page_cache == "os":
+            self.pages = MmapPages(ds)
+        else:
+            self.pages = ProcessPageCache(ds.path, ds.data_offset, ds.data_length, ds.page_size, cache_pages)
+        try:
+            # In a mixture, a field switched off with None may be missing from some of the files.
+            unknown = {n for n in pipelines if n not in ds.fields and not (in_mixture and pipelines[n] is None)}
+            if unknown:
+                raise PipelineError(f"{self.path}: pipelines name unknown fields {sorted(unknown)}; "
+                                    f"the file has {list(ds.fields)}")
+            self.stages = [build_stage(n, f, pipelines.get(n), ds, self.pages)
+                           for n, f in ds.fields.items() if not (n in pipelines and pipelines[n] is None)]
+            # Records are the file's records, or, for a token file, its seq_len windows.
+            windows = [s for s in self.stages if hasattr(s, "records_per_page")]
+            if windows:
+                self.n_records = windows[0].n_records
+                self.page_sizes = windows[0].records_per_page(ds.page_count)
+                self.spans = windows[0].spans
+            else:
+                self.n_records = len(ds)
+                self.page_sizes = ds.records_per_page()
+                rec_off = ds.index["_offset"].astype(np.int64)
+                rec_len = ds.index["_length"].astype(np.int64)
+                self.spans = lambda ids: (rec_off[ids], rec_len[ids])
+            self.verifier = PageVerifier(ds) if verify_pages else None
+        except BaseException:
+            self.pages.close()
+            raise
+
+    def fill(self, arrays: list, lo: int, hi: int, ids: np.ndarray, keys: np.ndarray, ctx: dict) -> None:
+        """Fill rows ``[lo, hi)`` of a slot's ``arrays`` (one dict per stage) with records ``ids`` of this file."""
+        if self.verifier is not None:
+            self.verifier.check(*self.spans(ids), ids)
+        for stage, out in zip(self.stages, arrays):
+            stage.fill(out, lo, hi, ids, keys, ctx)
+
+    def close(self) -> None:
+        self.pages.close()
+
+
+def check_same_fields(sources: list[FileSource]) -> list:
+    """The stages to allocate and hand out batches with, one per loaded field, for sources that must agree.
+
+    Every source must load the same fields (names and order), of the same kinds, with the same output shapes
+    and dtypes; a Bytes field may differ in its longest value (the widest source's buffer is used); token
+    files with document outputs must share the EOS id. ValueError naming the file and the field otherwise.
+    """
+    ref = sources[0]
+    ref_fields = [s.name for s in ref.stages]
+    chosen = list(ref.stages)
+    for src in sources[1:]:
+        fields = [s.name for s in src.stages]
+        if fields != ref_fields:
+            raise ValueError(f"{src.path}: loads fields {fields}, but {ref.path} loads {ref_fields}; the files "
+                             f"of a mixture must load the same fields (map extra ones to None in pipelines)")
+        for j, (a, b) in enumerate(zip(ref.stages, src.stages)):
+            fa, fb = ref.ds.fields[a.name], src.ds.fields[b.name]
+            if type(fa) is not type(fb):
+                raise ValueError(f"{src.path}: field {b.name!r} is {fb!r}, but {ref.path} has {fa!r}; the files "
+                                 f"of a mixture must have matching fields")
+            for key, (shape, dtype, _) in a.outputs.items():
+                other = b.outputs.get(key)
+                same = other is not None and np.dtype(other[1]) == np.dtype(dtype) and (
+                    isinstance(a, BytesStage) or tuple(other[0]) == tuple(shape))
+                if not same:
+                    got = None if other is None else (tuple(other[0]), str(np.dtype(other[1])))
+                    raise ValueError(f"{src.path}: field {b.name!r} loads {key!r} as {got}, but {ref.path} "
+                                     f"loads it as {(tuple(shape), str(np.dtype(dtype)))}; the files of a mixture "
+                                     f"must have matching fields")
+            if isinstance(a, TokenStage) and a.docs and a.eos_id != b.eos_id:
+                raise ValueError(f"{src.path}: field {b.name!r} has eos_id {b.eos_id}, but {ref.path} has "
+                                 f"{a.eos_id}; document outputs need one EOS id across the mixture")
+            if isinstance(b, BytesStage) and b.max_len > chosen[j].max_len:
+                chosen[j] = b
+    return chosen
