@@ -45,7 +45,7 @@ def _counts(sources, n_sources):
     return np.vstack([np.zeros((1, n_sources), dtype=np.int64), np.cumsum(onehot, axis=0)])
 
 
-@pytest.mark.parametrize("weights", [[0.999, 0.001], [0.5, 0.3, 0.2]])
+@pytest.mark.parametrize("weights", [[0.999, 0.001], [0.5, 0.3, 0.2], [0.7, 0.2, 0.1]])
 def test_proportions_within_one_sample_over_every_window(weights):
     sched = MixtureSchedule(quotas(weights))
     p = np.array(sched.quotas) / sched.period
