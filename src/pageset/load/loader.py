@@ -367,12 +367,11 @@ class Loader:
         slot.handed = []
 
     def _run_slice(self, slot: Slot, lo: int, hi: int, ctx: dict) -> None:
-        if slot.sources is not None:  # a mixture: each run of rows from one file is filled by that file
+        if slot.sources is not None:  # a mixture: each file fills its rows of the slice
             src = slot.sources[lo:hi]
-            cuts = [0, *(np.flatnonzero(src[1:] != src[:-1]) + 1).tolist(), hi - lo]
-            for a, b in zip(cuts[:-1], cuts[1:]):
-                self._sources[int(src[a])].fill(slot.arrays, lo + a, lo + b, slot.ids[lo + a : lo + b],
-                                                slot.keys[lo + a : lo + b], ctx)
+            for i in np.unique(src).tolist():
+                rows = lo + np.flatnonzero(src == i)
+                self._sources[i].fill_rows(slot.arrays, rows, slot.ids[rows], slot.keys[rows], ctx)
             return
         ids, keys = slot.ids[lo:hi], slot.keys[lo:hi]
         if self._verifier is not None:

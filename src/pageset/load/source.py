@@ -61,6 +61,33 @@ class FileSource:
         for stage, out in zip(self.stages, arrays):
             stage.fill(out, lo, hi, ids, keys, ctx)
 
+    def fill_rows(self, arrays: list, rows: np.ndarray, ids: np.ndarray, keys: np.ndarray, ctx: dict) -> None:
+        """Fill the (sorted, possibly scattered) rows ``rows`` of a slot's ``arrays`` with records ``ids``.
+
+        Contiguous rows are filled in place; otherwise the records are filled into the thread's scratch
+        buffers in one call per stage (kernels keep their batch efficiency) and copied to their rows.
+        """
+        m = rows.shape[0]
+        if int(rows[-1]) - int(rows[0]) == m - 1:
+            self.fill(arrays, int(rows[0]), int(rows[0]) + m, ids, keys, ctx)
+            return
+        scratch = ctx.get(("rows", id(self)))
+        if scratch is None or scratch[0] < m:
+            scratch = ctx[("rows", id(self))] = (m, [st.alloc(m, np.empty) for st in self.stages])
+        self.fill(scratch[1], 0, m, ids, keys, ctx)
+        for stage, src, dst in zip(self.stages, scratch[1], arrays):
+            for key, value in src.items():
+                out = dst[key]
+                if isinstance(value, list):  # JSON: Python objects
+                    for j, r in enumerate(rows.tolist()):
+                        out[r] = value[j]
+                elif key in stage.outputs:
+                    if out.shape[1:] == value.shape[1:]:
+                        out[rows] = value[:m]
+                    else:  # Bytes: this file's values are narrower than the widest file's buffer
+                        out[rows] = 0
+                        out[rows, : value.shape[1]] = value[:m]
+
     def close(self) -> None:
         self.pages.close()
 
