@@ -18,6 +18,7 @@ import pytest
 from resume_contract import check_resume
 
 from pageset import (
+    JSON,
     Bytes,
     Float,
     Int,
@@ -261,6 +262,18 @@ def test_bytes_of_different_widths_are_mixed(files, tmp_path):
             for j in range(8):
                 fill = 7 if b["_source"][j] == 1 else 1
                 assert (data[j, : lengths[j]] == fill).all() and (data[j, lengths[j] :] == 0).all()
+
+
+def test_json_fields_are_mixed(tmp_path):
+    paths = []
+    for k, n in enumerate([13, 29]):
+        paths.append(tmp_path / f"j{k}.pageset")
+        write_dataset(paths[-1], [({"source": k, "id": i, "pad": "x" * (i % 7)},) for i in range(n)],
+                      {"meta": JSON()}, num_workers=0, progress=False)
+    with Loader(Mixture(paths, [0.4, 0.6]), batch_size=7, seed=5, num_threads=2) as ld:
+        for b in ld:
+            assert [(m["source"], m["id"]) for m in b["meta"]] == list(zip(b["_source"].tolist(),
+                                                                            b["_index"].tolist()))
 
 
 # --- resume: the shared contract on images and tokens ------------------------------------------------------
