@@ -7,11 +7,13 @@ import itertools
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -409,3 +411,12 @@ def test_sigkill_mixture_then_resume_on_another_world_size(tmp_path, image_files
     rest = [_read_log(tmp_path / f"resumed.log{r}") for r in range(2)]
     merged = [x for s in range(5) for r in range(2) for x in rest[r][4 * s : 4 * s + 4]]
     assert merged == control[24:]  # same sources, ids and augmented pixels
+
+
+@pytest.mark.parametrize("heading", ["### Subsets and splits", "### Mixing datasets"])
+def test_readme_examples_run(tmp_path, heading):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", readme[readme.index(heading):], re.S).group(1)
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
