@@ -32,7 +32,7 @@ from .format import (
 from .format.fields import Tokens
 from .read import Dataset, EncodedImage, open_dataset
 from .read.tokens import TokenDataset, open_tokens
-from .write import ImageFolder, SampleError, WriteResult, write_dataset
+from .write import ImageFolder, ParquetSource, SampleError, WebDatasetSource, WriteResult, write_dataset
 from .write.importers import import_llmc, import_megatron, import_nanogpt
 from .write.tokens import TokenWriteResult, write_tokens
 
@@ -97,6 +97,7 @@ __all__ = [
     "NDArray",
     "NDArrayDecoder",
     "Normalize",
+    "ParquetSource",
     "PipelineError",
     "RGBImage",
     "RandomHorizontalFlip",
@@ -113,6 +114,7 @@ __all__ = [
     "TruncatedFileError",
     "UnsupportedFeatureError",
     "UnsupportedVersionError",
+    "WebDatasetSource",
     "WriteResult",
     "document_outputs",
     "gather_windows",
