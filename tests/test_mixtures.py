@@ -253,6 +253,18 @@ def test_files_whose_fields_differ_are_refused(files, tmp_path):
         Loader(Mixture(files, [1, 1, 1]), batch_size=4, indices=[0, 1])
 
 
+def test_a_missing_file_is_named_and_nothing_stays_open(files, tmp_path):
+    missing = tmp_path / "missing.pageset"
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    with pytest.raises(FileNotFoundError, match="missing.pageset"):
+        Loader(Mixture([files[0], missing], [1, 1]), batch_size=4)
+    if fds is not None:
+        assert len(os.listdir("/proc/self/fd")) == fds  # the first file was closed again
+    empty_weight = Mixture([files[0], files[1]], [1, 0])
+    with Loader(empty_weight, batch_size=4, num_threads=1) as ld:
+        assert set(_run(ld)["src"].tolist()) == {0}
+
+
 def test_bytes_of_different_widths_are_mixed(files, tmp_path):
     wide = tmp_path / "wide.pageset"
     write_dataset(wide, [(5000 + i, bytes([7]) * (100 + i)) for i in range(30)], {"label": Int(), "payload": Bytes()},

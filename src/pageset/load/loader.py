@@ -102,7 +102,7 @@ class Loader:
             not an integer).
 
     Each batch is a dict: one entry per loaded field (a Bytes field gives ``(data, lengths)``), plus
-    ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]). Batches are numpy arrays, or torch
+    ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]); a Mixture adds ``"_source"`` (int16[B]). Batches are numpy arrays, or torch
     tensors for fields whose pipeline has ``ToTensor``/``ToDevice``. Buffers are reused only once nothing
     the user holds points at them: keeping batches (``list(loader)``) is safe, and costs a fresh allocation
     for each kept batch instead of a copy for every batch.
