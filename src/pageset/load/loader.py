@@ -102,8 +102,8 @@ class Loader:
             not an integer).
 
     Each batch is a dict: one entry per loaded field (a Bytes field gives ``(data, lengths)``), plus
-    ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]); a Mixture adds ``"_source"`` (int16[B]). Batches are numpy arrays, or torch
-    tensors for fields whose pipeline has ``ToTensor``/``ToDevice``. Buffers are reused only once nothing
+    ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]); a Mixture adds ``"_source"``
+    (int16[B]). Batches are numpy arrays, or torch tensors for fields whose pipeline has ``ToTensor``/``ToDevice``. Buffers are reused only once nothing
     the user holds points at them: keeping batches (``list(loader)``) is safe, and costs a fresh allocation
     for each kept batch instead of a copy for every batch.
 
@@ -367,17 +367,13 @@ class Loader:
         slot.handed = []
 
     def _run_slice(self, slot: Slot, lo: int, hi: int, ctx: dict) -> None:
-        if slot.sources is not None:  # a mixture: each file fills its rows of the slice
-            src = slot.sources[lo:hi]
-            for i in np.unique(src).tolist():
-                rows = lo + np.flatnonzero(src == i)
-                self._sources[i].fill_rows(slot.arrays, rows, slot.ids[rows], slot.keys[rows], ctx)
+        if slot.sources is None:
+            self._sources[0].fill(slot.arrays, lo, hi, slot.ids[lo:hi], slot.keys[lo:hi], ctx)
             return
-        ids, keys = slot.ids[lo:hi], slot.keys[lo:hi]
-        if self._verifier is not None:
-            self._verifier.check(*self._spans(ids), ids)
-        for stage, arrays in zip(self._stages, slot.arrays):
-            stage.fill(arrays, lo, hi, ids, keys, ctx)
+        src = slot.sources[lo:hi]  # a mixture: each file fills its rows of the slice
+        for i in np.unique(src).tolist():
+            rows = lo + np.flatnonzero(src == i)
+            self._sources[i].fill_rows(slot.arrays, rows, slot.ids[rows], slot.keys[rows], ctx)
 
     def _wait(self, slot: Slot, raise_errors: bool = True) -> None:
         t0 = time.monotonic()
