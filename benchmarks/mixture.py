@@ -35,7 +35,7 @@ from pageset.sample_data import make_imagenet_like
 def _rate(make, repeats):
     best = 0.0
     with make() as ld:
-        for b in ld:  # warm-up epoch: kernels compiled, pages in the OS cache
+        for _ in ld:  # warm-up epoch: kernels compiled, pages in the OS cache
             pass
         for _ in range(repeats):
             n, t0 = 0, time.perf_counter()

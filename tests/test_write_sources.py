@@ -7,7 +7,16 @@ import json
 
 import pytest
 
-from pageset import JSON, Int, ParquetSource, RGBImage, SampleError, WebDatasetSource, open_dataset, write_dataset
+from pageset import (
+    JSON,
+    Int,
+    ParquetSource,
+    RGBImage,
+    SampleError,
+    WebDatasetSource,
+    open_dataset,
+    write_dataset,
+)
 
 wds = pytest.importorskip("webdataset")
 pa = pytest.importorskip("pyarrow")

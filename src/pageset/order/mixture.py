@@ -195,13 +195,41 @@ class MixtureSchedule:
     def lookup(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """``(sources int16[n], k int64[n])`` for global positions ``[start, stop)``: ``k[j]`` is the index of
         that sample within its source's own stream (``count_source(start + j)``)."""
-        src = self.sources(start, stop)
-        k = np.empty(src.shape[0], dtype=np.int64)
-        base = self.counts(start)
-        for i in np.unique(src):
-            where = np.flatnonzero(src == i)
-            k[where] = base[i] + np.arange(where.shape[0], dtype=np.int64)
+        src, k, _, _ = self.grouped(start, stop)
         return src, k
+
+    def grouped(self, start: int, stop: int):
+        """``(sources, k, rows, bounds)`` for global positions ``[start, stop)``: sources int16[n] and k
+        int64[n] as :meth:`lookup`; rows int64[n], the positions (relative to start) sorted by source, stable;
+        bounds int64[S + 1], source i's rows are ``rows[bounds[i]:bounds[i + 1]]`` (its k are consecutive)."""
+        n = int(stop) - int(start)
+        src = np.empty(n, dtype=np.int16)
+        k = np.empty(n, dtype=np.int64)
+        rows = np.empty(n, dtype=np.int64)
+        bounds = np.zeros(self.n_sources + 1, dtype=np.int64)
+        _lookup(self.slots, np.int64(start), self.counts(start), src, k, rows, bounds)
+        return src, k, rows, bounds
+
+
+@numba.njit(nogil=True)
+def _lookup(slots, start, base, src, k, rows, bounds):
+    """Kernel of :meth:`MixtureSchedule.grouped`: one pass to count per source, one to place the rows."""
+    period = slots.shape[0]
+    n = src.shape[0]
+    s_count = base.shape[0]
+    taken = np.zeros(s_count, dtype=np.int64)
+    for j in range(n):
+        s = slots[(start + j) % period]
+        src[j] = s
+        k[j] = base[s] + taken[s]
+        taken[s] += 1
+    for i in range(s_count):
+        bounds[i + 1] = bounds[i] + taken[i]
+    fill = bounds[:-1].copy()
+    for j in range(n):
+        s = src[j]
+        rows[fill[s]] = j
+        fill[s] += 1
 
 
 class MixtureOrder:
@@ -239,17 +267,18 @@ class MixtureOrder:
     def lookup(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """``(sources int16[n], ids int64[n])`` for global positions ``[start, stop)``: record ids within
         each sample's source file."""
-        src, k = self.schedule.lookup(start, stop)
+        src, k, rows, bounds = self.schedule.grouped(start, stop)
         ids = np.empty(src.shape[0], dtype=np.int64)
-        for i in np.unique(src):
-            where = np.flatnonzero(src == i)
-            ks = k[where]  # consecutive: k0, k0 + 1, ...
-            n = self.n_records[i]
+        for i in range(self.schedule.n_sources):
+            lo, hi = int(bounds[i]), int(bounds[i + 1])
+            if lo == hi:
+                continue
+            n, first = self.n_records[i], int(k[rows[lo]])  # the k of source i are first, first + 1, ...
             done = 0
-            while done < ks.shape[0]:
-                epoch, pos = divmod(int(ks[done]), n)
-                take = min(ks.shape[0] - done, n - pos)
-                ids[where[done : done + take]] = self._epoch_order(int(i), epoch).ids(pos, pos + take)
+            while done < hi - lo:
+                epoch, pos = divmod(first + done, n)
+                take = min(hi - lo - done, n - pos)
+                ids[rows[lo + done : lo + done + take]] = self._epoch_order(i, epoch).ids(pos, pos + take)
                 done += take
         return src, ids
 
