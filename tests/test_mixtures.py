@@ -36,7 +36,7 @@ from pageset import (
     write_tokens,
 )
 from pageset.order import StateError, StateMismatchError
-from pageset.order.mixture import MixtureSchedule, quotas
+from pageset.order.mixture import MixtureOrder, MixtureSchedule, quotas, source_seed
 
 # --- the schedule: pure functions -------------------------------------------------------------------------
 
@@ -87,6 +87,19 @@ def test_counts_in_closed_form_equal_a_replay():
     src, k = sched.lookup(11, 11 + 40)
     for j in range(40):
         assert k[j] == c[11 + j, src[j]]
+
+
+def test_golden_vectors():
+    """Pinned outputs of mixture_algo 1: any change to the schedule, the source seeds or the lookup shows up."""
+    assert MixtureSchedule((5, 3, 2)).slots.tolist() == [0, 1, 0, 2, 0, 1, 0, 2, 1, 0]
+    assert MixtureSchedule((7, 2, 1)).slots.tolist() == [0, 0, 1, 0, 0, 2, 0, 0, 1, 0]
+    assert int(np.flatnonzero(MixtureSchedule((999, 1)).slots == 1)[0]) == 500
+    assert source_seed(7, 0) == 1376248881940584641 and source_seed(7, 1) == 17112811334948500749
+    order = MixtureOrder(MixtureSchedule((5, 3, 2)), [[3, 4, 5], [2, 2], [1, 1, 1]], 7, "quasi_random", 2)
+    sources, ids = order.lookup(0, 24)
+    assert sources.tolist() == [0, 1, 0, 2, 0, 1, 0, 2, 1, 0, 0, 1, 0, 2, 0, 1, 0, 2, 1, 0, 0, 1, 0, 2]
+    assert ids.tolist() == [6, 3, 5, 2, 1, 2, 4, 0, 0, 2, 3, 1, 0, 1, 8, 2, 10, 0, 3, 7, 9, 1, 11, 1]
+    assert order.cursors(24) == [(1, 0), (1, 3), (1, 2)]  # 12 of 12, 7 of 4, 5 of 3 records taken
 
 
 def test_quotas_resolve_weights():
