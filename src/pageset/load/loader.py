@@ -88,8 +88,10 @@ class Loader:
         batches_ahead: batches prepared ahead of the consumer (default 2 per thread, at least 2).
         rank, world_size: explicit values win; else an initialised torch.distributed; else torchrun's RANK /
             WORLD_SIZE environment; else a single process.
-        page_cache: ``"os"`` (mmap, the OS page cache) or ``"process"`` (a bounded pread page cache of
-            ``cache_pages`` pages; default ``2 * window_pages + batches_ahead + 2``).
+        page_cache: ``"os"`` (records read with ``pread``; the OS page cache keeps what is hot) or
+            ``"process"`` (a bounded LRU of whole pages read with ``pread``: ``cache_pages`` pages; default
+            ``2 * window_pages + batches_ahead + 2``). Neither maps the file: a file truncated or modified in
+            place under the loader raises TruncatedFileError / FileChangedError at the next batch, never SIGBUS.
         window_pages: pages per quasi-random window (M).
         verify_pages: check each page's CRC-32 the first time a batch needs it (off by default: one extra pass
             over the data); a damaged page raises ChecksumMismatchError naming the page and the sample.

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .pages import MmapPages, PageVerifier, ProcessPageCache
+from .pages import PageVerifier, PreadPages, ProcessPageCache
 from .stages import BytesStage, PipelineError, TokenStage, build_stage
 
 
 class FileSource:
     """Page access, stages and record layout of one open dataset ``ds`` (the caller owns ``ds``).
 
-    Attributes: ``ds``, ``path``, ``dataset_id``; ``pages`` (MmapPages or ProcessPageCache); ``stages`` (one
+    Attributes: ``ds``, ``path``, ``dataset_id``; ``pages`` (PreadPages or ProcessPageCache); ``stages`` (one
     per loaded field, file order); ``n_records`` (records, or seq_len windows for a token file);
     ``page_sizes`` int64[K] records per page; ``spans(ids) -> (starts, lengths)`` absolute byte spans;
     ``verifier`` (PageVerifier or None). Raises PipelineError for pipelines naming fields the file lacks or
@@ -26,9 +26,9 @@ class FileSource:
                  in_mixture: bool = False):
         self.ds, self.path, self.dataset_id = ds, ds.path, ds.dataset_id
         if page_cache == "os":
-            self.pages = MmapPages(ds)
+            self.pages = PreadPages(ds)
         else:
-            self.pages = ProcessPageCache(ds.path, ds.data_offset, ds.data_length, ds.page_size, cache_pages)
+            self.pages = ProcessPageCache(ds, cache_pages)
         try:
             # In a mixture, a field switched off with None may be missing from some of the files.
             unknown = {n for n in pipelines if n not in ds.fields and not (in_mixture and pipelines[n] is None)}
