@@ -11,6 +11,11 @@ import numpy as np
 from .pages import PageVerifier, PreadPages, ProcessPageCache
 from .stages import BytesStage, PipelineError, TokenStage, build_stage
 
+# Rows of a mixture slice that come from one file but are not contiguous are filled in place, one call per run of
+# rows, when a row's outputs are at least this large (images: the copy would cost more than the call), else in
+# one call into scratch buffers and copied to their rows (token windows, scalars: the call costs more).
+IN_PLACE_ROW_BYTES = 16384
+
 
 class FileSource:
     """Page access, stages and record layout of one open dataset ``ds`` (the caller owns ``ds``).
@@ -50,6 +55,8 @@ class FileSource:
                 rec_len = ds.index["_length"].astype(np.int64)
                 self.spans = lambda ids: (rec_off[ids], rec_len[ids])
             self.verifier = PageVerifier(ds) if verify_pages else None
+            self.row_bytes = sum(int(np.prod(shape)) * np.dtype(dt).itemsize
+                                 for st in self.stages for shape, dt, _ in st.outputs.values())
         except BaseException:
             self.pages.close()
             raise
@@ -64,12 +71,18 @@ class FileSource:
     def fill_rows(self, arrays: list, rows: np.ndarray, ids: np.ndarray, keys: np.ndarray, ctx: dict) -> None:
         """Fill the (sorted, possibly scattered) rows ``rows`` of a slot's ``arrays`` with records ``ids``.
 
-        Contiguous rows are filled in place; otherwise the records are filled into the thread's scratch
-        buffers in one call per stage (kernels keep their batch efficiency) and copied to their rows.
+        Contiguous rows are filled in place; so are scattered rows with large outputs (one call per run of
+        rows, see IN_PLACE_ROW_BYTES); others are filled into the thread's scratch buffers in one call per stage
+        and copied to their rows.
         """
         m = rows.shape[0]
         if int(rows[-1]) - int(rows[0]) == m - 1:
             self.fill(arrays, int(rows[0]), int(rows[0]) + m, ids, keys, ctx)
+            return
+        if self.row_bytes >= IN_PLACE_ROW_BYTES:
+            cuts = [0, *(np.flatnonzero(np.diff(rows) != 1) + 1).tolist(), m]
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                self.fill(arrays, int(rows[a]), int(rows[a]) + b - a, ids[a:b], keys[a:b], ctx)
             return
         scratch = ctx.get(("rows", id(self)))
         if scratch is None or scratch[0] < m:
