@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from resume_contract import check_resume
+from resume_contract import batch_digest, check_resume
 
 from pageset import (
     JSON,
@@ -328,6 +328,22 @@ def test_image_mixture_resume_contract(image_files, order):
                       pipelines={"image": [RandomResizedCrop(24), RandomHorizontalFlip(), Normalize(), ToTensor()]})
 
     check_resume(make, global_batch=8, world_sizes=[1, 2, 4], cuts=[0, 3, 7, 11])
+
+
+def test_in_place_and_scatter_fills_agree(image_files, monkeypatch):
+    """Scattered rows of one file are filled in place run by run (large rows) or through scratch buffers
+    (small rows): both give the same batches."""
+    import pageset.load.source as source_mod
+
+    def digests():
+        with Loader(Mixture(image_files, [0.5, 0.5]), batch_size=8, seed=2, num_threads=2,
+                    pipelines={"image": [RandomResizedCrop(20), RandomHorizontalFlip(), Normalize(), ToTensor()]}) as ld:
+            return [batch_digest(b) for b in ld]
+
+    monkeypatch.setattr(source_mod, "IN_PLACE_ROW_BYTES", 0)
+    in_place = digests()
+    monkeypatch.setattr(source_mod, "IN_PLACE_ROW_BYTES", 1 << 60)
+    assert digests() == in_place and len(in_place) == 96 // 8
 
 
 @pytest.fixture(scope="module")
