@@ -13,8 +13,9 @@ from .stages import BytesStage, PipelineError, TokenStage, build_stage
 
 # Rows of a mixture slice that come from one file but are not contiguous are filled in place, one call per run of
 # rows, when a row's outputs are at least this large (images: the copy would cost more than the call), else in
-# one call into scratch buffers and copied to their rows (token windows, scalars: the call costs more).
-IN_PLACE_ROW_BYTES = 16384
+# one call into scratch buffers and copied to their rows (token windows, scalars: the call costs more). A
+# 224x224 float32 image is 602 KB a row, a 1024-token window 16 KB.
+IN_PLACE_ROW_BYTES = 1 << 18
 
 
 class FileSource:
