@@ -5,7 +5,7 @@
 Images: three files of ``--images`` ImageNet-like JPEGs each (real photos, long side 400-500) and one file
 of all of them; RandomResizedCrop(224) + flip + Normalize, weights 0.5/0.3/0.2. Tokens: three token files and
 one of their concatenation, TokenWindows(1024), weights 0.5/0.3/0.2. Rates are samples/s over whole epochs
-(the best of ``--repeats`` alternated runs, after a warm-up epoch). Prints a markdown table.
+(the best of ``--repeats`` epochs of each, alternated, after a warm-up epoch). Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -32,16 +32,19 @@ from pageset import (
 from pageset.sample_data import make_imagenet_like
 
 
-def _rate(make, repeats):
-    best = 0.0
-    with make() as ld:
-        for _ in ld:  # warm-up epoch: kernels compiled, pages in the OS cache
-            pass
+def _rates(make_a, make_b, repeats):
+    """Best samples/s of each loader over ``repeats`` epochs, alternating a and b (the machine's load drifts)."""
+    best = [0.0, 0.0]
+    with make_a() as a, make_b() as b:
+        for ld in (a, b):
+            for _ in ld:  # warm-up epoch: kernels compiled, pages in the OS cache
+                pass
         for _ in range(repeats):
-            n, t0 = 0, time.perf_counter()
-            for b in ld:
-                n += len(b["_index"])
-            best = max(best, n / (time.perf_counter() - t0))
+            for k, ld in enumerate((a, b)):
+                n, t0 = 0, time.perf_counter()
+                for batch in ld:
+                    n += len(batch["_index"])
+                best[k] = max(best[k], n / (time.perf_counter() - t0))
     return best
 
 
@@ -68,8 +71,8 @@ def main() -> None:
                       progress=False)
         pipe = {"image": [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()]}
         kw = dict(batch_size=64, pipelines=pipe, num_threads=args.threads, order="random", seed=0)
-        single = _rate(lambda: Loader(whole, **kw), args.repeats)
-        mixed = _rate(lambda: Loader(Mixture(parts, weights), **kw), args.repeats)
+        single, mixed = _rates(lambda: Loader(whole, **kw), lambda: Loader(Mixture(parts, weights), **kw),
+                               args.repeats)
         rows.append(("images, RRC 224", single, mixed))
 
         rng = np.random.default_rng(0)
@@ -83,8 +86,8 @@ def main() -> None:
         write_tokens(tok_whole, all_docs, eos_id=50000, num_workers=0, progress=False)
         kw = dict(batch_size=32, pipelines={"tokens": [TokenWindows(1024)]}, num_threads=args.threads,
                   order="quasi_random", seed=0)
-        single = _rate(lambda: Loader(tok_whole, **kw), args.repeats)
-        mixed = _rate(lambda: Loader(Mixture(tok_parts, weights), **kw), args.repeats)
+        single, mixed = _rates(lambda: Loader(tok_whole, **kw), lambda: Loader(Mixture(tok_parts, weights), **kw),
+                               args.repeats)
         rows.append(("tokens, seq_len 1024", single, mixed))
     print("| data | one file (samples/s) | 3-source Mixture 0.5/0.3/0.2 (samples/s) | ratio |")
     print("|---|---|---|---|")
