@@ -3,6 +3,7 @@ the same file contents (dataset id, pages and index) whatever the source object.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 
 import pytest
@@ -70,6 +71,9 @@ def test_webdataset_shards_give_the_same_file(tmp_path, records, reference):
         out = tmp_path / "wds.pageset"
         write_dataset(out, src, FIELDS, num_workers=0, progress=False, lineage=False)
         assert _contents(out) == reference
+    with concurrent.futures.ProcessPoolExecutor(2) as pool:  # the source travels to workers by pickle
+        write_dataset(out, src, FIELDS, executor=pool, chunk_size=4, progress=False, lineage=False)
+    assert _contents(out) == reference
 
 
 def test_webdataset_member_without_a_field(tmp_path, records):
