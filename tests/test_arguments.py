@@ -141,6 +141,9 @@ LOADER = [
     ("cache_pages", 0, V, r"cache_pages must be an int >= 1"),
     ("verify_pages", "yes", T, r"verify_pages must be True or False"),
     ("array_type", "tensor", V, r"array_type must be one of \('torch', 'numpy'\)"),
+    ("indices", "0:4", T, r"indices must be a sequence of record ids"),
+    ("indices", [0, 99], V, r"indices\[1\] = 99 is outside \[0, 4\)"),
+    ("indices", [0, 1.5], T, r"indices\[1\] = 1\.5 is not an integer record id"),
 ]
 
 WRITE_DATASET = [
@@ -217,7 +220,15 @@ IMPORTERS = [  # (function, argument, bad value, exception, message)
     ("import_megatron", "metadata", (1,), T, r"metadata must be a dict"),
 ]
 
-OTHERS = [  # callables whose only argument is a path
+OTHERS = [  # callables whose arguments are paths (or the inputs of a mixture)
+    ("Mixture", "sources", "a.pageset", T, r"sources must be a list of paths"),
+    ("Mixture", "weights", "x", T, r"weights must be a sequence of numbers, one per source"),
+    ("Mixture", "weights", [1, -1], V, r"weights\[1\] = -1\.0 is negative"),
+    ("Mixture", "samples_per_epoch", 0, V, r"samples_per_epoch must be an int >= 1"),
+    ("ParquetSource", "paths", 3, T, r"paths must be a path or URL"),
+    ("ParquetSource", "columns", "text", T, r"columns must be a dict or None"),
+    ("WebDatasetSource", "urls", 3, T, r"urls must be a path or URL"),
+    ("WebDatasetSource", "fields", ["jpg"], V, r"fields must map field names to member extensions"),
     ("open_dataset", "path", 0, T, r"path must be the pageset file's path"),
     ("open_tokens", "path", None, T, r"path must be the pageset file's path"),
     ("ImageFolder", "root", 3, T, r"ImageFolder\.root must be a folder path"),
@@ -228,7 +239,9 @@ OTHERS = [  # callables whose only argument is a path
 @pytest.mark.parametrize("name, arg, value, exc, match", OPS + FIELDS + OTHERS,
                          ids=[f"{r[0]}.{r[1]}={r[2]!r}" for r in OPS + FIELDS + OTHERS])
 def test_constructor_refuses_bad_argument(name, arg, value, exc, match):
-    kw = {"TokenWindows": {"seq_len": 8}}.get(name, {})  # required arguments, valid
+    kw = {"TokenWindows": {"seq_len": 8}, "Mixture": {"sources": ["a.pageset", "b.pageset"], "weights": [1, 1]},
+          "ParquetSource": {"paths": "x.parquet"}, "WebDatasetSource": {"urls": "x.tar", "fields": {"a": "jpg"}}
+          }.get(name, {})  # the other required arguments, valid
     with pytest.raises(exc, match=match):
         getattr(pageset, name)(**{**kw, arg: value})
 

@@ -34,7 +34,15 @@ from .format.fields import Tokens
 from .merge import merge_datasets
 from .read import Dataset, EncodedImage, open_dataset
 from .read.tokens import TokenDataset, open_tokens
-from .write import ImageFolder, ImageList, SampleError, WriteResult, write_dataset
+from .write import (
+    ImageFolder,
+    ImageList,
+    ParquetSource,
+    SampleError,
+    WebDatasetSource,
+    WriteResult,
+    write_dataset,
+)
 from .write.importers import import_llmc, import_megatron, import_nanogpt
 from .write.tokens import TokenWriteResult, write_tokens
 
@@ -42,6 +50,7 @@ _LAZY = {
     "gather_windows": "pageset.ops.tokens",
     "document_outputs": "pageset.ops.tokens",
     "Loader": "pageset.load",
+    "Mixture": "pageset.order.mixture",
     "DecodeError": "pageset.load",
     "PipelineError": "pageset.load",
     "ToDevice": "pageset.device",
@@ -96,9 +105,11 @@ __all__ = [
     "JSON",
     "JSONDecoder",
     "Loader",
+    "Mixture",
     "NDArray",
     "NDArrayDecoder",
     "Normalize",
+    "ParquetSource",
     "PipelineError",
     "RGBImage",
     "RandomHorizontalFlip",
@@ -115,6 +126,7 @@ __all__ = [
     "TruncatedFileError",
     "UnsupportedFeatureError",
     "UnsupportedVersionError",
+    "WebDatasetSource",
     "WriteResult",
     "document_outputs",
     "gather_windows",

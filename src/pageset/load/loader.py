@@ -36,14 +36,24 @@ from ..order import (
     sample_keys,
 )
 from ..order.keys import MASK64
+from ..order.mixture import (
+    Mixture,
+    MixtureOrder,
+    MixtureSchedule,
+    mixture_id,
+    mixture_state,
+    resume_mixture,
+)
+from ..order.subset import SubsetLayout, as_indices
 from ..read import Dataset
-from .pages import PageVerifier, PreadPages, ProcessPageCache
-from .stages import PipelineError, build_stage
+from .source import FileSource, check_same_fields
+from .stages import PipelineError
 from .workers import Slot, ThreadPool
 
 INDEX_KEY = "_index"  # int64[B]: record ids of the batch (field names never start with "_")
 PADDING_KEY = "_is_padding"  # bool[B]: True for wrap-around samples of drop_last=False
 ARRAY_TYPES = ("torch", "numpy")  # what a batch's arrays are: torch tensors (default) or numpy arrays
+SOURCE_KEY = "_source"  # int16[B]: which file of a Mixture each sample comes from (mixtures only)
 
 
 @dataclass(frozen=True)
@@ -67,7 +77,9 @@ class Loader:
     """Batches from a pageset file.
 
     Args:
-        path: the pageset file.
+        path: the pageset file, or a :class:`~pageset.Mixture` of files read as one stream in fixed
+            proportions (see ``formats/mixture.md``): each batch then also carries ``"_source"`` (int16[B],
+            the file of each sample) and ``"_index"`` holds record ids within that file.
         batch_size: samples per batch on this rank (B); the global batch is ``G = B * world_size``.
         pipelines: ``{field: [ops]}``; a field mapped to ``None`` is not loaded; fields left out get their
             default decoder (images have none: give them a crop). See ``pageset.ops.transforms``.
@@ -88,16 +100,22 @@ class Loader:
         window_pages: pages per quasi-random window (M).
         verify_pages: check each page's CRC-32 the first time a batch needs it (off by default: one extra pass
             over the data); a damaged page raises ChecksumMismatchError naming the page and the sample.
-
+        indices: load only these record ids (token files: window ids), e.g. a train/validation split: a sequence
+            or 1-D integer array of n ids in ``[0, len(file))``, any order, repeats allowed. The loader then
+            behaves like a file of n records (order, epoch length, rank slices, resume); ``"sequential"``
+            follows the given order, ``"quasi_random"`` groups the ids by page (reads stay page-local).
+            ``batch["_index"]`` holds the file's record ids. The state records a digest of the ids and
+            refuses another subset. ValueError/TypeError naming the first bad position (out of range,
+            not an integer).
         array_type: ``"torch"`` (default): every array of a batch is a torch tensor (``ToTensor`` is implied;
             CPU tensors over the batch buffers, no copy), as a ``torch.utils.data.DataLoader`` hands out;
             ``"numpy"``: every array is a numpy array (``ToTensor``, ``ToTorchImage``, ``ToDevice`` and
             bfloat16 are then refused). One batch never mixes the two.
 
     Each batch is a dict: one entry per loaded field (a Bytes field gives ``(data, lengths)``; a JSON field a
-    list of Python values), plus ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]), all of
-    ``array_type``; with ``ToDevice`` the field's tensors are on that device, ``_index`` and ``_is_padding``
-    stay on the CPU. Buffers are reused only once nothing the user holds points at them: keeping batches
+    list of Python values), plus ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]); a Mixture
+    adds ``"_source"`` (int16[B]). All are of ``array_type``; with ``ToDevice`` the field's tensors are on that
+    device, ``_index``, ``_is_padding`` and ``_source`` stay on the CPU. Buffers are reused only once nothing the user holds points at them: keeping batches
     (``list(loader)``) is safe, and costs a fresh allocation for each kept batch instead of a copy for every
     batch.
 
@@ -113,9 +131,9 @@ class Loader:
                  seed: int = 0, drop_last: bool = True, num_threads: int | None = None,
                  batches_ahead: int | None = None, rank: int | None = None, world_size: int | None = None,
                  page_cache: str = "os", window_pages: int = 8, cache_pages: int | None = None,
-                 verify_pages: bool = False, array_type: str = "torch"):
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"path must be the pageset file's path (str or os.PathLike), got {path!r}")
+                 verify_pages: bool = False, indices=None, array_type: str = "torch"):
+        if not isinstance(path, (str, os.PathLike, Mixture)):
+            raise TypeError(f"path must be the pageset file's path (str or os.PathLike) or a Mixture, got {path!r}")
         batch_size = check.integer("batch_size", batch_size, minimum=1)
         pipelines = check.mapping("pipelines", pipelines, optional=True,
                                   example="{'image': [RandomResizedCrop(224)], 'label': [IntDecoder()]}")
@@ -140,13 +158,24 @@ class Loader:
         self.batch_size, self.global_batch_size = batch_size, batch_size * w
         self.order, self.seed, self.drop_last = order, int(seed), bool(drop_last)
         self.window_pages, self.num_threads, self.batches_ahead = int(window_pages), num_threads, batches_ahead
-        self._ds = Dataset(path)  # records or a token file
+        self._mixture = path if isinstance(path, Mixture) else None
+        if self._mixture is not None and indices is not None:
+            raise ValueError("indices= selects records of one file; it cannot be combined with a Mixture "
+                             "(write the subsets to files of their own and mix those)")
+        self._sources: list[FileSource] = []
+        self._datasets = []
         try:
+            for p in (self._mixture.sources if self._mixture is not None else [path]):
+                self._datasets.append(Dataset(p))  # records or a token file
+            self._ds = self._datasets[0]
             self._setup(page_cache, cache_pages, pipelines, verify_pages)
+            self._setup_subset(indices)
+            self._setup_buffers()
         except BaseException:
-            if getattr(self, "_pages", None) is not None:
-                self._pages.close()
-            self._ds.close()
+            for src in self._sources:
+                src.close()
+            for ds in self._datasets:
+                ds.close()
             raise
         self._epoch, self._cursor = 0, 0
         self._active = None  # the running epoch generator, if any
@@ -154,40 +183,64 @@ class Loader:
         self._closed = False  # only now: close() and __del__ have everything to release
 
     def _setup(self, page_cache, cache_pages, pipelines, verify_pages) -> None:
-        """Page access, stages, record layout and the buffer ring (everything but the threads)."""
-        batch_size, batches_ahead = self.batch_size, self.batches_ahead
-        self.path, self.dataset_id = self._ds.path, self._ds.dataset_id
-        if page_cache == "os":
-            self._pages = PreadPages(self._ds)
-        else:
-            capacity = cache_pages if cache_pages is not None else 2 * self.window_pages + batches_ahead + 2
-            self._pages = ProcessPageCache(self._ds, capacity)
+        """Page access, stages and record layout of every file (a Mixture has several)."""
         pipelines = dict(pipelines or {})
-        unknown = set(pipelines) - set(self._ds.fields)
-        if unknown:
-            raise PipelineError(f"{self.path}: pipelines name unknown fields {sorted(unknown)}; "
-                                f"the file has {list(self._ds.fields)}")
-        self._stages = [build_stage(n, f, pipelines.get(n), self._ds, self._pages, self.array_type)
-                        for n, f in self._ds.fields.items() if not (n in pipelines and pipelines[n] is None)]
-        # Records are the file's records, or, for a token file, its seq_len windows.
-        windows = [s for s in self._stages if hasattr(s, "records_per_page")]
-        if windows:
-            self.n_records = windows[0].n_records
-            self._page_sizes = windows[0].records_per_page(self._ds.page_count)
-            self._spans = windows[0].spans
-        else:
-            self.n_records = len(self._ds)
-            self._page_sizes = self._ds.records_per_page()
-            rec_off = self._ds.index["_offset"].astype(np.int64)
-            rec_len = self._ds.index["_length"].astype(np.int64)
-            self._spans = lambda ids: (rec_off[ids], rec_len[ids])
-        self._verifier = PageVerifier(self._ds) if verify_pages else None
+        if cache_pages is None:
+            cache_pages = 2 * self.window_pages + self.batches_ahead + 2
+        for ds in self._datasets:
+            self._sources.append(FileSource(ds, pipelines, page_cache, cache_pages, verify_pages,
+                                            in_mixture=self._mixture is not None, array_type=self.array_type))
+        src = self._sources[0]
+        self._pages, self._stages, self._verifier = src.pages, src.stages, src.verifier
+        self._page_sizes, self._spans, self.n_records = src.page_sizes, src.spans, src.n_records
+        self.path, self.dataset_id = src.path, src.dataset_id
+        self._plan = None  # a MixtureOrder for a mixture
+        if self._mixture is not None:
+            self._setup_mixture()
         self.epoch_length = epoch_length(self.n_records, self.global_batch_size, self.drop_last)
+
+    def _setup_mixture(self) -> None:
+        """Check that the files match, then the schedule and the mixture's epoch (samples_per_epoch)."""
+        mix = self._mixture
+        self._stages = check_same_fields(self._sources)
+        for i, (src, q) in enumerate(zip(self._sources, mix.quotas)):
+            if q > 0 and src.n_records == 0:
+                raise ValueError(f"{src.path}: source {i} of the mixture has no records but weight "
+                                 f"{mix.weights[i]}; give it weight 0 or drop it")
+        self.n_records = mix.samples_per_epoch or sum(s.n_records for s in self._sources)
+        self._plan = MixtureOrder(MixtureSchedule(mix.quotas), [s.page_sizes for s in self._sources], self.seed,
+                                  self.order, self.window_pages)
+        self.path = f"Mixture of {len(self._sources)} files ({', '.join(s.path for s in self._sources)})"
+        self.dataset_id = mixture_id([s.dataset_id for s in self._sources], mix.quotas, self.n_records)
+
+    def _setup_buffers(self) -> None:
+        """The device queue and the ring of batch buffers."""
         self._queue = self._device_queue()
         empty = self._queue.empty if self._queue is not None else (lambda shape, dt: np.empty(shape, dt))
-        self._slots = [Slot(i, [s.alloc(batch_size, empty) for s in self._stages])
-                       for i in range(batches_ahead + 2)]
+        self._slots = [Slot(i, [s.alloc(self.batch_size, empty) for s in self._stages])
+                       for i in range(self.batches_ahead + 2)]
         self._empty = empty
+
+    def _setup_subset(self, indices) -> None:
+        """Restrict the records to ``indices`` (None: the whole file); sets n_records and the epoch length."""
+        self._subset = None
+        if indices is None:
+            return
+        try:
+            ids = as_indices(indices, self.n_records)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{self.path}: {exc}") from None
+        self._subset = SubsetLayout(self._page_sizes, ids, self.order)
+        self.n_records = self._subset.n_records
+        self.epoch_length = epoch_length(self.n_records, self.global_batch_size, self.drop_last)
+
+    def _epoch_order(self, epoch: int):
+        """Epoch positions -> record ids for ``epoch``: ``.ids(start, stop)`` (a mixture: ``.lookup``)."""
+        if self._plan is not None:
+            return self._plan.epoch(epoch, self.epoch_length)
+        if self._subset is not None:
+            return self._subset.epoch_order(self.seed, epoch, self.order, self.window_pages)
+        return EpochOrder(self._page_sizes, self.seed, epoch, self.order, self.window_pages)
 
     # ---- configuration helpers -------------------------------------------------------------------------
     def _device_queue(self):
@@ -222,13 +275,23 @@ class Loader:
         return left if left > 0 else self.steps_per_epoch
 
     def state_dict(self) -> dict:
-        """The resume state (order v1): JSON-serialisable, the same on every rank; counts delivered batches."""
+        """The resume state (order v1): JSON-serialisable, the same on every rank; counts delivered batches.
+
+        A mixture's state also holds ``"mixture"``: the weights' quotas, samples_per_epoch and every source's
+        ``dataset_id``, ``epoch`` and ``cursor`` (its own stream's position)."""
+        if self._plan is not None:
+            return self._mixture_state(self._epoch, self._cursor)
         return self._state(self._epoch, self._cursor).to_dict()
+
+    def _mixture_state(self, epoch, cursor) -> dict:
+        return mixture_state(self._plan, [s.dataset_id for s in self._sources], self.n_records,
+                             self._state(epoch, cursor), epoch * self.epoch_length + cursor)
 
     def _state(self, epoch, cursor) -> OrderState:
         return OrderState(dataset_id=self.dataset_id, seed=self.seed, epoch=epoch, cursor=cursor,
                           global_batch_size=self.global_batch_size, order=self.order,
-                          window_pages=self.window_pages, drop_last=self.drop_last)
+                          window_pages=self.window_pages, drop_last=self.drop_last,
+                          subset=self._subset.digest if self._subset is not None else "")
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (possibly saved with another world size or thread count).
@@ -236,7 +299,10 @@ class Loader:
         Raises StateError / StateMismatchError naming the field (another dataset, seed, order, global batch,
         ...). The next batch is step ``cursor / G``; skipped samples are never read.
         """
-        saved = OrderState.from_dict(state)
+        if self._plan is not None:
+            saved = resume_mixture(state, self._mixture_state(0, 0), self._plan, self.epoch_length)
+        else:
+            saved = OrderState.from_dict(state)
         check_compatible(saved, self._state(0, 0), self.dist.world_size, self.n_records)
         self._stop_active()
         self._epoch, self._cursor = normalize_cursor(saved.epoch, saved.cursor, self.epoch_length)
@@ -271,7 +337,7 @@ class Loader:
         G, epoch = self.global_batch_size, self._epoch
         steps = self.steps_per_epoch
         first = self._cursor // G
-        order = EpochOrder(self._page_sizes, self.seed, epoch, self.order, self.window_pages)
+        order = self._epoch_order(epoch)
         scheduled: list[Slot] = []
         nxt = first
         try:
@@ -298,14 +364,18 @@ class Loader:
                 and slot.done.is_set() and slot.error is None):
             slot.prefetched = self._queue.issue(self._stages, slot, None)
 
-    def _schedule(self, order: EpochOrder, epoch: int, step: int) -> Slot:
+    def _schedule(self, order, epoch: int, step: int) -> Slot:
         slot = self._slots[step % len(self._slots)]
         self._reclaim(slot)
         positions, padding = rank_positions(step, self.dist.rank, self.dist.world_size, self.global_batch_size,
                                             self.n_records, self.drop_last)
         slot.step, slot.generation, slot.error, slot.prefetched = step, self._pool.generation, None, None
         slot.positions, slot.padding = positions, padding
-        slot.ids = order.ids(int(positions[0]), int(positions[-1]) + 1)
+        if self._plan is not None:  # a mixture: no padding, every position is a sample of the schedule
+            slot.sources, slot.ids = order.lookup(int(positions[0]), int(positions[-1]) + 1)
+            slot.padding = np.zeros_like(padding)
+        else:
+            slot.sources, slot.ids = None, order.ids(int(positions[0]), int(positions[-1]) + 1)
         slot.keys = sample_keys(self.seed, epoch, positions)
         n_slices = min(self.num_threads, self.batch_size)
         bounds = np.linspace(0, self.batch_size, n_slices + 1).astype(int)
@@ -326,11 +396,13 @@ class Loader:
         slot.handed = []
 
     def _run_slice(self, slot: Slot, lo: int, hi: int, ctx: dict) -> None:
-        ids, keys = slot.ids[lo:hi], slot.keys[lo:hi]
-        if self._verifier is not None:
-            self._verifier.check(*self._spans(ids), ids)
-        for stage, arrays in zip(self._stages, slot.arrays):
-            stage.fill(arrays, lo, hi, ids, keys, ctx)
+        if slot.sources is None:
+            self._sources[0].fill(slot.arrays, lo, hi, slot.ids[lo:hi], slot.keys[lo:hi], ctx)
+            return
+        src = slot.sources[lo:hi]  # a mixture: each file fills its rows of the slice
+        for i in np.unique(src).tolist():
+            rows = lo + np.flatnonzero(src == i)
+            self._sources[i].fill_rows(slot.arrays, rows, slot.ids[rows], slot.keys[rows], ctx)
 
     def _wait(self, slot: Slot, raise_errors: bool = True) -> None:
         t0 = time.monotonic()
@@ -358,9 +430,11 @@ class Loader:
                 batch.update(stage.handout(arrays, view))
             batch[INDEX_KEY] = slot.ids.copy()
             batch[PADDING_KEY] = slot.padding.copy()
+        if slot.sources is not None:
+            batch[SOURCE_KEY] = slot.sources.copy()
         if self.array_type == "torch":  # owned copies: from_numpy shares them, costs no copy
-            for key in (INDEX_KEY, PADDING_KEY):
-                if isinstance(batch[key], np.ndarray):
+            for key in (INDEX_KEY, PADDING_KEY, SOURCE_KEY):
+                if isinstance(batch.get(key), np.ndarray):
                     batch[key] = torch.from_numpy(batch[key])
         return batch
 
@@ -372,8 +446,10 @@ class Loader:
         self._closed = True
         self._stop_active()
         self._pool.close()
-        self._pages.close()
-        self._ds.close()
+        for src in self._sources:
+            src.close()
+        for ds in self._datasets:
+            ds.close()
 
     def __enter__(self):
         return self

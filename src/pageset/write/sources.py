@@ -3,7 +3,11 @@
 - any indexable object: ``__len__`` and ``__getitem__`` returning a tuple (values in field order) or a dict;
 - an ImageFolder-style directory: one sub-folder per class, sorted by name, integer labels 0..C-1;
 - a list of image paths;
-- a file list (:class:`ImageList`): a text file of image paths, one per line, optionally ``<path>\t<label>``.
+- a file list (:class:`ImageList`): a text file of image paths, one per line, optionally ``<path>\t<label>``;
+- any other iterable (a generator, a Hugging Face ``datasets.IterableDataset``): read once into a list.
+
+A Hugging Face ``datasets.Dataset`` is an indexable object returning dicts; WebDataset shards and Parquet files
+have adapters in ``external.py``.
 """
 
 from __future__ import annotations
@@ -215,10 +219,14 @@ def open_source(source, fields: Mapping[str, Field] | None) -> tuple[Source, dic
     elif hasattr(source, "__len__") and hasattr(source, "__getitem__"):
         default = None
         data, description = source, f"source {type(source).__name__}"
+    elif hasattr(source, "__iter__") and not isinstance(source, (str, bytes, Mapping)):
+        default = None
+        data = list(source)  # a stream (generator, datasets.IterableDataset): its samples, in order
+        description = f"iterable {type(source).__name__}"
     else:
         raise TypeError(
             f"cannot read samples from {type(source).__name__}: give an ImageFolder directory, a list of image "
-            "paths, or an object with __len__ and __getitem__"
+            "paths, an object with __len__ and __getitem__, or an iterable of samples"
         )
     if fields is None:
         if default is None:
