@@ -81,6 +81,15 @@ class Loader:
         window_pages: pages per quasi-random window (M).
         verify_pages: check each page's CRC-32 the first time a batch needs it (off by default: one extra pass
             over the data); a damaged page raises ChecksumMismatchError naming the page and the sample.
+        storage_options: for a URL ``path`` (``s3://``, ``http(s)://``, any fsspec protocol): options of the fsspec
+            filesystem (endpoint, credentials); see ``pageset.read.remote``. A URL is read in whole pages by range
+            requests, each page's CRC-32 checked on arrival (``page_cache`` and ``verify_pages`` do not apply).
+        cache_dir, cache_limit_bytes: URL only: an on-disk page cache shared by the processes of one host,
+            keyed by dataset id, LRU-bounded to ``cache_limit_bytes`` (default 10 GiB).
+        prefetch_bytes, max_requests: URL only: bytes of the next steps' pages requested ahead (default 64
+            MiB) and range requests running at once (default 8).
+        request_timeout, request_attempts: URL only: seconds per request and attempts per request (retries
+            with exponential backoff and jitter); then RemoteReadError names the URL, byte range and attempts.
 
     Each batch is a dict: one entry per loaded field (a Bytes field gives ``(data, lengths)``), plus
     ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]). Batches are numpy arrays, or torch
@@ -97,7 +106,9 @@ class Loader:
                  seed: int = 0, drop_last: bool = True, num_threads: int | None = None,
                  batches_ahead: int | None = None, rank: int | None = None, world_size: int | None = None,
                  page_cache: str = "os", window_pages: int = 8, cache_pages: int | None = None,
-                 verify_pages: bool = False):
+                 verify_pages: bool = False, storage_options: dict | None = None, cache_dir=None,
+                 cache_limit_bytes: int | None = None, prefetch_bytes: int | None = None, max_requests: int = 8,
+                 request_timeout: float = 30.0, request_attempts: int = 5):
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -117,7 +128,10 @@ class Loader:
         self.batch_size, self.global_batch_size = batch_size, batch_size * w
         self.order, self.seed, self.drop_last = order, int(seed), bool(drop_last)
         self.window_pages, self.num_threads, self.batches_ahead = int(window_pages), num_threads, batches_ahead
-        self._ds = open_dataset(path)
+        self._ds = open_dataset(path, storage_options, request_timeout=request_timeout,
+                                request_attempts=request_attempts)
+        self._remote_options = dict(prefetch_bytes=prefetch_bytes, max_requests=max_requests, cache_dir=cache_dir,
+                                    cache_limit_bytes=cache_limit_bytes)
         try:
             self._setup(page_cache, cache_pages, pipelines, verify_pages)
         except BaseException:
@@ -134,7 +148,12 @@ class Loader:
         """Page access, stages, record layout and the buffer ring (everything but the threads)."""
         batch_size, batches_ahead = self.batch_size, self.batches_ahead
         self.path, self.dataset_id = self._ds.path, self._ds.dataset_id
-        if page_cache == "os":
+        if self._ds.remote is not None:
+            from .remote_pages import RemotePages
+
+            self._pages = RemotePages(self._ds, **self._remote_options)
+            verify_pages = False  # every remote page is CRC-checked on arrival
+        elif page_cache == "os":
             self._pages = MmapPages(self._ds)
         else:
             capacity = cache_pages if cache_pages is not None else 2 * self.window_pages + batches_ahead + 2
@@ -245,8 +264,13 @@ class Loader:
         order = EpochOrder(self._page_sizes, self.seed, epoch, self.order, self.window_pages)
         scheduled: list[Slot] = []
         nxt = first
+        advance = getattr(self._pages, "advance", None)  # remote pages: fetch the next steps' pages ahead
+        if advance is not None:
+            self._pages.plan(lambda s: self._step_pages(order, s), first, steps)
         try:
             for step in range(first, steps):
+                if advance is not None:
+                    advance(step)
                 while nxt < steps and nxt - step < self.batches_ahead:
                     scheduled.append(self._schedule(order, epoch, nxt))
                     nxt += 1
@@ -261,6 +285,24 @@ class Loader:
             self._pool.cancel()
             for slot in scheduled:  # let in-flight slices finish before their buffers are reused
                 self._wait(slot, raise_errors=False)
+
+    def _step_pages(self, order: EpochOrder, step: int) -> np.ndarray:
+        """Sorted unique pages this rank reads at ``step`` (the remote page source prefetches them)."""
+        from .remote_pages import span_pages
+
+        positions, _ = rank_positions(step, self.dist.rank, self.dist.world_size, self.global_batch_size,
+                                      self.n_records, self.drop_last)
+        ids = order.ids(int(positions[0]), int(positions[-1]) + 1)
+        starts, lens = self._spans(ids)
+        ds = self._ds
+        return span_pages(np.asarray(starts, np.int64), np.asarray(lens, np.int64), ds.data_offset, ds.page_size,
+                          ds.page_count)
+
+    def remote_stats(self) -> dict | None:
+        """For a URL: what was fetched (requests, bytes_fetched, pages_fetched, pages_used, memory_hits, waits,
+        disk_hits / disk_misses with cache_dir); None for a local file."""
+        stats = getattr(self._pages, "stats", None)
+        return stats() if stats is not None else None
 
     def _prefetch_to_device(self, slot: Slot | None) -> None:
         """Issue the next batch's host-to-device copy now, if it is ready, so it overlaps the step the consumer

@@ -295,12 +295,15 @@ class TokenStage(Stage):
         self.eos_id = int(info["eos_id"])
         self.itemsize = np.dtype(info["dtype"]).itemsize
         self.data_offset, self.page_size = ds.data_offset, ds.page_size
-        self.tokens = ds.buffer[ds.data_offset : ds.data_offset + ds.data_length].view(
-            np.dtype(info["dtype"]).newbyteorder("<"))
-        if self.tokens.shape[0] < self.seq_len + 1:
-            raise ValueError(f"{ds.path}: {self.tokens.shape[0]} tokens, fewer than seq_len + 1 = {self.seq_len + 1}:"
+        self.token_dtype = np.dtype(info["dtype"]).newbyteorder("<")
+        n_tokens = ds.data_length // self.itemsize
+        # the mmap's tokens for zero-copy gathers; other page sources (process cache, URL) gather bytes
+        self.tokens = (ds.buffer[ds.data_offset : ds.data_offset + ds.data_length].view(self.token_dtype)
+                       if isinstance(pages, MmapPages) else None)
+        if n_tokens < self.seq_len + 1:
+            raise ValueError(f"{ds.path}: {n_tokens} tokens, fewer than seq_len + 1 = {self.seq_len + 1}:"
                              " no window fits (windows are never padded); use a smaller seq_len or more data")
-        self.n_records = token_ops.num_windows(self.tokens.shape[0], self.seq_len)
+        self.n_records = token_ops.num_windows(n_tokens, self.seq_len)
         L = self.seq_len
         self.outputs = {"input": ((L,), np.dtype(op.input_dtype), None), "target": ((L,), np.dtype(np.int64), None)}
         if self.docs:
@@ -333,7 +336,7 @@ class TokenStage(Stage):
             n = (self.seq_len + 1) * self.itemsize
             offs = self.data_offset + ids * (self.seq_len * self.itemsize)
             buf, _ = self.pages.gather(offs, np.full(ids.shape[0], n, dtype=np.int64), ctx)
-            rows = buf[: ids.shape[0] * n].view(self.tokens.dtype).reshape(ids.shape[0], self.seq_len + 1)
+            rows = buf[: ids.shape[0] * n].view(self.token_dtype).reshape(ids.shape[0], self.seq_len + 1)
             np.copyto(inp, rows[:, :-1], casting="unsafe")
             np.copyto(tgt, rows[:, 1:], casting="unsafe")
         if self.docs:

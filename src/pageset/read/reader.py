@@ -10,11 +10,13 @@ damaged index can never make a reader (or a Numba kernel fed from it) touch memo
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import io
 import json
 import mmap
 import os
+import threading
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 
@@ -34,6 +36,7 @@ from ..format.errors import (
 )
 from ..format.fields import JSON, Bytes, Field, Float, Int, NDArray, RGBImage
 from ..format.layout import HEADER, PAGE_CHECKSUM, SECTION_ENTRY
+from .remote import local_path, url_scheme
 
 MAX_SECTIONS = 1024
 MAX_IMAGE_SIDE = (1 << 31) - 1  # keeps height * width * 3 inside uint64 arithmetic
@@ -70,23 +73,45 @@ class Dataset:
     ``ds.fields`` (name -> Field), ``ds.dataset_id`` (hex str), ``ds.header`` (dict), ``ds.metadata`` (dict with
     ``lineage`` and ``user``), ``ds.index`` (read-only structured array, one row per record),
     ``ds.page_size``, ``ds.page_count``, ``ds.data_offset``. Use as a context manager or call ``close()``.
+
+    ``path`` may be a URL (``s3://bucket/key``, ``http(s)://...``, any fsspec protocol; see
+    :mod:`pageset.read.remote`): the header, section table and sections are fetched at open (three requests)
+    and validated exactly like a local file's; records and pages are then read by range requests, each page's
+    CRC-32 checked on arrival. ``storage_options`` go to the fsspec filesystem (endpoint, credentials);
+    ``request_timeout`` (seconds) and ``request_attempts`` bound every request. ``ds.remote`` is the pinned
+    :class:`~pageset.read.remote.RemoteFile` (None for a local file).
     """
 
-    def __init__(self, path):
-        self.path = os.fspath(path)
-        self._file = open(self.path, "rb")
+    def __init__(self, path, storage_options: dict | None = None, *, request_timeout: float = 30.0,
+                 request_attempts: int = 5):
+        path = local_path(path)
+        self._file, self.remote, self._mm = None, None, None
+        if url_scheme(path) is not None:
+            from .remote import RemoteFile, RetryPolicy
+
+            self.path = path
+            self.remote = RemoteFile(path, storage_options, RetryPolicy(request_timeout, request_attempts))
+        else:
+            if storage_options:
+                raise ValueError(f"{os.fspath(path)}: storage_options apply to URLs (s3://, http://, ...), "
+                                 "not to local paths")
+            self.path = os.fspath(path)
+            self._file = open(self.path, "rb")
         try:
             self._open()
         except BaseException:
-            self._file.close()
+            self._release()
             raise
+        finally:
+            if self.remote is not None:
+                self.remote.drop_tail()
 
     # ---- validation ------------------------------------------------------------------------------------
     def _err(self, cls, section, offset, detail):
         return cls(self.path, section, offset, detail)
 
     def _open(self) -> None:
-        size = os.fstat(self._file.fileno()).st_size
+        size = self.remote.size if self.remote is not None else os.fstat(self._file.fileno()).st_size
         self.file_size = size
         head = self._pread(0, min(size, C.HEADER_SIZE))
         if len(head) < len(C.MAGIC):
@@ -136,6 +161,16 @@ class Dataset:
             from .tokens import validate_token_sections
 
             self.tokens_info, self.doc_offsets = validate_token_sections(self, sections)
+        if self.remote is not None:
+            from .remote import PageReader
+
+            self._buf = None
+            self.page_reader = PageReader(self.remote, self.data_offset, self.data_length, self.page_size,
+                                          self._page_crcs)
+            self._recent: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+            self._recent_lock = threading.Lock()
+            return
+        self.page_reader = None
         self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         self._buf = np.frombuffer(self._mm, dtype=np.uint8) if self._mm is not None else np.empty(0, np.uint8)
 
@@ -157,6 +192,8 @@ class Dataset:
         off, count = int(h["section_table_offset"]), int(h["section_count"])
         if count > MAX_SECTIONS or off < self.data_offset + self.data_length or off > size - count * SECTION_ENTRY.itemsize:
             raise self._err(TruncatedFileError, "section table", off, f"{count} entries do not fit in the file")
+        if self.remote is not None:  # the table and every section follow the data: one request for all
+            self.remote.load_tail(self.data_offset + self.data_length)
         raw = self._pread(off, count * SECTION_ENTRY.itemsize)
         if crc32(raw) != int(h["section_table_crc"]):
             raise self._err(ChecksumMismatchError, "section table", off, "section table CRC-32 mismatch")
@@ -269,7 +306,10 @@ class Dataset:
 
     # ---- access ----------------------------------------------------------------------------------------
     def _pread(self, offset: int, length: int) -> bytes:
-        data = os.pread(self._file.fileno(), length, offset)
+        if self.remote is not None:
+            data = self.remote.pread(offset, length)
+        else:
+            data = os.pread(self._file.fileno(), length, offset)
         if len(data) != length:
             raise self._err(TruncatedFileError, "file", offset, f"short read: {len(data)} of {length} bytes")
         return data
@@ -296,8 +336,32 @@ class Dataset:
             raise KeyError(f"{self.path}: no field {name!r}; fields are {list(self.fields)}")
         return self._decode(self._row(i), name, self.fields[name])
 
+    def _span(self, off: int, length: int) -> np.ndarray:
+        """uint8[length]: file bytes ``[off, off + length)`` inside the data area (remote: CRC-checked pages)."""
+        if self.remote is None:
+            return self._buf[off : off + length]
+        if length == 0:
+            return np.empty(0, np.uint8)
+        ps, rel = self.page_size, off - self.data_offset
+        k0, k1 = rel // ps, (rel + length - 1) // ps + 1
+        with self._recent_lock:
+            have = {k: self._recent[k] for k in range(k0, k1) if k in self._recent}
+        missing = [k for k in range(k0, k1) if k not in have]
+        if missing:
+            have.update(zip(range(missing[0], missing[-1] + 1), self.page_reader.read_run(missing[0], missing[-1] + 1)))
+        pages = [have[k] for k in range(k0, k1)]
+        with self._recent_lock:
+            for k in range(k0, k1):
+                self._recent[k] = pages[k - k0]
+                self._recent.move_to_end(k)
+            while len(self._recent) > 8:  # a few recent pages: reading records in order costs one request a page
+                self._recent.popitem(last=False)
+        data = pages[0] if len(pages) == 1 else np.concatenate(pages)
+        lo = rel - k0 * ps
+        return data[lo : lo + length]
+
     def _bytes(self, off: int, length: int) -> bytes:
-        return self._buf[off : off + length].tobytes()
+        return self._span(off, length).tobytes()
 
     def _decode(self, row, name: str, field: Field):
         if isinstance(field, (Int, Float)):
@@ -308,7 +372,7 @@ class Dataset:
             return EncodedImage(self._bytes(off, length), int(row[f"{name}.height"]), int(row[f"{name}.width"]), enc)
         if isinstance(field, NDArray):
             dt = np.dtype(field.dtype).newbyteorder("<")
-            return self._buf[off : off + length].view(dt).reshape(field.shape).astype(field.dtype)
+            return self._span(off, length).view(dt).reshape(field.shape).astype(field.dtype)
         if isinstance(field, Bytes):
             return self._bytes(off, length)
         if isinstance(field, JSON):
@@ -325,12 +389,33 @@ class Dataset:
 
     @property
     def buffer(self) -> np.ndarray:
-        """The whole file as a read-only uint8 array over the mmap (valid until ``close()``)."""
+        """The whole file as a read-only uint8 array over the mmap (valid until ``close()``). Raises ValueError
+        for a URL (no whole-file buffer: read records with ``ds[i]`` or load with ``Loader``)."""
+        if self.remote is not None:
+            raise ValueError(f"{self.path}: a remote dataset has no whole-file buffer; read records with ds[i] / "
+                             "ds.read(i, field) or load it with Loader")
         return self._buf
 
     def fileno(self) -> int:
-        """The open file's descriptor (valid until ``close()``)."""
+        """The open file's descriptor (valid until ``close()``). Raises ValueError for a URL."""
+        if self.remote is not None:
+            raise ValueError(f"{self.path}: a remote dataset has no file descriptor")
         return self._file.fileno()
+
+    def _pages_raw(self, k0: int = 0, k1: int | None = None):
+        """Yield ``(k, start, uint8 page)`` for pages ``[k0, k1)`` as stored (not checked): mmap slices, or
+        range requests of up to 8 MiB for a URL."""
+        k1 = self.page_count if k1 is None else k1
+        ps, end = self.page_size, self.data_offset + self.data_length
+        step = max(1, (8 << 20) // ps) if self.remote is not None else 1
+        for a in range(k0, k1, step):
+            b = min(k1, a + step)
+            lo, hi = self.data_offset + a * ps, min(end, self.data_offset + b * ps)
+            run = (np.frombuffer(self.remote.read(lo, hi), np.uint8) if self.remote is not None
+                   else self._buf[lo:hi])
+            for k in range(a, b):
+                start = self.data_offset + k * ps
+                yield k, start, run[start - lo : min(end, start + ps) - lo]
 
     @property
     def page_checksums(self) -> np.ndarray | None:
@@ -340,8 +425,7 @@ class Dataset:
     def check_page(self, k: int, sample: int | None = None) -> None:
         """Recompute page ``k``'s CRC-32; raise ChecksumMismatchError naming the page, its byte offset and
         ``sample`` (the sample index that needed it) on a mismatch."""
-        start = self.data_offset + k * self.page_size
-        page = self._buf[start : start + min(self.page_size, self.data_offset + self.data_length - start)]
+        _, start, page = next(self._pages_raw(k, k + 1))
         if crc32(page) != int(self._page_crcs[k]):
             who = f" (needed by sample {sample})" if sample is not None else ""
             raise self._err(ChecksumMismatchError, f"page {k}", start, f"page CRC-32 mismatch{who}; the file is "
@@ -368,9 +452,7 @@ class Dataset:
         if self._page_crcs is None:
             raise self._err(FormatError, "page_checksums", None, "this file has no page checksums to verify")
         ps = self.page_size
-        for k in range(self.page_count):
-            start = self.data_offset + k * ps
-            page = self._buf[start : start + min(ps, self.data_offset + self.data_length - start)]
+        for k, start, page in self._pages_raw():
             if crc32(page) != int(self._page_crcs[k]):
                 pages = self.record_pages()
                 ends = (self.index["_offset"] + self.index["_length"]).astype(np.int64)
@@ -389,14 +471,20 @@ class Dataset:
 
     def close(self) -> None:
         """Release the mmap and the file. Arrays obtained from ``buffer`` must not be used afterwards."""
-        self._buf = np.empty(0, np.uint8)
+        self._buf = np.empty(0, np.uint8) if self.remote is None else None
+        self._release()
+
+    def _release(self) -> None:
         if getattr(self, "_mm", None) is not None:
             try:
                 self._mm.close()
             except BufferError:  # a caller still holds a view; the mapping is freed with the last view
                 pass
             self._mm = None
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
+        if self.remote is not None:
+            self.remote.close()
 
     def __enter__(self):
         return self
@@ -415,6 +503,10 @@ def _canonical(doc) -> bytes:
     return canonical_json(doc)
 
 
-def open_dataset(path) -> Dataset:
-    """Open and validate a pageset file; see :class:`Dataset`. Raises FormatError subclasses, OSError."""
-    return Dataset(path)
+def open_dataset(path, storage_options: dict | None = None, *, request_timeout: float = 30.0,
+                 request_attempts: int = 5) -> Dataset:
+    """Open and validate a pageset file, local or at a URL (``s3://``, ``http(s)://``, any fsspec protocol);
+    see :class:`Dataset`. Raises FormatError subclasses (BadMagicError for an object that is not a pageset
+    file), FileNotFoundError (naming the path or URL), ImportError (no backend for the URL's scheme: the
+    message names the package), RemoteReadError, OSError."""
+    return Dataset(path, storage_options, request_timeout=request_timeout, request_attempts=request_attempts)

@@ -97,8 +97,8 @@ class TokenDataset:
     ``len(td)`` is the token count ``T``. Use as a context manager or call ``close()``.
     """
 
-    def __init__(self, path):
-        self.dataset = Dataset(path)
+    def __init__(self, path, storage_options: dict | None = None, **remote):
+        self.dataset = Dataset(path, storage_options, **remote)
         try:
             if self.dataset.tokens_info is None:
                 raise self.dataset._err(FormatError, "header", 24,
@@ -117,7 +117,10 @@ class TokenDataset:
         self.doc_offsets = ds.doc_offsets
         self.dataset_id = ds.dataset_id
         start = ds.data_offset
-        self.tokens = ds.buffer[start : start + ds.data_length].view(self.dtype)
+        if ds.remote is not None:
+            self.tokens = RemoteTokens(ds, self.dtype)
+        else:
+            self.tokens = ds.buffer[start : start + ds.data_length].view(self.dtype)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -165,6 +168,43 @@ class TokenDataset:
                 f"id={self.dataset_id[:12]})")
 
 
-def open_tokens(path: str | os.PathLike) -> TokenDataset:
-    """Open and validate a token file; see :class:`TokenDataset`. Raises FormatError subclasses, OSError."""
-    return TokenDataset(path)
+class RemoteTokens:
+    """The token array of a file opened from a URL: ``len``, ``shape``, ``dtype``, ``tokens[i]`` and
+    ``tokens[a:b]`` (a new array) fetch the pages they cover (CRC-checked); no whole-corpus download."""
+
+    ndim = 1
+
+    def __init__(self, ds: Dataset, dtype: np.dtype):
+        self._ds, self.dtype = ds, dtype
+        self.shape = (ds.data_length // dtype.itemsize,)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key):
+        n = self.shape[0]
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            if not -n <= key < n:
+                raise IndexError(f"{self._ds.path}: token {key} is out of range for {n} tokens")
+            key = int(key) % n
+            return self[key : key + 1][0]
+        if not isinstance(key, slice):
+            raise TypeError(f"remote token arrays take an int or a slice, got {type(key).__name__}")
+        start, stop, step = key.indices(n)
+        if step != 1:
+            idx = np.arange(start, stop, step, dtype=np.int64)
+            if not idx.size:
+                return np.empty(0, self.dtype)
+            lo = int(idx.min())
+            return self[lo : int(idx.max()) + 1][idx - lo]
+        size = self.dtype.itemsize
+        count = max(0, stop - start)
+        raw = self._ds._span(self._ds.data_offset + start * size, count * size)
+        return np.frombuffer(raw.tobytes(), dtype=self.dtype)
+
+
+def open_tokens(path: str | os.PathLike, storage_options: dict | None = None, **remote) -> TokenDataset:
+    """Open and validate a token file, local or at a URL (``storage_options``, ``request_timeout``,
+    ``request_attempts``: see :func:`~pageset.read.open_dataset`); see :class:`TokenDataset`. Raises FormatError
+    subclasses, FileNotFoundError, ImportError, RemoteReadError, OSError."""
+    return TokenDataset(path, storage_options, **remote)
