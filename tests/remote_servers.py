@@ -95,7 +95,7 @@ class FaultProxy:
     Settings (change them any time): ``latency`` (seconds before each request is forwarded), ``fail_every``
     (every k-th range GET answers 503 SlowDown), ``drop_every`` (every k-th range GET is cut off mid-body and the
     connection closed), ``truncate_every`` (every k-th range GET answers a complete-looking response with half
-    the body), ``hang`` (requests are read and never answered, until ``stop()``). ``counts`` maps
+    the body), ``corrupt_every`` (every k-th range GET has one byte of its body flipped), ``hang`` (requests are read and never answered, until ``stop()``). ``counts`` maps
     ``(method, path)`` to requests seen; ``ranges`` lists ``(path, Range header)`` of every range GET.
     """
 
@@ -103,7 +103,7 @@ class FaultProxy:
         host, port = upstream.removeprefix("http://").rstrip("/").split(":")
         self.upstream = (host, int(port))
         self.latency = 0.0
-        self.fail_every = self.drop_every = self.truncate_every = 0
+        self.fail_every = self.drop_every = self.truncate_every = self.corrupt_every = 0
         self.hang = False
         self.counts: collections.Counter = collections.Counter()
         self.ranges: list[tuple[str, str]] = []
@@ -134,7 +134,7 @@ class FaultProxy:
     def reset(self):
         with self._lock:
             self.latency = 0.0
-            self.fail_every = self.drop_every = self.truncate_every = 0
+            self.fail_every = self.drop_every = self.truncate_every = self.corrupt_every = 0
             self.hang = False
             self.counts.clear()
             self.ranges.clear()
@@ -160,7 +160,7 @@ class FaultProxy:
             fault = None
             if is_range:
                 for name, every in (("fail", self.fail_every), ("drop", self.drop_every),
-                                    ("truncate", self.truncate_every)):
+                                    ("truncate", self.truncate_every), ("corrupt", self.corrupt_every)):
                     if every and n % every == 0:
                         fault = name
                         self.faults[name] += 1
@@ -196,6 +196,9 @@ class FaultProxy:
             conn.close()
         send = data
         declared = len(data) if h.command != "HEAD" else int(head_length or 0)
+        if fault == "corrupt" and status == 206 and data:
+            mid = len(data) // 2
+            send = data[:mid] + bytes([data[mid] ^ 0x40]) + data[mid + 1 :]
         if fault == "truncate" and status == 206 and len(data) > 1:
             send = data[: len(data) // 2]
             declared = len(send)

@@ -5,6 +5,7 @@
     pageset convert-text corpus/ train.pageset --tokenizer encoder.json --merges vocab.bpe --separator %
     pageset inspect train.pageset [--json]
     pageset verify train.pageset
+    pageset verify s3://bucket/train.pageset --storage-options '{"client_kwargs": {"endpoint_url": "..."}}'
 """
 
 from __future__ import annotations
@@ -140,8 +141,21 @@ def _count(ds) -> str:
     return f"{len(ds)} records"
 
 
+def _open(args):
+    """open_dataset for a path or URL; ``--storage-options`` is a JSON object for the fsspec filesystem."""
+    opts = None
+    if args.storage_options:
+        try:
+            opts = json.loads(args.storage_options)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"pageset {args.command}: --storage-options is not valid JSON ({exc})") from None
+        if not isinstance(opts, dict):
+            raise SystemExit(f"pageset {args.command}: --storage-options must be a JSON object")
+    return open_dataset(args.path, opts)
+
+
 def cmd_inspect(args) -> int:
-    with open_dataset(args.path) as ds:
+    with _open(args) as ds:
         info = describe(ds)
         count = _count(ds)
     if args.json:
@@ -174,7 +188,7 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    with open_dataset(args.path) as ds:
+    with _open(args) as ds:
         ds.verify()
         print(f"{args.path}: OK ({_count(ds)}, {ds.page_count} pages, header, sections, index and every page "
               "checksum verified)")
@@ -214,11 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true")
     t.set_defaults(func=cmd_convert_text)
     i = sub.add_parser("inspect", help="print header, schema, counts, sizes, dataset id and lineage")
-    i.add_argument("path")
+    i.add_argument("path", help="a pageset file or URL (s3://bucket/key, https://...)")
+    i.add_argument("--storage-options", default=None, help="JSON object for the URL's fsspec filesystem")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.set_defaults(func=cmd_inspect)
     v = sub.add_parser("verify", help="check every checksum, page by page")
-    v.add_argument("path")
+    v.add_argument("path", help="a pageset file or URL (s3://bucket/key, https://...)")
+    v.add_argument("--storage-options", default=None, help="JSON object for the URL's fsspec filesystem")
     v.set_defaults(func=cmd_verify)
     return p
 
@@ -236,7 +252,7 @@ def main(argv=None) -> int:
             signal.signal(sig, _terminate)
     try:
         return args.func(args)
-    except (FormatError, OSError) as exc:
+    except (FormatError, OSError, ImportError) as exc:
         print(f"pageset {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -98,7 +98,13 @@ class Dataset:
             self.path = os.fspath(path)
             self._file = open(self.path, "rb")
         try:
-            self._open()
+            try:
+                self._open()
+            except ChecksumMismatchError:
+                if self.remote is None:
+                    raise
+                self.remote.drop_tail()
+                self._open()  # a flipped bit on the wire: read the metadata once more before calling it damaged
         except BaseException:
             self._release()
             raise
