@@ -330,3 +330,16 @@ def test_four_ranks_sharing_a_cache_dir_fetch_each_page_once(files, servers, tmp
         assert [tuple(x[0]) for x in results[r]["batches"]] == [b[0] for b in again]
         assert stats["disk_misses"] == 0 and stats["disk_hits"] > 0
     assert _data_pages(proxy.range_gets("/train.pageset"), *geometry) == []
+
+
+def test_cli_inspect_and_verify_a_url(servers, capsys):
+    from pageset.cli import main
+
+    url, opts = _urls(servers, "train.pageset")[0]
+    assert main(["verify", url, "--storage-options", json.dumps(opts)]) == 0
+    assert f"{url}: OK (48 records" in capsys.readouterr().out
+    assert main(["inspect", url, "--json", "--storage-options", json.dumps(opts)]) == 0
+    assert json.loads(capsys.readouterr().out)["path"] == url
+    http_url = f"{servers['http_proxy'].url}/photo.jpg"
+    assert main(["verify", http_url]) == 1
+    assert f"{http_url}: header at byte 0: bad magic" in capsys.readouterr().err
