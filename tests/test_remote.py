@@ -343,3 +343,20 @@ def test_cli_inspect_and_verify_a_url(servers, capsys):
     http_url = f"{servers['http_proxy'].url}/photo.jpg"
     assert main(["verify", http_url]) == 1
     assert f"{http_url}: header at byte 0: bad magic" in capsys.readouterr().err
+
+
+def test_cache_dir_is_size_bounded_lru(files, servers, tmp_path):
+    url, opts = _urls(servers, "train.pageset")[0]
+    cache = tmp_path / "cache"
+    with open_dataset(files / "train.pageset") as ds:
+        limit, page_count, dataset_id = 3 * ds.page_size, ds.page_count, ds.dataset_id
+    kw = dict(batch_size=8, pipelines=PIPE, order="sequential", num_threads=1, storage_options=opts,
+              cache_dir=cache, cache_limit_bytes=limit, prefetch_bytes=1 << 16)
+    local, _, _ = _run(files / "train.pageset", batch_size=8, pipelines=PIPE, order="sequential", num_threads=1)
+    got, _, stats = _run(url, **kw)
+    assert got == local
+    pages = sorted((cache / dataset_id).glob("*.page"), key=lambda p: p.stat().st_mtime_ns)
+    assert sum(p.stat().st_size for p in pages) <= limit
+    assert stats["disk_evicted"] >= page_count - 3 and stats["disk_misses"] == page_count
+    # the most recently used pages stayed: the last pages of the sequential epoch
+    assert {int(p.stem) for p in pages} <= set(range(page_count - 3, page_count))
