@@ -150,6 +150,17 @@ def test_bad_urls_are_clear_errors(servers):
         open_dataset("train.pageset", {"anon": True})
 
 
+def test_no_credentials_is_the_clients_error_with_the_url(servers, monkeypatch):
+    for k in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(k)
+    for k in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+        monkeypatch.setenv(k, "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    url = f"s3://{BUCKET}/train.pageset"
+    with pytest.raises(PermissionError, match=re.escape(url) + ": Unable to locate credentials"):
+        open_dataset(url, {"client_kwargs": {"endpoint_url": servers["s3_proxy"].url, "region_name": "us-east-1"}})
+
+
 def test_damaged_page_is_fetched_again_then_named(files, servers):
     url, opts = _urls(servers, "train.pageset")[0]
     proxy = servers["s3_proxy"]

@@ -65,8 +65,9 @@ class RemotePages:
         ds: a :class:`~pageset.read.reader.Dataset` opened from a URL.
         prefetch_bytes: bytes of pages requested ahead of the consumer (default 64 MiB, at least one page).
         max_requests: range requests running at once (>= 1).
-        memory_bytes: bound of the in-memory LRU of arrived pages (default ``2 * prefetch_bytes``); pinned
-            pages of planned steps may exceed it by at most ``prefetch_bytes``.
+        memory_bytes: bound of the in-memory LRU of arrived pages (default ``2 * prefetch_bytes``). Pages of the
+            planned steps (at least the next step, at most MAX_LOOKAHEAD_STEPS) are pinned and may exceed it: with
+            ``random`` order one step pins up to ``batch_size`` pages.
         cache_dir: optional on-disk page cache shared by the processes of one host; ``cache_limit_bytes`` bounds
             it (default 10 GiB).
 

@@ -185,6 +185,9 @@ class RemoteFile:
                 return PermissionError(f"{self.url}: access denied ({exc}); check credentials "
                                        "(storage_options or the AWS_* environment)")
             return exc
+        if any(type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError") for e in _chain(exc)):
+            return PermissionError(f"{self.url}: {exc}; give credentials in storage_options or the AWS_* "
+                                   "environment (anon=True for public buckets)")
         status, code = _status(exc)
         if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "404"):
             return FileNotFoundError(f"{self.url}: no such object or bucket ({exc})")
