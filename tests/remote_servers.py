@@ -230,3 +230,43 @@ class FaultProxy:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def main(argv=None) -> None:
+    """Serve one file in a separate process (benchmarks: the servers' Python threads then do not share the
+    loader's GIL). ``python tests/remote_servers.py FILE... [--latency-ms X]`` uploads the FILEs (one folder) to
+    a fresh moto S3 server and serves their folder over HTTP, each behind a proxy adding X ms per request; prints
+    one JSON line (``s3_prefix``, ``s3_endpoint``, ``http_prefix``: append a file name) and serves until stdin is
+    closed."""
+    import argparse
+    import json
+    import sys
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--latency-ms", type=float, default=0.0)
+    ap.add_argument("--bucket", default="pageset-bench")
+    args = ap.parse_args(argv)
+    paths = [Path(f).resolve() for f in args.files]
+    s3, http = MotoS3(), StaticHTTP(paths[0].parent)
+    proxies = [FaultProxy(s3.url), FaultProxy(http.url)]
+    try:
+        client = s3.client()
+        client.create_bucket(Bucket=args.bucket)
+        for path in paths:
+            client.upload_file(str(path), args.bucket, path.name)
+        for p in proxies:
+            p.latency = args.latency_ms / 1e3
+        print(json.dumps({"s3_prefix": f"s3://{args.bucket}/", "s3_endpoint": proxies[0].url,
+                          "http_prefix": f"{proxies[1].url}/"}), flush=True)
+        sys.stdin.read()  # until the parent closes our stdin (or exits)
+    finally:
+        for p in proxies:
+            p.stop()
+        http.stop()
+        s3.stop()
+
+
+if __name__ == "__main__":
+    main()

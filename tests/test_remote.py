@@ -371,3 +371,13 @@ def test_cache_dir_is_size_bounded_lru(files, servers, tmp_path):
     assert stats["disk_evicted"] >= page_count - 3 and stats["disk_misses"] == page_count
     # the most recently used pages stayed: the last pages of the sequential epoch
     assert {int(p.stem) for p in pages} <= set(range(page_count - 3, page_count))
+
+
+def test_labels_only_fetch_no_pages(files, servers):
+    url, opts = _urls(servers, "train.pageset")[0]
+    kw = dict(batch_size=8, pipelines={"image": None}, order="random", seed=2, num_threads=1)
+    with Loader(files / "train.pageset", **kw) as loader:
+        local = [(b["_index"].tolist(), b["label"].tolist()) for b in loader]
+    with Loader(url, storage_options=opts, **kw) as loader:
+        assert [(b["_index"].tolist(), b["label"].tolist()) for b in loader] == local
+        assert loader.remote_stats()["pages_fetched"] == 0

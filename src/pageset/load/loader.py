@@ -264,7 +264,8 @@ class Loader:
         order = EpochOrder(self._page_sizes, self.seed, epoch, self.order, self.window_pages)
         scheduled: list[Slot] = []
         nxt = first
-        advance = getattr(self._pages, "advance", None)  # remote pages: fetch the next steps' pages ahead
+        # remote pages: fetch the next steps' pages ahead (unless only index columns are loaded: no page reads)
+        advance = getattr(self._pages, "advance", None) if any(hasattr(s, "pages") for s in self._stages) else None
         if advance is not None:
             self._pages.plan(lambda s: self._step_pages(order, s), first, steps)
         try:

@@ -255,6 +255,9 @@ class RemoteFile:
             got = r.headers.get("ETag")
             if self.etag and got and got != self.etag:
                 raise self._changed(f"ETag {got} != pinned {self.etag}")
+            total = r.headers.get("Content-Range", "").rpartition("/")[2]
+            if total.isdigit() and int(total) != self.size:  # servers without ETags: the size still pins
+                raise self._changed(f"size {total} != {self.size} bytes at open")
             return await r.read()
 
     def _get_once(self, start: int, end: int) -> bytes:
