@@ -267,7 +267,7 @@ class Loader:
         # remote pages: fetch the next steps' pages ahead (unless only index columns are loaded: no page reads)
         advance = getattr(self._pages, "advance", None) if any(hasattr(s, "pages") for s in self._stages) else None
         if advance is not None:
-            self._pages.plan(lambda s: self._step_pages(order, s), first, steps)
+            self._pages.plan(lambda s: self._step_pages(order, s), first, steps, min_ahead=self.batches_ahead)
         try:
             for step in range(first, steps):
                 if advance is not None:

@@ -66,8 +66,8 @@ class RemotePages:
         prefetch_bytes: bytes of pages requested ahead of the consumer (default 64 MiB, at least one page).
         max_requests: range requests running at once (>= 1).
         memory_bytes: bound of the in-memory LRU of arrived pages (default ``2 * prefetch_bytes``). Pages of the
-            planned steps (at least the next step, at most MAX_LOOKAHEAD_STEPS) are pinned and may exceed it: with
-            ``random`` order one step pins up to ``batch_size`` pages.
+            planned steps (at least the steps the decode threads work on, at most MAX_LOOKAHEAD_STEPS) are pinned
+            and may exceed it: with ``random`` order one step pins up to ``batch_size`` pages.
         cache_dir: optional on-disk page cache shared by the processes of one host; ``cache_limit_bytes`` bounds
             it (default 10 GiB).
 
@@ -109,6 +109,7 @@ class RemotePages:
         self._planned_bytes = 0
         self._pages_of_step = None
         self._frontier = self._steps = 0
+        self._min_ahead = 1
         self._closed = False
         self.network_requests = self.network_bytes = self.pages_fetched = 0
         self.memory_hits = self.waits = self.pages_used = 0
@@ -208,9 +209,11 @@ class RemotePages:
         return got
 
     # ---- the order's plan -------------------------------------------------------------------------------
-    def plan(self, pages_of_step, first: int, steps: int) -> None:
+    def plan(self, pages_of_step, first: int, steps: int, min_ahead: int = 1) -> None:
         """Start prefetching an epoch: ``pages_of_step(s)`` -> sorted unique int64 pages of this rank's step
-        ``s``; steps ``[first, steps)`` will be handed out in order."""
+        ``s``; steps ``[first, steps)`` will be handed out in order. The ``min_ahead`` steps from the current one
+        (those the decode threads already work on) are always planned, whatever the byte budget, so their pages
+        are requested (and pinned) before a thread asks for them."""
         with self._lock:
             for _, pages, _ in self._planned:
                 self._pins.subtract(pages.tolist())
@@ -218,6 +221,7 @@ class RemotePages:
             self._planned.clear()
             self._planned_bytes = 0
             self._pages_of_step, self._frontier, self._steps = pages_of_step, first, steps
+            self._min_ahead = max(1, int(min_ahead))
         self.advance(first)
 
     def advance(self, step: int) -> None:
@@ -233,7 +237,7 @@ class RemotePages:
             self._pins = +self._pins
             self._frontier = max(self._frontier, step)
         while (self._frontier < self._steps and self._frontier < step + MAX_LOOKAHEAD_STEPS
-               and (self._planned_bytes < self.prefetch_bytes or not self._planned)):
+               and (self._planned_bytes < self.prefetch_bytes or self._frontier < step + self._min_ahead)):
             pages = self._pages_of_step(self._frontier)
             with self._lock:
                 self._pins.update(pages.tolist())
