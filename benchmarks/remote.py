@@ -137,6 +137,41 @@ def run_tokens(path, order, threads, **kw):
     return row
 
 
+def write_chart(result: dict, path) -> None:
+    """PNG: images/s and read amplification by latency, one line per (source, order), from a saved result."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for order, style in (("quasi_random", "-"), ("random", "--")):
+        local = next((r for r in rows if r["source"] == "local" and r["order"] == order), None)
+        for source, color in (("s3", "tab:blue"), ("http", "tab:orange")):
+            sub = sorted((r for r in rows if r["source"] == source and r["order"] == order),
+                         key=lambda r: r["latency_ms"])
+            if not sub:
+                continue
+            lat = [r["latency_ms"] for r in sub]
+            ax.plot(lat, [r["images_per_s"] for r in sub], style, color=color, marker="o", label=f"{source} {order}")
+            ax2.plot(lat, [r["read_amplification"] for r in sub], style, color=color, marker="o",
+                     label=f"{source} {order}")
+        if local is not None:
+            ax.axhline(local["images_per_s"], linestyle=style, color="gray", label=f"local file {order}")
+    ax.set(xlabel="injected latency per request (ms)", ylabel="images/s (2 threads)",
+           title=f"images/s, pages of {result['page_size'] >> 10} KiB")
+    ax2.set(xlabel="injected latency per request (ms)", ylabel="bytes fetched / bytes used",
+            title="read amplification (first epoch)")
+    ax.set_ylim(bottom=0)
+    ax2.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--images", type=int, default=1200)
@@ -151,7 +186,12 @@ def main() -> None:
                     help="prefetch_bytes in MiB (the memory cache is twice that: below the file's size, so random "
                          "order pays for its page reads)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--chart", default=None, help="PNG path (matplotlib); or re-draw with --from-json")
+    ap.add_argument("--from-json", default=None, help="only draw --chart from a saved --json result")
     args = ap.parse_args()
+    if args.from_json:
+        write_chart(json.loads(Path(args.from_json).read_text()), args.chart or "remote.png")
+        return
 
     tmp = Path(tempfile.mkdtemp(prefix="pageset-bench-remote-"))
     servers = {}
@@ -239,6 +279,8 @@ def main() -> None:
             Path(args.json).write_text(json.dumps({"floors": floors, "rows": rows, "token_rows": tok_rows, "compute_s": compute,
                                                    "images": res.records, "file_bytes": size,
                                                    "page_size": args.page_size}, indent=2))
+        if args.chart:
+            write_chart({"rows": rows, "page_size": args.page_size}, args.chart)
     finally:
         for srv in servers.values():
             srv.stop()
