@@ -18,6 +18,7 @@ from .format import (
     BadMagicError,
     Bytes,
     ChecksumMismatchError,
+    FileChangedError,
     Float,
     FormatError,
     IndexBoundsError,
@@ -32,6 +33,7 @@ from .format import (
     UnsupportedVersionError,
 )
 from .format.fields import Tokens
+from .merge import merge_datasets
 from .read import Dataset, EncodedImage, open_dataset
 from .read.tokens import TokenDataset, open_tokens
 from .write import ImageFolder, SampleError, WriteResult, write_dataset
@@ -82,6 +84,7 @@ __all__ = [
     "Dataset",
     "DecodeError",
     "EncodedImage",
+    "FileChangedError",
     "Float",
     "FloatDecoder",
     "FormatError",
@@ -121,6 +124,7 @@ __all__ = [
     "import_llmc",
     "import_megatron",
     "import_nanogpt",
+    "merge_datasets",
     "open_dataset",
     "open_tokens",
     "write_dataset",

@@ -3,6 +3,7 @@
 from .errors import (
     BadMagicError,
     ChecksumMismatchError,
+    FileChangedError,
     FormatError,
     IndexBoundsError,
     ObjectChangedError,
@@ -19,6 +20,7 @@ __all__ = [
     "BadMagicError",
     "Bytes",
     "ChecksumMismatchError",
+    "FileChangedError",
     "Field",
     "Float",
     "FormatError",

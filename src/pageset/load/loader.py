@@ -34,7 +34,7 @@ from ..order import (
     sample_keys,
 )
 from ..read import open_dataset
-from .pages import MmapPages, PageVerifier, ProcessPageCache
+from .pages import PageVerifier, PreadPages, ProcessPageCache
 from .stages import PipelineError, build_stage
 from .workers import Slot, ThreadPool
 
@@ -76,11 +76,11 @@ class Loader:
         batches_ahead: batches prepared ahead of the consumer (default 2 per thread, at least 2).
         rank, world_size: explicit values win; else an initialised torch.distributed; else torchrun's RANK /
             WORLD_SIZE environment; else a single process.
-        page_cache: ``"os"`` (mmap, the OS page cache) or ``"process"`` (a bounded pread page cache of
-            ``cache_pages`` pages; default ``2 * window_pages + batches_ahead + 2``).
+        page_cache: ``"os"`` (records read with ``pread``; the OS page cache keeps what is hot) or
+            ``"process"`` (a bounded LRU of whole pages read with ``pread``: ``cache_pages`` pages; default
+            ``2 * window_pages + batches_ahead + 2``). Neither maps the file: a file truncated or modified in
+            place under the loader raises TruncatedFileError / FileChangedError at the next batch, never SIGBUS.
         window_pages: pages per quasi-random window (M).
-        verify_pages: check each page's CRC-32 the first time a batch needs it (off by default: one extra pass
-            over the data); a damaged page raises ChecksumMismatchError naming the page and the sample.
         storage_options: for a URL ``path`` (``s3://``, ``http(s)://``, any fsspec protocol): options of the fsspec
             filesystem (endpoint, credentials); see ``pageset.read.remote``. A URL is read in whole pages by range
             requests, each page's CRC-32 checked on arrival (``page_cache`` and ``verify_pages`` do not apply).
@@ -90,6 +90,8 @@ class Loader:
             MiB) and range requests running at once (default 8).
         request_timeout, request_attempts: URL only: seconds per request and attempts per request (retries
             with exponential backoff and jitter); then RemoteReadError names the URL, byte range and attempts.
+        verify_pages: check each page's CRC-32 the first time a batch needs it (off by default: one extra pass
+            over the data); a damaged page raises ChecksumMismatchError naming the page and the sample.
 
     Each batch is a dict: one entry per loaded field (a Bytes field gives ``(data, lengths)``), plus
     ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]). Batches are numpy arrays, or torch
@@ -154,11 +156,10 @@ class Loader:
             self._pages = RemotePages(self._ds, **self._remote_options)
             verify_pages = False  # every remote page is CRC-checked on arrival
         elif page_cache == "os":
-            self._pages = MmapPages(self._ds)
+            self._pages = PreadPages(self._ds)
         else:
             capacity = cache_pages if cache_pages is not None else 2 * self.window_pages + batches_ahead + 2
-            self._pages = ProcessPageCache(self._ds.path, self._ds.data_offset, self._ds.data_length,
-                                           self._ds.page_size, capacity)
+            self._pages = ProcessPageCache(self._ds, capacity)
         pipelines = dict(pipelines or {})
         unknown = set(pipelines) - set(self._ds.fields)
         if unknown:
@@ -304,7 +305,6 @@ class Loader:
         disk_hits / disk_misses with cache_dir); None for a local file."""
         stats = getattr(self._pages, "stats", None)
         return stats() if stats is not None else None
-
     def _prefetch_to_device(self, slot: Slot | None) -> None:
         """Issue the next batch's host-to-device copy now, if it is ready, so it overlaps the step the consumer
         is about to run on the batch just handed out (CUDA queue only)."""

@@ -1,11 +1,19 @@
 """``open_dataset``: open and validate a pageset file, then read records.
 
 Validation at open follows ``formats/v1.md``: magic -> version and feature bits -> header checksum -> file
-size vs sections -> section checksums -> schema -> index bounds. Each step raises its own
+size vs sections -> section checksums -> zero padding -> schema -> index bounds. Each step raises its own
 :class:`~pageset.format.FormatError` subclass naming the path, section and byte offset. Page checksums are
-checked by :meth:`Dataset.verify` (``pageset verify``), not at open: that would read the whole file.
+checked by :meth:`Dataset.verify` (``pageset verify``), not at open: that would read the whole file. The zero
+padding (bytes ``[160, data_offset)`` and the alignment gaps around the sections) is checked at open and again
+by ``verify()``: it is a few KiB, and no CRC covers it.
 Every offset and length taken from the file is checked against the file size before it is used, so a
 damaged index can never make a reader (or a Numba kernel fed from it) touch memory outside the file.
+
+Records, pages and sections are read with ``pread`` (``os.preadv``), never through a memory map: a file
+truncated or rewritten in place under an open Dataset raises :class:`TruncatedFileError` (naming the byte
+range that could not be read) or :class:`FileChangedError` instead of killing the process with SIGBUS, as a
+mapped page past the new end of the file would. Only :attr:`Dataset.buffer` (and ``TokenDataset.tokens``)
+map the file, on first use, for callers that want zero-copy views and own the file.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from ..format.checksum import crc32
 from ..format.errors import (
     BadMagicError,
     ChecksumMismatchError,
+    FileChangedError,
     FormatError,
     IndexBoundsError,
     SchemaError,
@@ -44,6 +53,9 @@ MAX_IMAGE_SIDE = (1 << 31) - 1  # keeps height * width * 3 inside uint64 arithme
 # also keeps a loader from sizing decode buffers for a 2^31 x 2^31 image (found by tools/fuzz.py: an edited
 # ``image.height`` made the loader allocate height * width * 3 bytes).
 MAX_JPEG_SIDE = 65535
+READ_CHUNK = 1 << 22  # bytes per pread when checksumming a page or checking padding (page_size is up to 1 GiB)
+REMOTE_HEAD = 1 << 16  # a URL's first request at open: the header and the zero padding up to data_offset
+REMOTE_RUN = 8 << 20  # bytes per range request of verify() on a URL
 
 
 @dataclass(frozen=True)
@@ -74,18 +86,24 @@ class Dataset:
     ``lineage`` and ``user``), ``ds.index`` (read-only structured array, one row per record),
     ``ds.page_size``, ``ds.page_count``, ``ds.data_offset``. Use as a context manager or call ``close()``.
 
+    Reads use ``pread``: if the file is truncated or modified in place while it is open, reads raise
+    TruncatedFileError / FileChangedError (never SIGBUS); a file replaced by a rename keeps being read whole.
+    Page sources build on ``ds.read_into(offset, out)`` and ``ds.check_unchanged()``.
+
     ``path`` may be a URL (``s3://bucket/key``, ``http(s)://...``, any fsspec protocol; see
     :mod:`pageset.read.remote`): the header, section table and sections are fetched at open (three requests)
     and validated exactly like a local file's; records and pages are then read by range requests, each page's
-    CRC-32 checked on arrival. ``storage_options`` go to the fsspec filesystem (endpoint, credentials);
-    ``request_timeout`` (seconds) and ``request_attempts`` bound every request. ``ds.remote`` is the pinned
+    CRC-32 checked on arrival, every request pinned to the object's ETag (ObjectChangedError otherwise).
+    ``storage_options`` go to the fsspec filesystem (endpoint, credentials); ``request_timeout`` (seconds) and
+    ``request_attempts`` bound every request. ``ds.remote`` is the pinned
     :class:`~pageset.read.remote.RemoteFile` (None for a local file).
     """
 
     def __init__(self, path, storage_options: dict | None = None, *, request_timeout: float = 30.0,
                  request_attempts: int = 5):
         path = local_path(path)
-        self._file, self.remote, self._mm = None, None, None
+        self._mm, self._file, self.remote = None, None, None
+        self._mm_lock = threading.Lock()
         if url_scheme(path) is not None:
             from .remote import RemoteFile, RetryPolicy
 
@@ -103,21 +121,26 @@ class Dataset:
             except ChecksumMismatchError:
                 if self.remote is None:
                     raise
-                self.remote.drop_tail()
+                self.remote.drop_cached()
                 self._open()  # a flipped bit on the wire: read the metadata once more before calling it damaged
         except BaseException:
             self._release()
             raise
         finally:
             if self.remote is not None:
-                self.remote.drop_tail()
+                self.remote.drop_cached()
 
     # ---- validation ------------------------------------------------------------------------------------
     def _err(self, cls, section, offset, detail):
         return cls(self.path, section, offset, detail)
 
     def _open(self) -> None:
-        size = self.remote.size if self.remote is not None else os.fstat(self._file.fileno()).st_size
+        if self.remote is not None:
+            size, self._mtime_ns = self.remote.size, None
+            self.remote.load_range(0, min(size, REMOTE_HEAD))  # header + padding: one request
+        else:
+            st = os.fstat(self._file.fileno())
+            size, self._mtime_ns = st.st_size, st.st_mtime_ns
         self.file_size = size
         head = self._pread(0, min(size, C.HEADER_SIZE))
         if len(head) < len(C.MAGIC):
@@ -158,6 +181,7 @@ class Dataset:
         self.dataset_id = bytes(h["dataset_id"]).hex()
         self._check_geometry(h, size)
         sections = self._read_section_table(h, size)
+        self._check_padding()
         self.schema = self._read_schema(sections)
         self.index = self._read_index(sections)
         self._page_crcs = self._read_page_crcs(sections, h)
@@ -167,18 +191,14 @@ class Dataset:
             from .tokens import validate_token_sections
 
             self.tokens_info, self.doc_offsets = validate_token_sections(self, sections)
+        self.page_reader = None
         if self.remote is not None:
             from .remote import PageReader
 
-            self._buf = None
             self.page_reader = PageReader(self.remote, self.data_offset, self.data_length, self.page_size,
                                           self._page_crcs)
             self._recent: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
             self._recent_lock = threading.Lock()
-            return
-        self.page_reader = None
-        self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-        self._buf = np.frombuffer(self._mm, dtype=np.uint8) if self._mm is not None else np.empty(0, np.uint8)
 
     def _check_geometry(self, h, size) -> None:
         if int(h["file_size"]) != size:
@@ -199,11 +219,12 @@ class Dataset:
         if count > MAX_SECTIONS or off < self.data_offset + self.data_length or off > size - count * SECTION_ENTRY.itemsize:
             raise self._err(TruncatedFileError, "section table", off, f"{count} entries do not fit in the file")
         if self.remote is not None:  # the table and every section follow the data: one request for all
-            self.remote.load_tail(self.data_offset + self.data_length)
+            self.remote.load_range(self.data_offset + self.data_length, size)
         raw = self._pread(off, count * SECTION_ENTRY.itemsize)
         if crc32(raw) != int(h["section_table_crc"]):
             raise self._err(ChecksumMismatchError, "section table", off, "section table CRC-32 mismatch")
         table = np.frombuffer(raw, dtype=SECTION_ENTRY)
+        self._section_entries = table
         sections = {}
         data_end = self.data_offset + self.data_length
         for k, e in enumerate(table):
@@ -226,6 +247,27 @@ class Dataset:
             if kind not in sections:
                 raise self._err(FormatError, C.SECTION_NAMES[kind], None, "required section is missing")
         return sections
+
+    def _check_padding(self) -> None:
+        """Every byte outside the header, the data area, the sections and the section table is zero padding
+        (``formats/v1.md`` section 1): no CRC covers it, so open and ``verify()`` read it (a few KiB)."""
+        size = self.file_size
+        table_off, count = int(self.header["section_table_offset"]), int(self.header["section_count"])
+        covered = [(0, C.HEADER_SIZE), (self.data_offset, self.data_offset + self.data_length),
+                   (table_off, table_off + count * SECTION_ENTRY.itemsize)]
+        covered += [(int(e["offset"]), int(e["offset"]) + int(e["length"])) for e in self._section_entries]
+        pos = 0
+        for start, stop in sorted(covered) + [(size, size)]:
+            for off in range(pos, start, READ_CHUNK):  # the gap [pos, start)
+                chunk = np.frombuffer(self._pread(off, min(READ_CHUNK, start - off)), dtype=np.uint8)
+                bad = np.flatnonzero(chunk)
+                if bad.size:
+                    self.check_unchanged()  # a change under the reader, not damage at rest
+                    at = off + int(bad[0])
+                    raise self._err(FormatError, "padding", at,
+                                    f"byte {at} is {int(chunk[bad[0]]):#04x} in the zero padding [{pos}, {start}): "
+                                    "the file is damaged; rewrite it or restore a copy")
+            pos = max(pos, stop)
 
     def _read_json_section(self, sections, kind, name, default=None):
         if kind not in sections:
@@ -314,10 +356,88 @@ class Dataset:
     def _pread(self, offset: int, length: int) -> bytes:
         if self.remote is not None:
             data = self.remote.pread(offset, length)
-        else:
-            data = os.pread(self._file.fileno(), length, offset)
-        if len(data) != length:
-            raise self._err(TruncatedFileError, "file", offset, f"short read: {len(data)} of {length} bytes")
+            if len(data) != length:
+                raise self._err(TruncatedFileError, "file", offset, f"short read: {len(data)} of {length} bytes")
+            return data
+        out = bytearray(length)
+        self.read_into(offset, out)
+        return bytes(out)
+
+    def _span(self, off: int, length: int) -> np.ndarray:
+        """URL only: uint8[length], bytes ``[off, off + length)`` of the data area from CRC-checked pages (the
+        last few pages are kept, so reading records in order costs one request per page)."""
+        if length == 0:
+            return np.empty(0, np.uint8)
+        ps, rel = self.page_size, off - self.data_offset
+        k0, k1 = rel // ps, (rel + length - 1) // ps + 1
+        with self._recent_lock:
+            have = {k: self._recent[k] for k in range(k0, k1) if k in self._recent}
+        missing = [k for k in range(k0, k1) if k not in have]
+        if missing:
+            have.update(zip(range(missing[0], missing[-1] + 1), self.page_reader.read_run(missing[0], missing[-1] + 1)))
+        pages = [have[k] for k in range(k0, k1)]
+        with self._recent_lock:
+            for k in range(k0, k1):
+                self._recent[k] = pages[k - k0]
+                self._recent.move_to_end(k)
+            while len(self._recent) > 8:
+                self._recent.popitem(last=False)
+        data = pages[0] if len(pages) == 1 else np.concatenate(pages)
+        lo = rel - k0 * ps
+        return data[lo : lo + length]
+
+    def read_into(self, offset: int, out) -> None:
+        """Fill ``out`` (a writable contiguous buffer: bytearray, uint8 numpy array) with the file's bytes
+        ``[offset, offset + len(out))`` using ``pread``; thread-safe, releases the GIL.
+
+        Raises TruncatedFileError naming the file and the byte range when the file ends first (it was truncated
+        or rewritten in place after it was opened).
+        """
+        view = memoryview(out).cast("B")
+        if self.remote is not None:
+            view[:] = self._span(offset, len(view)).tobytes()
+            return
+        length, done, fd = len(view), 0, self._file.fileno()
+        while done < length:  # a single read returns at most ~2 GiB on Linux
+            n = os.preadv(fd, [view[done:]], offset + done)
+            if n <= 0:
+                now = os.fstat(fd).st_size
+                raise self._err(
+                    TruncatedFileError, "file", offset,
+                    f"short read of bytes [{offset}, {offset + length}): {done} bytes read; the file shrank "
+                    f"to {now} bytes ({self.file_size} when opened): it was truncated or rewritten in place while "
+                    "being read. Replace files by renaming a new one over them, as write_dataset does")
+            done += n
+
+    def check_unchanged(self) -> None:
+        """Raise if the file changed in place since it was opened (one ``fstat``, ~1 us).
+
+        Call it after reading: bytes read before a call that passes are the file as opened (a write updates
+        the file's mtime before its data). Raises TruncatedFileError (the file shrank) or FileChangedError
+        (another size, or a new modification time: rewritten, overwritten or touched).
+        """
+        if self.remote is not None:
+            return  # a URL: every request carries the pinned ETag (ObjectChangedError)
+        st = os.fstat(self._file.fileno())
+        if st.st_size == self.file_size and st.st_mtime_ns == self._mtime_ns:
+            return
+        if st.st_size < self.file_size:
+            raise self._err(
+                TruncatedFileError, "file", None,
+                f"the file shrank to {st.st_size} bytes ({self.file_size} when opened): it was truncated or "
+                "rewritten in place while being read. Replace files by renaming a new one over them, as "
+                "write_dataset does")
+        raise self._err(
+            FileChangedError, "file", None,
+            f"the file was modified in place after it was opened ({self.file_size} -> {st.st_size} bytes, "
+            "modification time changed): bytes read from it may mix old and new content. Replace files by "
+            "renaming a new one over them, as write_dataset does, and open the new file")
+
+    def _read_checked(self, offset: int, length: int) -> bytes:
+        if self.remote is not None:
+            return self._span(offset, length).tobytes()
+        data = self._pread(offset, length)
+        self.check_unchanged()
         return data
 
     def __len__(self) -> int:
@@ -342,32 +462,8 @@ class Dataset:
             raise KeyError(f"{self.path}: no field {name!r}; fields are {list(self.fields)}")
         return self._decode(self._row(i), name, self.fields[name])
 
-    def _span(self, off: int, length: int) -> np.ndarray:
-        """uint8[length]: file bytes ``[off, off + length)`` inside the data area (remote: CRC-checked pages)."""
-        if self.remote is None:
-            return self._buf[off : off + length]
-        if length == 0:
-            return np.empty(0, np.uint8)
-        ps, rel = self.page_size, off - self.data_offset
-        k0, k1 = rel // ps, (rel + length - 1) // ps + 1
-        with self._recent_lock:
-            have = {k: self._recent[k] for k in range(k0, k1) if k in self._recent}
-        missing = [k for k in range(k0, k1) if k not in have]
-        if missing:
-            have.update(zip(range(missing[0], missing[-1] + 1), self.page_reader.read_run(missing[0], missing[-1] + 1)))
-        pages = [have[k] for k in range(k0, k1)]
-        with self._recent_lock:
-            for k in range(k0, k1):
-                self._recent[k] = pages[k - k0]
-                self._recent.move_to_end(k)
-            while len(self._recent) > 8:  # a few recent pages: reading records in order costs one request a page
-                self._recent.popitem(last=False)
-        data = pages[0] if len(pages) == 1 else np.concatenate(pages)
-        lo = rel - k0 * ps
-        return data[lo : lo + length]
-
     def _bytes(self, off: int, length: int) -> bytes:
-        return self._span(off, length).tobytes()
+        return self._read_checked(off, length)
 
     def _decode(self, row, name: str, field: Field):
         if isinstance(field, (Int, Float)):
@@ -378,7 +474,7 @@ class Dataset:
             return EncodedImage(self._bytes(off, length), int(row[f"{name}.height"]), int(row[f"{name}.width"]), enc)
         if isinstance(field, NDArray):
             dt = np.dtype(field.dtype).newbyteorder("<")
-            return self._span(off, length).view(dt).reshape(field.shape).astype(field.dtype)
+            return np.frombuffer(self._bytes(off, length), dtype=dt).reshape(field.shape).astype(field.dtype)
         if isinstance(field, Bytes):
             return self._bytes(off, length)
         if isinstance(field, JSON):
@@ -395,33 +491,26 @@ class Dataset:
 
     @property
     def buffer(self) -> np.ndarray:
-        """The whole file as a read-only uint8 array over the mmap (valid until ``close()``). Raises ValueError
-        for a URL (no whole-file buffer: read records with ``ds[i]`` or load with ``Loader``)."""
+        """The whole file as a read-only uint8 array over a memory map, made on first use (valid until
+        ``close()``). Zero-copy, but unguarded: if the file is truncated or rewritten in place while the map is
+        in use, touching a page past its new end kills the process with SIGBUS (like SQLite with
+        ``mmap_size``). Only use it on files nobody modifies in place; ``ds[i]``, ``read``, ``verify`` and the
+        Loader never use it. Raises ValueError for a URL (no whole-file buffer)."""
         if self.remote is not None:
             raise ValueError(f"{self.path}: a remote dataset has no whole-file buffer; read records with ds[i] / "
                              "ds.read(i, field) or load it with Loader")
-        return self._buf
+        with self._mm_lock:
+            if self._mm is None:
+                if self._file.closed:
+                    raise ValueError(f"{self.path}: the dataset is closed")
+                self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if self.file_size else b""
+            return np.frombuffer(self._mm, dtype=np.uint8)
 
     def fileno(self) -> int:
         """The open file's descriptor (valid until ``close()``). Raises ValueError for a URL."""
         if self.remote is not None:
             raise ValueError(f"{self.path}: a remote dataset has no file descriptor")
         return self._file.fileno()
-
-    def _pages_raw(self, k0: int = 0, k1: int | None = None):
-        """Yield ``(k, start, uint8 page)`` for pages ``[k0, k1)`` as stored (not checked): mmap slices, or
-        range requests of up to 8 MiB for a URL."""
-        k1 = self.page_count if k1 is None else k1
-        ps, end = self.page_size, self.data_offset + self.data_length
-        step = max(1, (8 << 20) // ps) if self.remote is not None else 1
-        for a in range(k0, k1, step):
-            b = min(k1, a + step)
-            lo, hi = self.data_offset + a * ps, min(end, self.data_offset + b * ps)
-            run = (np.frombuffer(self.remote.read(lo, hi), np.uint8) if self.remote is not None
-                   else self._buf[lo:hi])
-            for k in range(a, b):
-                start = self.data_offset + k * ps
-                yield k, start, run[start - lo : min(end, start + ps) - lo]
 
     @property
     def page_checksums(self) -> np.ndarray | None:
@@ -431,11 +520,44 @@ class Dataset:
     def check_page(self, k: int, sample: int | None = None) -> None:
         """Recompute page ``k``'s CRC-32; raise ChecksumMismatchError naming the page, its byte offset and
         ``sample`` (the sample index that needed it) on a mismatch."""
-        _, start, page = next(self._pages_raw(k, k + 1))
-        if crc32(page) != int(self._page_crcs[k]):
+        start = self.data_offset + k * self.page_size
+        if self._page_crc(k) != int(self._page_crcs[k]):
+            self.check_unchanged()  # a change under the reader, not damage at rest
             who = f" (needed by sample {sample})" if sample is not None else ""
             raise self._err(ChecksumMismatchError, f"page {k}", start, f"page CRC-32 mismatch{who}; the file is "
                             "damaged: rewrite it or restore a copy")
+
+    def _page_crc(self, k: int, scratch: np.ndarray | None = None) -> int:
+        """CRC-32 of page ``k``'s stored bytes, read with pread in chunks of at most READ_CHUNK bytes."""
+        start = self.data_offset + k * self.page_size
+        length = min(self.page_size, self.data_offset + self.data_length - start)
+        if self.remote is not None:  # the stored bytes as they are (not through the CRC-checking page reader)
+            return crc32(np.frombuffer(self.remote.read(start, start + length), dtype=np.uint8))
+        if scratch is None:
+            scratch = np.empty(min(length, READ_CHUNK), dtype=np.uint8)
+        crc = 0
+        for pos in range(0, length, scratch.shape[0]):
+            chunk = scratch[: min(scratch.shape[0], length - pos)]
+            self.read_into(start + pos, chunk)
+            crc = crc32(chunk, crc)
+        return crc
+
+    def _stored_page_crcs(self, scratch: np.ndarray):
+        """Yield ``(k, CRC-32 of page k as stored)`` for every page: pread chunks, or for a URL range requests of
+        up to REMOTE_RUN bytes (many pages each)."""
+        if self.remote is None:
+            for k in range(self.page_count):
+                yield k, self._page_crc(k, scratch)
+            return
+        ps, end = self.page_size, self.data_offset + self.data_length
+        step = max(1, REMOTE_RUN // ps)
+        for a in range(0, self.page_count, step):
+            b = min(self.page_count, a + step)
+            lo = self.data_offset + a * ps
+            run = np.frombuffer(self.remote.read(lo, min(end, self.data_offset + b * ps)), dtype=np.uint8)
+            for k in range(a, b):
+                rel = k * ps - a * ps
+                yield k, crc32(run[rel : rel + ps])
 
     def record_pages(self) -> np.ndarray:
         """int64[N]: the page holding each record's first byte (zero-length records: the page of their offset,
@@ -450,16 +572,21 @@ class Dataset:
         return np.bincount(self.record_pages(), minlength=max(self.page_count, 1)).astype(np.int64)
 
     def verify(self) -> None:
-        """Recompute every page CRC-32 and the dataset id.
+        """Recompute every page CRC-32 and the dataset id, and re-check the zero padding.
 
         Raises ChecksumMismatchError naming the first bad page, its byte offset and the sample indices stored
-        in it; FormatError when the file has no page checksums.
+        in it; FormatError for a non-zero padding byte or a file without page checksums; TruncatedFileError /
+        FileChangedError for a file changed in place since it was opened.
         """
         if self._page_crcs is None:
             raise self._err(FormatError, "page_checksums", None, "this file has no page checksums to verify")
+        self._check_padding()
         ps = self.page_size
-        for k, start, page in self._pages_raw():
-            if crc32(page) != int(self._page_crcs[k]):
+        scratch = np.empty(min(ps, READ_CHUNK), dtype=np.uint8)
+        for k, crc in self._stored_page_crcs(scratch):
+            start = self.data_offset + k * ps
+            if crc != int(self._page_crcs[k]):
+                self.check_unchanged()  # a change under the reader, not damage at rest
                 pages = self.record_pages()
                 ends = (self.index["_offset"] + self.index["_length"]).astype(np.int64)
                 hit = np.flatnonzero((self.index["_offset"].astype(np.int64) < start + ps) & (ends > start))
@@ -472,21 +599,21 @@ class Dataset:
         schema_bytes = _canonical(self.schema)
         extra = self.doc_offsets.tobytes() if self.tokens_info is not None else b""  # token files (1.1)
         digest = hashlib.sha256(schema_bytes + self.index.tobytes() + self._page_crcs.tobytes() + extra).hexdigest()
+        self.check_unchanged()
         if digest != self.dataset_id:
             raise self._err(ChecksumMismatchError, "header", 96, "dataset id does not match the file's content")
 
     def close(self) -> None:
         """Release the mmap and the file. Arrays obtained from ``buffer`` must not be used afterwards."""
-        self._buf = np.empty(0, np.uint8) if self.remote is None else None
-        self._release()
-
-    def _release(self) -> None:
-        if getattr(self, "_mm", None) is not None:
+        if isinstance(getattr(self, "_mm", None), mmap.mmap):
             try:
                 self._mm.close()
             except BufferError:  # a caller still holds a view; the mapping is freed with the last view
                 pass
             self._mm = None
+        self._release()
+
+    def _release(self) -> None:
         if self._file is not None:
             self._file.close()
         if self.remote is not None:

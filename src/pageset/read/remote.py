@@ -138,7 +138,7 @@ class RemoteFile:
         self._sync_pool = None
         self.requests = 0
         self.bytes_read = 0
-        self._tail = None  # (start, bytes) served to pread during validation at open
+        self._cached: list[tuple[int, bytes]] = []  # (start, bytes) served to pread during validation at open
         info = self._with_retries(self._info, "metadata")
         if info.get("type") == "directory" or info.get("size") is None:
             raise FileNotFoundError(f"{url}: no such object (a directory or an object of unknown size)")
@@ -285,22 +285,25 @@ class RemoteFile:
         return self._with_retries(lambda: self._get_once(start, end), f"GET bytes {start}-{end - 1}")
 
     # ---- validation at open -----------------------------------------------------------------------------
-    def load_tail(self, start: int) -> None:
-        """Fetch ``[start, size)`` in one request (section table and sections follow the data); ``pread``
-        serves reads inside it from memory until ``drop_tail()``."""
-        if 0 <= start < self.size:
-            self._tail = (start, self.read(start, self.size))
+    def load_range(self, start: int, end: int) -> None:
+        """Fetch ``[start, end)`` in one request; ``pread`` serves reads inside it from memory until
+        ``drop_cached()`` (validation at open: the head, then the tail with the section table and sections)."""
+        start, end = max(0, start), min(self.size, end)
+        if start < end:
+            self._cached.append((start, self.read(start, end)))
 
-    def drop_tail(self) -> None:
-        self._tail = None
+    def drop_cached(self) -> None:
+        self._cached = []
 
     def pread(self, offset: int, length: int) -> bytes:
         """Like ``os.pread`` on the object: fewer bytes only at its end."""
         end = min(self.size, offset + length)
-        if self._tail is not None and self._tail[0] <= offset:
-            lo = offset - self._tail[0]
-            return self._tail[1][lo : lo + max(0, end - offset)]
-        return self.read(offset, end) if end > offset else b""
+        if end <= offset:
+            return b""
+        for start, data in self._cached:
+            if start <= offset and end <= start + len(data):
+                return data[offset - start : end - start]
+        return self.read(offset, end)
 
     def close(self) -> None:
         if self._sync_pool is not None:
