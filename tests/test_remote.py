@@ -120,9 +120,13 @@ def test_open_validates_like_local_in_three_requests(files, servers):
                 for i in (0, 17, len(local) - 1):
                     assert ds[i]["label"] == local[i]["label"]
                     assert ds[i]["image"].data == local[i]["image"].data
+                before = ds.remote.requests
                 ds.verify()
+                assert ds.remote.requests - before == 3  # head and tail (padding), all pages (< 8 MiB)
                 with pytest.raises(ValueError, match="no whole-file buffer"):
                     ds.buffer  # noqa: B018
+    with open_dataset(f"file://{files / 'train.pageset'}") as ds:  # file:// is a local path: no fsspec
+        assert ds.remote is None and ds.dataset_id == local.dataset_id
     with open_tokens(files / "tokens.pageset") as lt, open_tokens(*_urls(servers, "tokens.pageset")[0]) as rt:
         assert len(rt) == len(lt) and rt.documents == lt.documents
         for d in (0, 77, lt.documents - 1):

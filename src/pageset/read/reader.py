@@ -580,7 +580,15 @@ class Dataset:
         """
         if self._page_crcs is None:
             raise self._err(FormatError, "page_checksums", None, "this file has no page checksums to verify")
-        self._check_padding()
+        if self.remote is not None:  # the padding lies in the head and the tail: two requests, as at open
+            try:
+                self.remote.load_range(0, min(self.file_size, REMOTE_HEAD))
+                self.remote.load_range(self.data_offset + self.data_length, self.file_size)
+                self._check_padding()
+            finally:
+                self.remote.drop_cached()
+        else:
+            self._check_padding()
         ps = self.page_size
         scratch = np.empty(min(ps, READ_CHUNK), dtype=np.uint8)
         for k, crc in self._stored_page_crcs(scratch):
