@@ -144,6 +144,15 @@ LOADER = [
     ("indices", "0:4", T, r"indices must be a sequence of record ids"),
     ("indices", [0, 99], V, r"indices\[1\] = 99 is outside \[0, 4\)"),
     ("indices", [0, 1.5], T, r"indices\[1\] = 1\.5 is not an integer record id"),
+    ("storage_options", "anon", T, r"storage_options must be a dict or None"),
+    ("cache_dir", 5, T, r"cache_dir must be a folder path"),
+    ("cache_limit_bytes", 0, V, r"cache_limit_bytes must be an int >= 1"),
+    ("prefetch_bytes", -1, V, r"prefetch_bytes must be an int >= 0"),
+    ("max_requests", 0, V, r"max_requests must be an int >= 1"),
+    ("max_requests", 2.0, T, r"max_requests must be an int >= 1"),
+    ("request_timeout", 0, V, r"request_timeout must be a finite number > 0"),
+    ("request_timeout", "30", T, r"request_timeout must be a number"),
+    ("request_attempts", 0, V, r"request_attempts must be an int >= 1"),
 ]
 
 WRITE_DATASET = [
@@ -230,7 +239,11 @@ OTHERS = [  # callables whose arguments are paths (or the inputs of a mixture)
     ("WebDatasetSource", "urls", 3, T, r"urls must be a path or URL"),
     ("WebDatasetSource", "fields", ["jpg"], V, r"fields must map field names to member extensions"),
     ("open_dataset", "path", 0, T, r"path must be the pageset file's path"),
+    ("open_dataset", "storage_options", ["x"], T, r"storage_options must be a dict or None"),
+    ("open_dataset", "request_timeout", -1, V, r"request_timeout must be a finite number > 0"),
+    ("open_dataset", "request_attempts", "5", T, r"request_attempts must be an int >= 1"),
     ("open_tokens", "path", None, T, r"path must be the pageset file's path"),
+    ("open_tokens", "storage_options", 1, T, r"storage_options must be a dict or None"),
     ("ImageFolder", "root", 3, T, r"ImageFolder\.root must be a folder path"),
     ("ImageList", "path", ["a.jpg"], T, r"ImageList\.path must be the file list's path"),
 ]
@@ -240,7 +253,8 @@ OTHERS = [  # callables whose arguments are paths (or the inputs of a mixture)
                          ids=[f"{r[0]}.{r[1]}={r[2]!r}" for r in OPS + FIELDS + OTHERS])
 def test_constructor_refuses_bad_argument(name, arg, value, exc, match):
     kw = {"TokenWindows": {"seq_len": 8}, "Mixture": {"sources": ["a.pageset", "b.pageset"], "weights": [1, 1]},
-          "ParquetSource": {"paths": "x.parquet"}, "WebDatasetSource": {"urls": "x.tar", "fields": {"a": "jpg"}}
+          "ParquetSource": {"paths": "x.parquet"}, "open_dataset": {"path": "x.pageset"},
+          "open_tokens": {"path": "x.pageset"}, "WebDatasetSource": {"urls": "x.tar", "fields": {"a": "jpg"}}
           }.get(name, {})  # the other required arguments, valid
     with pytest.raises(exc, match=match):
         getattr(pageset, name)(**{**kw, arg: value})

@@ -7,6 +7,7 @@
     pageset merge all.pageset part1.pageset part2.pageset
     pageset inspect train.pageset [--json]
     pageset verify train.pageset
+    pageset verify s3://bucket/train.pageset --storage-options '{"client_kwargs": {"endpoint_url": "..."}}'
     pageset clean train.pageset                      # temp files and shards of killed writes
 """
 
@@ -186,7 +187,7 @@ def _count(ds) -> str:
 
 
 def cmd_inspect(args) -> int:
-    with Dataset(args.path) as ds:  # either kind of file
+    with Dataset(args.path, _storage_options(args)) as ds:  # either kind of file
         info = describe(ds)
         count = _count(ds)
     if args.json:
@@ -219,7 +220,7 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    with Dataset(args.path) as ds:  # either kind of file
+    with Dataset(args.path, _storage_options(args)) as ds:  # either kind of file
         ds.verify()
         print(f"{args.path}: OK ({_count(ds)}, {ds.page_count} pages, header, sections, index and every page "
               "checksum verified)")
@@ -287,11 +288,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also those of writers on other hosts (make sure none is still running)")
     k.set_defaults(func=cmd_clean)
     i = sub.add_parser("inspect", help="print header, schema, counts, sizes, dataset id and lineage")
-    i.add_argument("path")
+    i.add_argument("path", help="a pageset file or URL (s3://bucket/key, https://...)")
+    i.add_argument("--storage-options", default=None, help="JSON object for the URL's fsspec filesystem")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.set_defaults(func=cmd_inspect)
     v = sub.add_parser("verify", help="check every checksum, page by page")
-    v.add_argument("path")
+    v.add_argument("path", help="a pageset file or URL (s3://bucket/key, https://...)")
+    v.add_argument("--storage-options", default=None, help="JSON object for the URL's fsspec filesystem")
     v.set_defaults(func=cmd_verify)
     return p
 
@@ -318,7 +321,7 @@ def main(argv=None) -> int:
             signal.signal(sig, _terminate)
     try:
         return args.func(args)
-    except (FormatError, OSError) as exc:
+    except (FormatError, OSError, ImportError) as exc:
         print(f"pageset {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -98,6 +98,15 @@ class Loader:
             ``2 * window_pages + batches_ahead + 2``). Neither maps the file: a file truncated or modified in
             place under the loader raises TruncatedFileError / FileChangedError at the next batch, never SIGBUS.
         window_pages: pages per quasi-random window (M).
+        storage_options: for a URL ``path`` (``s3://``, ``http(s)://``, any fsspec protocol): options of the fsspec
+            filesystem (endpoint, credentials); see ``pageset.read.remote``. A URL is read in whole pages by range
+            requests, each page's CRC-32 checked on arrival (``page_cache`` and ``verify_pages`` do not apply).
+        cache_dir, cache_limit_bytes: URL only: an on-disk page cache shared by the processes of one host,
+            keyed by dataset id, LRU-bounded to ``cache_limit_bytes`` (default 10 GiB).
+        prefetch_bytes, max_requests: URL only: bytes of the next steps' pages requested ahead (default 64
+            MiB) and range requests running at once (default 8).
+        request_timeout, request_attempts: URL only: seconds per request and attempts per request (retries
+            with exponential backoff and jitter); then RemoteReadError names the URL, byte range and attempts.
         verify_pages: check each page's CRC-32 the first time a batch needs it (off by default: one extra pass
             over the data); a damaged page raises ChecksumMismatchError naming the page and the sample.
         indices: load only these record ids (token files: window ids), e.g. a train/validation split: a sequence
@@ -131,9 +140,12 @@ class Loader:
                  seed: int = 0, drop_last: bool = True, num_threads: int | None = None,
                  batches_ahead: int | None = None, rank: int | None = None, world_size: int | None = None,
                  page_cache: str = "os", window_pages: int = 8, cache_pages: int | None = None,
-                 verify_pages: bool = False, indices=None, array_type: str = "torch"):
-        if not isinstance(path, (str, os.PathLike, Mixture)):
-            raise TypeError(f"path must be the pageset file's path (str or os.PathLike) or a Mixture, got {path!r}")
+                 verify_pages: bool = False, indices=None, storage_options: dict | None = None, cache_dir=None,
+                 cache_limit_bytes: int | None = None, prefetch_bytes: int | None = None, max_requests: int = 8,
+                 request_timeout: float = 30.0, request_attempts: int = 5, array_type: str = "torch"):
+        if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike, Mixture)):
+            raise TypeError(f"path must be the pageset file's path or URL (str or os.PathLike) or a Mixture, got "
+                            f"{path!r}")
         batch_size = check.integer("batch_size", batch_size, minimum=1)
         pipelines = check.mapping("pipelines", pipelines, optional=True,
                                   example="{'image': [RandomResizedCrop(224)], 'label': [IntDecoder()]}")
@@ -148,6 +160,14 @@ class Loader:
         window_pages = check.integer("window_pages", window_pages, minimum=1)
         cache_pages = check.integer("cache_pages", cache_pages, minimum=1, optional=True)
         verify_pages = check.boolean("verify_pages", verify_pages)
+        storage_options = check.mapping("storage_options", storage_options, optional=True)
+        if cache_dir is not None and (isinstance(cache_dir, bytes) or not isinstance(cache_dir, (str, os.PathLike))):
+            raise TypeError(f"cache_dir must be a folder path (str or os.PathLike) or None, got {cache_dir!r}")
+        cache_limit_bytes = check.integer("cache_limit_bytes", cache_limit_bytes, minimum=1, optional=True)
+        prefetch_bytes = check.integer("prefetch_bytes", prefetch_bytes, minimum=0, optional=True)
+        max_requests = check.integer("max_requests", max_requests, minimum=1)
+        request_timeout = check.real("request_timeout", request_timeout, low=0, low_open=True)
+        request_attempts = check.integer("request_attempts", request_attempts, minimum=1)
         self.array_type = check.choice("array_type", array_type, ARRAY_TYPES)
         num_threads = (os.cpu_count() or 1) if num_threads is None else num_threads
         batches_ahead = max(2, 2 * num_threads) if batches_ahead is None else batches_ahead
@@ -164,9 +184,12 @@ class Loader:
                              "(write the subsets to files of their own and mix those)")
         self._sources: list[FileSource] = []
         self._datasets = []
+        self._remote_options = dict(prefetch_bytes=prefetch_bytes, max_requests=max_requests, cache_dir=cache_dir,
+                                    cache_limit_bytes=cache_limit_bytes)
         try:
             for p in (self._mixture.sources if self._mixture is not None else [path]):
-                self._datasets.append(Dataset(p))  # records or a token file
+                self._datasets.append(Dataset(p, storage_options, request_timeout=request_timeout,
+                                              request_attempts=request_attempts))  # records or a token file
             self._ds = self._datasets[0]
             self._setup(page_cache, cache_pages, pipelines, verify_pages)
             self._setup_subset(indices)
@@ -189,7 +212,8 @@ class Loader:
             cache_pages = 2 * self.window_pages + self.batches_ahead + 2
         for ds in self._datasets:
             self._sources.append(FileSource(ds, pipelines, page_cache, cache_pages, verify_pages,
-                                            in_mixture=self._mixture is not None, array_type=self.array_type))
+                                            in_mixture=self._mixture is not None,
+                                            remote_options=self._remote_options, array_type=self.array_type))
         src = self._sources[0]
         self._pages, self._stages, self._verifier = src.pages, src.stages, src.verifier
         self._page_sizes, self._spans, self.n_records = src.page_sizes, src.spans, src.n_records
@@ -340,8 +364,16 @@ class Loader:
         order = self._epoch_order(epoch)
         scheduled: list[Slot] = []
         nxt = first
+        # remote pages: fetch the next steps' pages ahead (unless only index columns are loaded: no page reads)
+        # (one file only: the files of a Mixture fetch the pages their rows ask for, on demand)
+        advance = (getattr(self._pages, "advance", None)
+                   if self._plan is None and any(hasattr(s, "pages") for s in self._stages) else None)
+        if advance is not None:
+            self._pages.plan(lambda s: self._step_pages(order, s), first, steps, min_ahead=self.batches_ahead)
         try:
             for step in range(first, steps):
+                if advance is not None:
+                    advance(step)
                 while nxt < steps and nxt - step < self.batches_ahead:
                     scheduled.append(self._schedule(order, epoch, nxt))
                     nxt += 1
@@ -356,6 +388,24 @@ class Loader:
             self._pool.cancel()
             for slot in scheduled:  # let in-flight slices finish before their buffers are reused
                 self._wait(slot, raise_errors=False)
+
+    def _step_pages(self, order: EpochOrder, step: int) -> np.ndarray:
+        """Sorted unique pages this rank reads at ``step`` (the remote page source prefetches them)."""
+        from .remote_pages import span_pages
+
+        positions, _ = rank_positions(step, self.dist.rank, self.dist.world_size, self.global_batch_size,
+                                      self.n_records, self.drop_last)
+        ids = order.ids(int(positions[0]), int(positions[-1]) + 1)
+        starts, lens = self._spans(ids)
+        ds = self._ds
+        return span_pages(np.asarray(starts, np.int64), np.asarray(lens, np.int64), ds.data_offset, ds.page_size,
+                          ds.page_count)
+
+    def remote_stats(self) -> dict | None:
+        """For a URL: what was fetched (requests, bytes_fetched, pages_fetched, pages_used, memory_hits, waits,
+        disk_hits / disk_misses with cache_dir); None for a local file."""
+        stats = getattr(self._pages, "stats", None)
+        return stats() if stats is not None else None
 
     def _prefetch_to_device(self, slot: Slot | None) -> None:
         """Issue the next batch's host-to-device copy now, if it is ready, so it overlaps the step the consumer

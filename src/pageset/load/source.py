@@ -21,7 +21,7 @@ IN_PLACE_ROW_BYTES = 1 << 18
 class FileSource:
     """Page access, stages and record layout of one open dataset ``ds`` (the caller owns ``ds``).
 
-    Attributes: ``ds``, ``path``, ``dataset_id``; ``pages`` (PreadPages or ProcessPageCache); ``stages`` (one
+    Attributes: ``ds``, ``path``, ``dataset_id``; ``pages`` (PreadPages, ProcessPageCache, or RemotePages for a URL); ``stages`` (one
     per loaded field, file order); ``n_records`` (records, or seq_len windows for a token file);
     ``page_sizes`` int64[K] records per page; ``spans(ids) -> (starts, lengths)`` absolute byte spans;
     ``verifier`` (PageVerifier or None). Raises PipelineError for pipelines naming fields the file lacks or
@@ -30,9 +30,14 @@ class FileSource:
     """
 
     def __init__(self, ds, pipelines: dict, page_cache: str, cache_pages: int, verify_pages: bool,
-                 in_mixture: bool = False, array_type: str = "torch"):
+                 in_mixture: bool = False, remote_options: dict | None = None, array_type: str = "torch"):
         self.ds, self.path, self.dataset_id = ds, ds.path, ds.dataset_id
-        if page_cache == "os":
+        if ds.remote is not None:  # a URL: whole pages by range request, each CRC-checked on arrival
+            from .remote_pages import RemotePages
+
+            self.pages = RemotePages(ds, **(remote_options or {}))
+            verify_pages = False
+        elif page_cache == "os":
             self.pages = PreadPages(ds)
         else:
             self.pages = ProcessPageCache(ds, cache_pages)
