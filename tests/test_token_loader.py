@@ -91,3 +91,32 @@ def test_cuda_copies_equal_cpu_batches(token_file):
             got.append(b["input"])
         torch.cuda.synchronize()
     assert all(torch.equal(a, b.cpu()) for a, b in zip(ref, got))
+
+
+def test_resume_refuses_another_seq_len(token_file):
+    # Windows are the records of a token file: a cursor counted in windows of 16 tokens means nothing for 32.
+    from pageset.order import StateMismatchError
+
+    def make(seq_len):
+        return Loader(token_file, batch_size=4, order="random", seed=3, num_threads=1,
+                      pipelines={"tokens": [TokenWindows(seq_len)]})
+
+    with make(16) as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        state = loader.state_dict()
+        rest = [b["_index"].clone() for b in it]
+    assert state["seq_len"] == 16 and state["cursor"] == 12
+    with make(32) as other, pytest.raises(StateMismatchError, match="seq_len") as err:
+        other.load_state_dict(state)
+    assert err.value.saved == 16 and err.value.current == 32 and "TokenWindows" in str(err.value)
+    with make(16) as same:
+        same.load_state_dict(state)
+        resumed = [b["_index"].clone() for b in same]
+    assert len(resumed) == len(rest) > 0 and all(torch.equal(a, b) for a, b in zip(resumed, rest))
+    # A state saved before seq_len was recorded (no key) still resumes on the same file.
+    legacy = {k: v for k, v in state.items() if k != "seq_len"}
+    with make(16) as old:
+        old.load_state_dict(legacy)
+        assert old.steps_remaining == len(old) - 3

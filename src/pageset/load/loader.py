@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,7 @@ from ..order import (
     ORDERS,
     EpochOrder,
     OrderState,
+    StateMismatchError,
     check_compatible,
     enable_kernel_cache,
     epoch_length,
@@ -315,7 +317,12 @@ class Loader:
         return OrderState(dataset_id=self.dataset_id, seed=self.seed, epoch=epoch, cursor=cursor,
                           global_batch_size=self.global_batch_size, order=self.order,
                           window_pages=self.window_pages, drop_last=self.drop_last,
-                          subset=self._subset.digest if self._subset is not None else "")
+                          subset=self._subset.digest if self._subset is not None else "",
+                          seq_len=self._seq_len())
+
+    def _seq_len(self) -> int:
+        """The TokenWindows length of a token file (of a mixture's token files), 0 for record files."""
+        return next((int(st.seq_len) for st in self._stages if hasattr(st, "seq_len")), 0)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (possibly saved with another world size or thread count).
@@ -323,6 +330,9 @@ class Loader:
         Raises StateError / StateMismatchError naming the field (another dataset, seed, order, global batch,
         ...). The next batch is step ``cursor / G``; skipped samples are never read.
         """
+        if self._plan is None and isinstance(state, Mapping) and "mixture" in state:
+            raise StateMismatchError("mixture", "a Mixture", None, "The state was saved by a loader on a "
+                                     "Mixture: resume it with a Loader on the same Mixture.")
         if self._plan is not None:
             saved = resume_mixture(state, self._mixture_state(0, 0), self._plan, self.epoch_length)
         else:

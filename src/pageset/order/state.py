@@ -34,7 +34,8 @@ FIELDS = (
     "drop_last",
 )
 # Keys present only when they differ from their default (so whole-file states keep the layout above).
-OPTIONAL_FIELDS = {"subset": ""}
+# seq_len: the TokenWindows length of a token file's loader (0: a record file); the cursor counts its windows.
+OPTIONAL_FIELDS = {"subset": "", "seq_len": 0}
 
 
 class StateError(ValueError):
@@ -64,7 +65,9 @@ class OrderState:
     seed: int in [0, 2**64). epoch: int >= 0. cursor: int >= 0, global samples consumed in this epoch
     (a multiple of global_batch_size). global_batch_size: int >= 1, G. order: one of ORDERS. window_pages:
     int >= 1, M. drop_last: bool. subset: str, ``""`` for a whole file, else the subset's digest
-    (``"<n>:<sha256>"``, see ``subset.py``). Construction validates each field (StateError naming it).
+    (``"<n>:<sha256>"``, see ``subset.py``). seq_len: int >= 0, the window length of a token file's loader
+    (0 for a record file): windows are the records, so the cursor means nothing under another seq_len.
+    Construction validates each field (StateError naming it).
     """
 
     version: int = STATE_VERSION
@@ -78,6 +81,7 @@ class OrderState:
     window_pages: int = 1
     drop_last: bool
     subset: str = ""
+    seq_len: int = 0
 
     def __post_init__(self) -> None:
         _expect(
@@ -98,6 +102,7 @@ class OrderState:
             ("cursor", 0),
             ("global_batch_size", 1),
             ("window_pages", 1),
+            ("seq_len", 0),
         ):
             value = getattr(self, name)
             _expect(type(value) is int, name, f"must be an int, got {type(value).__name__} ({value!r})")
@@ -115,7 +120,8 @@ class OrderState:
 
     def to_dict(self) -> dict[str, Any]:
         """A plain JSON-serialisable dict (str, int, bool values) with the keys of FIELDS, in that order, then
-        the OPTIONAL_FIELDS that differ from their defaults (``subset`` for a loader on a subset)."""
+        the OPTIONAL_FIELDS that differ from their defaults (``subset`` for a loader on a subset, ``seq_len``
+        for one on a token file)."""
         d = {name: getattr(self, name) for name in FIELDS}
         d.update({name: getattr(self, name) for name, default in OPTIONAL_FIELDS.items()
                   if getattr(self, name) != default})
@@ -165,6 +171,8 @@ _HINTS = {
     "drop_last": "Construct the loader with the saved drop_last: it changes the epoch length.",
     "subset": "The state was saved on another subset of records (indices=, '' = the whole file): construct "
               "the loader with the same indices, in the same order.",
+    "seq_len": "The cursor counts windows of the saved seq_len (0: a record file): construct TokenWindows with "
+               "the saved seq_len to resume; a new seq_len needs a fresh start (set_epoch instead of the state).",
 }
 
 
@@ -173,17 +181,19 @@ def check_compatible(
 ) -> None:
     """Raise unless the loader described by ``current`` can resume ``saved`` on ``world_size`` ranks.
 
-    Compares dataset_id, subset, order_algo, seed, order, window_pages (only for ``"quasi_random"``, the one
+    Compares dataset_id, subset, seq_len (when the saved one is not 0), order_algo, seed, order, window_pages (only for ``"quasi_random"``, the one
     order it changes), global_batch_size and drop_last: StateMismatchError naming the first differing field with both
     values. ``current.epoch`` and ``current.cursor`` are ignored (the saved ones win). Then requires
     ``G % world_size == 0`` (StateError on ``global_batch_size``) and, when ``n_records`` is given,
     ``cursor <= L`` (StateError on ``cursor``). ``cursor % G == 0`` holds by construction of OrderState.
     """
-    fields = ["dataset_id", "subset", "order_algo", "seed", "order", "global_batch_size", "drop_last"]
+    fields = ["dataset_id", "subset", "seq_len", "order_algo", "seed", "order", "global_batch_size", "drop_last"]
     if saved.order == "quasi_random":
-        fields.insert(5, "window_pages")
+        fields.insert(fields.index("global_batch_size"), "window_pages")
     for name in fields:
         a, b = getattr(saved, name), getattr(current, name)
+        if name == "seq_len" and a == 0:
+            continue  # a record file's state, or a token state saved before seq_len was recorded
         if a != b:
             raise StateMismatchError(name, a, b, _HINTS[name])
     try:
