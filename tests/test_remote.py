@@ -154,6 +154,21 @@ def test_bad_urls_are_clear_errors(servers):
         open_dataset("train.pageset", {"anon": True})
 
 
+def test_unreachable_http_server_is_not_a_missing_file():
+    # fsspec's HTTP filesystem raises FileNotFoundError when it cannot connect at all; that is retried and
+    # ends in RemoteReadError saying so, not "no such object". A port nobody listens on (bound, then closed):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/train.pageset"
+    t0 = time.monotonic()
+    with pytest.raises(RemoteReadError, match=re.escape(url) + r": metadata failed after 2 attempts.*cannot connect"):
+        open_dataset(url, request_timeout=2.0, request_attempts=2)
+    assert time.monotonic() - t0 < 30
+
+
 def test_no_credentials_is_the_clients_error_with_the_url(servers, monkeypatch):
     for k in [k for k in os.environ if k.startswith("AWS_")]:
         monkeypatch.delenv(k)

@@ -178,6 +178,13 @@ class RemoteFile:
 
     def _classify(self, exc, what: str):
         """Turn a failed request into FileNotFoundError / PermissionError / ObjectChangedError, or _Retry."""
+        if isinstance(exc, FileNotFoundError):
+            # fsspec's HTTP filesystem reports a server it cannot reach (refused, reset, DNS) as a missing file;
+            # the socket error underneath says otherwise: retry it, then RemoteReadError says "cannot connect".
+            down = next((e for e in list(_chain(exc))[1:] if isinstance(e, OSError)
+                         and not isinstance(e, (FileNotFoundError, PermissionError))), None)
+            if down is not None:
+                return _Retry(f"cannot connect to the server ({type(down).__name__}: {down})")
         if isinstance(exc, (_Retry, RemoteReadError, FileNotFoundError, PermissionError)):
             if isinstance(exc, FileNotFoundError):
                 return FileNotFoundError(f"{self.url}: no such object or bucket ({exc})")
