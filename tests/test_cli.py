@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,37 @@ def test_convert_inspect_verify_an_imagefolder(tmp_path, imagenet_like, capsys):
     out.write_bytes(bytes(data))
     assert main(["verify", str(out)]) == 1
     assert "page 0" in capsys.readouterr().err
+
+
+def test_convert_on_error_skip_then_inspect_lists_the_skipped(tmp_path, photos, capsys):
+    # convert's error message says "`pageset inspect` lists them": the text form must name index and error.
+    good = [Path(p) for p in photos[:3]]
+    cut = tmp_path / "cut.jpg"
+    data = _jpeg_bytes(good[2])
+    cut.write_bytes(data[: len(data) // 4])  # a real JPEG, truncated
+    lst = tmp_path / "files.txt"
+    lst.write_text(f"{good[0]}\n{cut}\n{good[1]}\n")
+    out = tmp_path / "skip.pageset"
+    assert main(["convert", str(lst), str(out), "--max-resolution", "64", "--num-workers", "0", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "sample 1" in err and "cut.jpg" in err and "pageset inspect" in err and not out.exists()
+    assert main(["convert", str(lst), str(out), "--max-resolution", "64", "--num-workers", "0", "--no-progress",
+                 "--on-error", "skip"]) == 0
+    assert "skipped sample indices: [1]" in capsys.readouterr().out
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "skipped 1" in text
+    assert re.search(r"skipped sample 1, field 'image': .*cut\.jpg", text), text
+
+
+def _jpeg_bytes(path) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.open(path).convert("RGB").save(buf, "JPEG", quality=90)
+    return buf.getvalue()
 
 
 def test_convert_a_file_list_with_labels(tmp_path, photos, capsys):

@@ -186,6 +186,9 @@ def _count(ds) -> str:
     return f"{len(ds)} records"
 
 
+INSPECT_SKIPPED = 20  # skipped samples listed by the text form of ``inspect``
+
+
 def cmd_inspect(args) -> int:
     with Dataset(args.path, _storage_options(args)) as ds:  # either kind of file
         info = describe(ds)
@@ -216,6 +219,13 @@ def cmd_inspect(args) -> int:
     if lin:
         print(f"written {lin.get('created_utc')} on {lin.get('host')} by pageset {lin.get('pageset_version')} "
               f"from {lin.get('source')}; skipped {len(lin.get('skipped', []))}")
+        # on_error="skip" records what it left out; convert's message points here for the list.
+        errors = lin.get("skipped_errors") or [{"index": i} for i in lin.get("skipped", [])]
+        for e in errors[:INSPECT_SKIPPED]:
+            where = f", field {e['field']!r}" if e.get("field") else ""
+            print(f"  skipped sample {e.get('index')}{where}: {e.get('error', '(no error recorded)')}")
+        if len(errors) > INSPECT_SKIPPED:
+            print(f"  ... {len(errors) - INSPECT_SKIPPED} more (all of them: pageset inspect --json)")
     return 0
 
 
