@@ -120,3 +120,14 @@ def test_resume_refuses_another_seq_len(token_file):
     with make(16) as old:
         old.load_state_dict(legacy)
         assert old.steps_remaining == len(old) - 3
+
+
+def test_too_few_windows_names_the_file_and_seq_len(token_file):
+    with open_tokens(token_file) as td:
+        seq_len = len(td) // 3  # 2 or 3 windows
+        n = td.num_windows(seq_len)
+    with pytest.raises(ValueError, match=rf"^{token_file}: drop_last=True with N={n} records.*windows: {n} of "
+                                          rf"seq_len={seq_len}"):
+        Loader(token_file, batch_size=n + 1, pipelines={"tokens": [TokenWindows(seq_len)]})
+    with Loader(token_file, batch_size=n + 1, drop_last=False, pipelines={"tokens": [TokenWindows(seq_len)]}) as ok:
+        assert len(ok) == 1

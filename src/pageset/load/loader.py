@@ -223,7 +223,7 @@ class Loader:
         self._plan = None  # a MixtureOrder for a mixture
         if self._mixture is not None:
             self._setup_mixture()
-        self.epoch_length = epoch_length(self.n_records, self.global_batch_size, self.drop_last)
+        self.epoch_length = self._epoch_length()
 
     def _setup_mixture(self) -> None:
         """Check that the files match, then the schedule and the mixture's epoch (samples_per_epoch)."""
@@ -247,6 +247,17 @@ class Loader:
                        for i in range(self.batches_ahead + 2)]
         self._empty = empty
 
+    def _epoch_length(self) -> int:
+        """epoch_length() of this loader; its ValueError (no full batch) names the file, and for a token
+        file says that the records are seq_len windows."""
+        try:
+            return epoch_length(self.n_records, self.global_batch_size, self.drop_last)
+        except ValueError as exc:
+            seq_len = self._seq_len()
+            what = ("" if not seq_len else f" (the records of a token file are its windows: {self.n_records} of "
+                    f"seq_len={seq_len} here; a smaller seq_len gives more)")
+            raise ValueError(f"{self.path}: {exc}{what}") from None
+
     def _setup_subset(self, indices) -> None:
         """Restrict the records to ``indices`` (None: the whole file); sets n_records and the epoch length."""
         self._subset = None
@@ -258,7 +269,7 @@ class Loader:
             raise type(exc)(f"{self.path}: {exc}") from None
         self._subset = SubsetLayout(self._page_sizes, ids, self.order)
         self.n_records = self._subset.n_records
-        self.epoch_length = epoch_length(self.n_records, self.global_batch_size, self.drop_last)
+        self.epoch_length = self._epoch_length()
 
     def _epoch_order(self, epoch: int):
         """Epoch positions -> record ids for ``epoch``: ``.ids(start, stop)`` (a mixture: ``.lookup``)."""
