@@ -102,3 +102,13 @@ def _has(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+def test_top_level_help_names_every_command_and_shows_examples():
+    from pageset.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction)).choices
+    assert all(name in parser.description for name in commands), parser.description
+    text = parser.format_help()
+    assert "examples:" in text and all(f"pageset {name} " in text for name in commands)

@@ -1,4 +1,4 @@
-"""``pageset`` command line: convert, inspect, verify.
+"""The pageset command line: convert, convert-text, merge, inspect, verify, clean.
 
     pageset convert PHOTOS/ train.pageset --max-resolution 512 --encoding jpeg --num-workers 8
     pageset convert files.txt train.pageset          # one image path per line, optionally "<path>\\t<label>"
@@ -249,7 +249,9 @@ def version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pageset", description=__doc__.split("\n")[0])
+    head, _, examples = __doc__.partition("\n")
+    p = argparse.ArgumentParser(prog="pageset", description=head, epilog="examples:\n" + examples.strip("\n"),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"pageset {version()} (file format "
                    f"{FORMAT_MAJOR}.{FORMAT_MINOR})")
     sub = p.add_subparsers(dest="command", required=True)
