@@ -377,6 +377,9 @@ def test_out_of_range_positions_and_states_are_rejected(image_file):
                 loader.load_state_dict(bad)
         with pytest.raises(ValueError, match="epoch"):
             loader.set_epoch(-2)
+        for bad in ("1", 1.0, True):  # named, never "'<' not supported between str and int"
+            with pytest.raises(TypeError, match=r"epoch must be an int >= 0, got"):
+                loader.set_epoch(bad)
     with open_dataset(image_file) as ds:
         with pytest.raises(IndexError, match="out of range"):
             ds[len(ds)]

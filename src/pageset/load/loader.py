@@ -353,9 +353,9 @@ class Loader:
         self._epoch, self._cursor = normalize_cursor(saved.epoch, saved.cursor, self.epoch_length)
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` from its beginning at the next ``iter()``."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        """Start epoch ``epoch`` (an int >= 0) from its beginning at the next ``iter()``; TypeError / ValueError
+        naming ``epoch`` otherwise."""
+        epoch = check.integer("epoch", epoch, minimum=0)
         self._stop_active()
         self._epoch, self._cursor = int(epoch), 0
 
