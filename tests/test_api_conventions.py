@@ -202,6 +202,38 @@ def test_swapped_importer_arguments_never_overwrite_the_source(tmp_path):
     assert nano.read_bytes() == before
 
 
+def test_swapped_writer_arguments_never_overwrite_the_source(tmp_path, photos, imagenet_like):
+    # Like the importers: write_dataset / write_tokens / merge_datasets / `pageset convert` refuse to replace an
+    # existing file that is not a pageset file (the source, when output and source are swapped).
+    from pageset import merge_datasets
+    from pageset.cli import main
+
+    corpus, other = tmp_path / "corpus.jsonl", tmp_path / "other.jsonl"
+    corpus.write_text('{"text": "one document"}\n')
+    other.write_text('{"text": "another"}\n')
+    files = tmp_path / "files.txt"
+    files.write_text("".join(f"{p}\n" for p in photos[:2]))
+    good = tmp_path / "good.pageset"
+    write_dataset(good, [(1,), (2,)], {"a": Int()}, progress=False)
+    before = {p: p.read_bytes() for p in (corpus, other, files)}
+    with pytest.raises(ValueError, match=r"corpus\.jsonl exists and is not a pageset file: refusing to replace it.*"
+                                         r"write_tokens\(path, source, tokenizer\)"):
+        write_tokens(corpus, other, None, eos_id=0)
+    with pytest.raises(ValueError, match=r"files\.txt exists and is not a pageset file.*write_dataset\(path"):
+        write_dataset(files, imagenet_like, progress=False)
+    with pytest.raises(ValueError, match=r"other\.jsonl exists and is not a pageset file.*merge_datasets"):
+        merge_datasets(other, [good])
+    assert main(["convert", str(tmp_path / "x.pageset"), str(files), "--no-progress"]) == 1  # swapped on the CLI
+    assert {p: p.read_bytes() for p in before} == before
+    # A pageset file or an empty file is replaced as before.
+    write_dataset(good, [(3,)], {"a": Int()}, progress=False)
+    empty = tmp_path / "empty.pageset"
+    empty.touch()
+    write_dataset(empty, [(3,)], {"a": Int()}, progress=False)
+    with open_dataset(good) as a, open_dataset(empty) as b:
+        assert len(a) == len(b) == 1
+
+
 def test_file_list_on_an_executor_gives_the_same_bytes(tmp_path, photos):
     """A file list is cut into row slices for executor tasks (paths already resolved against the list's folder)."""
     from concurrent.futures import ProcessPoolExecutor

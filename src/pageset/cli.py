@@ -26,6 +26,7 @@ from .format.constants import DEFAULT_PAGE_SIZE, ENCODING_NAMES, FORMAT_MAJOR, F
 from .format.fields import Int, RGBImage
 from .read import Dataset
 from .write import ImageList, SampleError, write_dataset
+from .write.filewriter import check_not_input, check_replaceable
 
 
 def _executor(args):
@@ -56,6 +57,12 @@ def _storage_options(args) -> dict | None:
 def cmd_convert(args) -> int:
     image = RGBImage(max_resolution=args.max_resolution, encoding=args.encoding, jpeg_quality=args.jpeg_quality,
                      jpeg_subsampling=args.jpeg_subsampling, jpeg_passthrough=args.jpeg_passthrough)
+    try:  # before any work; named in the command line's order (the source comes first here)
+        check_not_input(args.output, [args.source])
+        check_replaceable(args.output, "pageset convert SOURCE OUTPUT")
+    except ValueError as exc:
+        print(f"pageset convert: {exc}", file=sys.stderr)
+        return 1
     executor, client = _executor(args)
     try:
         if os.path.isdir(args.source):
@@ -94,6 +101,12 @@ def cmd_convert_text(args) -> int:
     from .write.tokens import write_tokens
 
     tokenizer = (args.tokenizer, args.merges) if args.merges else args.tokenizer
+    try:
+        check_not_input(args.output, [args.source])
+        check_replaceable(args.output, "pageset convert-text SOURCE OUTPUT --tokenizer TOKENIZER")
+    except ValueError as exc:
+        print(f"pageset convert-text: {exc}", file=sys.stderr)
+        return 1
     executor, client = _executor(args)
     try:
         r = write_tokens(args.output, args.source, tokenizer, eos_id=args.eos_id, bos_id=args.bos_id,

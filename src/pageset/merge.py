@@ -21,7 +21,14 @@ from .format.errors import ChecksumMismatchError
 from .format.schema import canonical_json
 from .read.reader import Dataset
 from .write.assemble import Assembly
-from .write.filewriter import Output, check_not_input, check_output_path, is_url, lineage
+from .write.filewriter import (
+    Output,
+    check_not_input,
+    check_output_path,
+    check_replaceable,
+    is_url,
+    lineage,
+)
 from .write.tokens import TokenFileWriter, TokenWriteResult
 from .write.writer import WriteResult, _check_page_size
 
@@ -129,6 +136,7 @@ def merge_datasets(path, inputs, *, progress: bool = True, page_size: int | None
         raise ValueError("merge_datasets needs at least one input file")
     if not is_url(out):
         check_not_input(out, paths)
+    check_replaceable(out, "merge_datasets(path, [a, b, ...])")
     opened: list[Dataset] = []
     try:
         for p in paths:

@@ -202,6 +202,24 @@ def check_output_path(path) -> str:
     return path
 
 
+def check_replaceable(path: str, call: str) -> None:
+    """ValueError when the local output ``path`` exists, is not empty and is not a pageset file.
+
+    Every writer replaces its output whole; a call with the output and the source swapped (``call`` shows the
+    right order, e.g. ``"write_tokens(path, source, tokenizer)"``) would otherwise replace the user's source
+    file (a corpus, a photo, a file list) with a pageset file. Empty files and URLs pass unchecked."""
+    if is_url(path):
+        return
+    local = local_path(path)
+    if not os.path.isfile(local) or os.path.getsize(local) == 0:
+        return
+    with open(local, "rb") as f:
+        if f.read(len(C.MAGIC)) == C.MAGIC:
+            return
+    raise ValueError(f"the output {path} exists and is not a pageset file: refusing to replace it (are the "
+                     f"arguments swapped? the order is {call}); remove it or choose another output path")
+
+
 def check_not_input(path: str, inputs) -> None:
     """ValueError when the output ``path`` is one of the ``inputs`` (writing would destroy the source)."""
     out = os.path.realpath(path)

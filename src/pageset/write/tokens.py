@@ -35,6 +35,7 @@ from .filewriter import (
     Output,
     check_not_input,
     check_output_path,
+    check_replaceable,
     is_url,
     lineage,
     ordered_map,
@@ -606,6 +607,7 @@ def write_tokens(
     path = os.fspath(path)
     if not is_url(path):
         check_not_input(path, [source] if isinstance(source, (str, os.PathLike)) else [])
+    check_replaceable(path, "write_tokens(path, source, tokenizer)")
     info = {
         "eos_id": eos_id,
         "bos_id": bos_id,

@@ -23,7 +23,14 @@ from ..format.checksum import ALGORITHM
 from ..format.fields import Field
 from ..format.schema import build_schema, canonical_json, parse_schema
 from .assemble import Assembly
-from .filewriter import Output, check_not_input, check_output_path, is_url, ordered_map
+from .filewriter import (
+    Output,
+    check_not_input,
+    check_output_path,
+    check_replaceable,
+    is_url,
+    ordered_map,
+)
 from .filewriter import lineage as lineage_info
 from .ranges import (
     ShardPart,
@@ -145,6 +152,7 @@ def write_dataset(
             check_not_input(path, src.data)
         if isinstance(src.data, ImageList):
             check_not_input(path, [src.data.path] + [row[0] for row in src.data.rows])
+    check_replaceable(path, "write_dataset(path, source, fields)")  # after check_not_input: its message is sharper
     ranges = cut(len(src), chunk_size)
     if executor is not None and ranges:
         check_picklable(src.part(*ranges[0]).data, "source", executor)
