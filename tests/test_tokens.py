@@ -328,3 +328,10 @@ def test_block_diagonal_attention_isolates_documents():
         assert np.allclose(out[0, others], ref[0, others], rtol=0, atol=1e-12)
         assert np.allclose(out[1], ref[1], rtol=0, atol=1e-12)
         assert not np.allclose(out[0, sel], ref[0, sel])
+
+
+@pytest.mark.parametrize("bad", [5, ("a.json", "b.bpe", "c"), b"tokenizer.json"])
+def test_unsupported_tokenizer_lists_what_is_accepted(bad):
+    with pytest.raises(TypeError, match=r"tokenizer must be a tokenizer\.json path, a \(vocab, merges\) pair.*"
+                                        r"callable str -> list\[int\].*got "):
+        load_tokenizer(bad)

@@ -241,7 +241,10 @@ def load_tokenizer(tokenizer) -> TokenizerSpec:
                     if check.is_int(getattr(tokenizer, a, None))), None)
         return TokenizerSpec(tokenizer, "callable", getattr(tokenizer, "__name__", type(tokenizer).__name__), None,
                              None, find_eos(lambda name: None, own), {})
-    raise TypeError(f"unsupported tokenizer {tokenizer!r}; see pageset.write.tokens.load_tokenizer")
+    raise TypeError(f"tokenizer must be a tokenizer.json path, a (vocab, merges) pair of GPT-2 files "
+                    f"(encoder.json, vocab.bpe), a *.tiktoken ranks path, a tokenizers.Tokenizer, a tiktoken "
+                    f"Encoding, a callable str -> list[int], or None for pre-tokenized documents; got "
+                    f"{tokenizer!r} ({type(tokenizer).__name__})")
 
 
 def _loading(paths: list[str], load):
