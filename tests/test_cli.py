@@ -112,3 +112,20 @@ def test_top_level_help_names_every_command_and_shows_examples():
     assert all(name in parser.description for name in commands), parser.description
     text = parser.format_help()
     assert "examples:" in text and all(f"pageset {name} " in text for name in commands)
+
+
+def test_unreachable_scheduler_names_the_option(tmp_path, imagenet_like, monkeypatch, capsys):
+    pytest.importorskip("dask.distributed")
+    import socket
+
+    import pageset.cli
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(pageset.cli, "SCHEDULER_TIMEOUT_S", 2)
+    with pytest.raises(SystemExit, match=rf"pageset convert: --scheduler tcp://127.0.0.1:{port}: cannot reach the "
+                                         r"Dask scheduler"):
+        main(["convert", str(imagenet_like), str(tmp_path / "o.pageset"), "--scheduler",
+              f"tcp://127.0.0.1:{port}", "--no-progress"])
+    assert not (tmp_path / "o.pageset").exists()

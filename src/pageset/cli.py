@@ -28,6 +28,8 @@ from .read import Dataset
 from .write import ImageList, SampleError, write_dataset
 from .write.filewriter import check_not_input, check_replaceable
 
+SCHEDULER_TIMEOUT_S = 60  # --scheduler: seconds to reach the Dask scheduler
+
 
 def _executor(args):
     """A Dask client's executor for ``--scheduler tcp://HOST:8786`` (None without it); the client to close."""
@@ -37,7 +39,11 @@ def _executor(args):
         from dask.distributed import Client
     except ImportError:
         raise SystemExit("--scheduler needs Dask: pip install 'pageset[dask]'") from None
-    client = Client(args.scheduler, timeout=60)
+    try:
+        client = Client(args.scheduler, timeout=SCHEDULER_TIMEOUT_S)
+    except OSError as exc:  # refused, unknown host, timed out (distributed raises OSError subclasses)
+        raise SystemExit(f"pageset {args.command}: --scheduler {args.scheduler}: cannot reach the Dask scheduler "
+                         f"({exc}); check the address (tcp://HOST:8786) and that the scheduler runs") from None
     return client.get_executor(), client
 
 
