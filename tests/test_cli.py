@@ -129,3 +129,9 @@ def test_unreachable_scheduler_names_the_option(tmp_path, imagenet_like, monkeyp
         main(["convert", str(imagenet_like), str(tmp_path / "o.pageset"), "--scheduler",
               f"tcp://127.0.0.1:{port}", "--no-progress"])
     assert not (tmp_path / "o.pageset").exists()
+
+
+def test_bad_storage_options_name_the_command_and_option():
+    for bad in ("nojson", "[1]"):
+        with pytest.raises(SystemExit, match=r"^pageset verify: --storage-options must be a JSON object"):
+            main(["verify", "s3://bucket/x.pageset", "--storage-options", bad])

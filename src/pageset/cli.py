@@ -38,7 +38,7 @@ def _executor(args):
     try:
         from dask.distributed import Client
     except ImportError:
-        raise SystemExit("--scheduler needs Dask: pip install 'pageset[dask]'") from None
+        raise SystemExit(f"pageset {args.command}: --scheduler needs Dask: pip install 'pageset[dask]'") from None
     try:
         client = Client(args.scheduler, timeout=SCHEDULER_TIMEOUT_S)
     except OSError as exc:  # refused, unknown host, timed out (distributed raises OSError subclasses)
@@ -53,10 +53,10 @@ def _storage_options(args) -> dict | None:
     try:
         opts = json.loads(args.storage_options)
     except json.JSONDecodeError as exc:
-        raise SystemExit(f"--storage-options must be a JSON object, e.g. '{{\"endpoint_url\": \"http://...\"}}' "
-                         f"({exc})") from None
+        raise SystemExit(f"pageset {args.command}: --storage-options must be a JSON object, e.g. "
+                         f"'{{\"endpoint_url\": \"http://...\"}}' ({exc})") from None
     if not isinstance(opts, dict):
-        raise SystemExit("--storage-options must be a JSON object")
+        raise SystemExit(f"pageset {args.command}: --storage-options must be a JSON object")
     return opts
 
 
