@@ -36,7 +36,7 @@ from ..order import (
 from ..read import open_dataset
 from .pages import PageVerifier, PreadPages, ProcessPageCache
 from .stages import PipelineError, build_stage
-from .workers import Slot, ThreadPool
+from .workers import Slot, ThreadPool, close_context
 
 INDEX_KEY = "_index"  # int64[B]: record ids of the batch (field names never start with "_")
 PADDING_KEY = "_is_padding"  # bool[B]: True for wrap-around samples of drop_last=False
@@ -132,6 +132,7 @@ class Loader:
         self._epoch, self._cursor = 0, 0
         self._active = None  # the running epoch generator, if any
         self._pool = ThreadPool(num_threads, self._run_slice)
+        self._ctx: dict = {"thread": "consumer"}  # scratch of the thread calling next() when it helps
         self._closed = False  # only now: close() and __del__ have everything to release
 
     def _setup(self, page_cache, cache_pages, pipelines, verify_pages) -> None:
@@ -164,6 +165,10 @@ class Loader:
             for stage in self._stages:
                 if hasattr(stage, "pages"):
                     stage.pages = self._pages
+        # Slices per batch: one per thread, unless a slice would be too small to pay for a thread hand-off
+        # (~20-50 us): then threads work on different batches instead (token windows: one slice per batch).
+        min_rows = max(getattr(s, "min_slice_rows", 1) for s in self._stages) if self._stages else 1
+        self._n_slices = max(1, min(self.num_threads, batch_size // min_rows))
         self._verifier = PageVerifier(self._ds) if verify_pages else None
         self.epoch_length = epoch_length(self.n_records, self.global_batch_size, self.drop_last)
         self._queue = self._device_queue()
@@ -296,12 +301,11 @@ class Loader:
         slot.positions, slot.padding = positions, padding
         slot.ids = order.ids(int(positions[0]), int(positions[-1]) + 1)
         slot.keys = sample_keys(self.seed, epoch, positions)
-        n_slices = min(self.num_threads, self.batch_size)
-        bounds = np.linspace(0, self.batch_size, n_slices + 1).astype(int)
+        B, n = self.batch_size, self._n_slices
         slot.done.clear()
-        slot.pending = n_slices
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            self._pool.submit(slot, int(lo), int(hi))
+        slot.pending = n
+        for i in range(n):
+            self._pool.submit(slot, i * B // n, (i + 1) * B // n)
         return slot
 
     def _reclaim(self, slot: Slot) -> None:
@@ -322,6 +326,9 @@ class Loader:
             stage.fill(arrays, lo, hi, ids, keys, ctx)
 
     def _wait(self, slot: Slot, raise_errors: bool = True) -> None:
+        # run the slot's queued slices here rather than sleeping until a thread picks them up
+        while raise_errors and not slot.done.is_set() and self._pool.help(slot, self._ctx):
+            pass
         t0 = time.monotonic()
         while not slot.done.wait(0.1):
             if self._pool.alive() < self.num_threads:
@@ -356,6 +363,7 @@ class Loader:
         self._closed = True
         self._stop_active()
         self._pool.close()
+        close_context(self._ctx)
         self._pages.close()
         self._ds.close()
 

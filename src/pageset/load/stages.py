@@ -300,6 +300,9 @@ class TokenStage(Stage):
             raise ValueError(f"{ds.path}: {count} tokens, fewer than seq_len + 1 = {self.seq_len + 1}:"
                              " no window fits (windows are never padded); use a smaller seq_len or more data")
         self.n_records = token_ops.num_windows(count, self.seq_len)
+        # rows per slice: ~64K tokens (~50-100 us of reading and widening) pays for handing a slice to a thread
+        self.min_slice_rows = max(1, (1 << 16) // self.seq_len)
+        token_ops.prepare()
         L = self.seq_len
         self.outputs = {"input": ((L,), np.dtype(op.input_dtype), None), "target": ((L,), np.dtype(np.int64), None)}
         if self.docs:
@@ -331,8 +334,7 @@ class TokenStage(Stage):
         starts, lens = self.spans(ids)
         buf, _ = self.pages.gather(starts, lens, ctx)
         rows = buf[: int(lens.sum())].view(self.dtype).reshape(ids.shape[0], self.seq_len + 1)
-        np.copyto(inp, rows[:, :-1], casting="unsafe")
-        np.copyto(tgt, rows[:, 1:], casting="unsafe")
+        token_ops.split_windows(rows, inp, tgt)  # one nogil pass, both outputs
         if self.docs:
             token_ops.position_ids(inp, self.eos_id, out=arrays["position_ids"][lo:hi])
             token_ops.doc_ids(inp, self.eos_id, out=arrays["doc_ids"][lo:hi])
