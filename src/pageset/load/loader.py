@@ -72,7 +72,8 @@ class Loader:
         seed: u64; with the epoch it fixes the order and every augmentation.
         drop_last: drop the last incomplete global batch (True) or complete it by wrapping to the start of the
             epoch's order, flagging those samples in ``batch["_is_padding"]`` (False).
-        num_threads: decode threads (default: ``os.cpu_count()``).
+        num_threads: decode threads (default: ``os.cpu_count()``). The thread calling ``next()`` also runs
+            queued work while the batch it asks for is not ready, instead of sleeping.
         batches_ahead: batches prepared ahead of the consumer (default 2 per thread, at least 2).
         rank, world_size: explicit values win; else an initialised torch.distributed; else torchrun's RANK /
             WORLD_SIZE environment; else a single process.
@@ -169,6 +170,7 @@ class Loader:
         # (~20-50 us): then threads work on different batches instead (token windows: one slice per batch).
         min_rows = max(getattr(s, "min_slice_rows", 1) for s in self._stages) if self._stages else 1
         self._n_slices = max(1, min(self.num_threads, batch_size // min_rows))
+        self._needs_keys = any(s.needs_keys for s in self._stages)
         self._verifier = PageVerifier(self._ds) if verify_pages else None
         self.epoch_length = epoch_length(self.n_records, self.global_batch_size, self.drop_last)
         self._queue = self._device_queue()
@@ -300,7 +302,7 @@ class Loader:
         slot.step, slot.generation, slot.error, slot.prefetched = step, self._pool.generation, None, None
         slot.positions, slot.padding = positions, padding
         slot.ids = order.ids(int(positions[0]), int(positions[-1]) + 1)
-        slot.keys = sample_keys(self.seed, epoch, positions)
+        slot.keys = sample_keys(self.seed, epoch, positions) if self._needs_keys else None
         B, n = self.batch_size, self._n_slices
         slot.done.clear()
         slot.pending = n
@@ -319,15 +321,15 @@ class Loader:
         slot.handed = []
 
     def _run_slice(self, slot: Slot, lo: int, hi: int, ctx: dict) -> None:
-        ids, keys = slot.ids[lo:hi], slot.keys[lo:hi]
+        ids, keys = slot.ids[lo:hi], (slot.keys[lo:hi] if slot.keys is not None else None)
         if self._verifier is not None:
             self._verifier.check(*self._spans(ids), ids)
         for stage, arrays in zip(self._stages, slot.arrays):
             stage.fill(arrays, lo, hi, ids, keys, ctx)
 
     def _wait(self, slot: Slot, raise_errors: bool = True) -> None:
-        # run the slot's queued slices here rather than sleeping until a thread picks them up
-        while raise_errors and not slot.done.is_set() and self._pool.help(slot, self._ctx):
+        # run queued slices (this batch's, else the next ones') here rather than sleeping until a thread is done
+        while raise_errors and not slot.done.is_set() and self._pool.help(self._ctx):
             pass
         t0 = time.monotonic()
         while not slot.done.wait(0.1):

@@ -61,6 +61,7 @@ class Stage:
     to_tensor: bool
     to_device = None
     outputs: dict
+    needs_keys = False  # whether fill() uses the per-sample augmentation keys (else it gets None)
 
     def alloc(self, batch_size: int, empty) -> dict:
         """Buffers for one slot; ``empty(shape, np_dtype)`` allocates (pinned when copying to a GPU)."""
@@ -84,6 +85,8 @@ def _to_torch(arr: np.ndarray, torch_dtype):
 
 class ImageStage(Stage):
     """RGBImage -> [B, H, W, 3] / [B, 3, H, W] via the fused kernel ``ops.image_batch.image_slice``."""
+
+    needs_keys = True  # crop boxes and flips
 
     def __init__(self, name, ops, ds, pages):
         self.name, self.path, self.pages = name, ds.path, pages
