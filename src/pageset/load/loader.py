@@ -90,7 +90,7 @@ class Loader:
             epoch are not seen that epoch; which ones changes with the epoch's order). ``False``: complete it by
             wrapping to the start of the epoch's order, flagging those samples in ``batch["_is_padding"]``.
         num_threads: decode threads (default: ``os.cpu_count()``). The thread calling ``next()`` also runs
-            queued work while the batch it asks for is not ready, instead of sleeping.
+            queued work while the batch it asks for is not ready, instead of sleeping (local files only).
         batches_ahead: batches prepared ahead of the consumer (default 2 per thread, at least 2).
         rank, world_size: explicit values win; else an initialised torch.distributed; else torchrun's RANK /
             WORLD_SIZE environment; else a single process.
@@ -231,6 +231,9 @@ class Loader:
         min_rows = max((getattr(s, "min_slice_rows", 1) for s in self._stages), default=1)
         self._n_slices = max(1, min(self.num_threads, self.batch_size // min_rows))
         self._needs_keys = any(s.needs_keys for s in self._stages)
+        # The consumer runs queued slices while it waits, except for URLs: there a slice waits on the network
+        # (the remote page source has its own prefetching), and num_threads bounds the concurrent fetches.
+        self._help = all(src.ds.remote is None for src in self._sources)
 
     def _default_cache_pages(self, n_records: int, page_count: int) -> int:
         """Default ``cache_pages`` of a file: ``window_pages * ceil(in_flight / records_per_window) + 2``.
@@ -480,7 +483,7 @@ class Loader:
 
     def _wait(self, slot: Slot, raise_errors: bool = True) -> None:
         # run queued slices (this batch's, else the next ones') here rather than sleeping until a thread is done
-        while raise_errors and not slot.done.is_set() and self._pool.help(self._ctx):
+        while raise_errors and self._help and not slot.done.is_set() and self._pool.help(self._ctx):
             pass
         t0 = time.monotonic()
         while not slot.done.wait(0.1):
