@@ -43,7 +43,7 @@ from ..order.mixture import (
 )
 from ..order.subset import SubsetLayout, as_indices
 from ..read import open_dataset
-from .source import FileSource, check_same_fields
+from .source import FileSource, MixtureReader, check_same_fields
 from .stages import PipelineError
 from .workers import Slot, ThreadPool
 
@@ -198,6 +198,7 @@ class Loader:
         """Check that the files match, then the schedule and the mixture's epoch (samples_per_epoch)."""
         mix = self._mixture
         self._stages = check_same_fields(self._sources)
+        self._mixture_reader = MixtureReader(self._sources, self._stages)
         for i, (src, q) in enumerate(zip(self._sources, mix.quotas)):
             if q > 0 and src.n_records == 0:
                 raise ValueError(f"{src.path}: source {i} of the mixture has no records but weight "
@@ -413,10 +414,7 @@ class Loader:
         if slot.sources is None:
             self._sources[0].fill(slot.arrays, lo, hi, slot.ids[lo:hi], slot.keys[lo:hi], ctx)
             return
-        src = slot.sources[lo:hi]  # a mixture: each file fills its rows of the slice
-        for i in np.unique(src).tolist():
-            rows = lo + np.flatnonzero(src == i)
-            self._sources[i].fill_rows(slot.arrays, rows, slot.ids[rows], slot.keys[rows], ctx)
+        self._mixture_reader.fill(slot.arrays, lo, hi, slot.sources, slot.ids, slot.keys, ctx)  # a mixture
 
     def _wait(self, slot: Slot, raise_errors: bool = True) -> None:
         t0 = time.monotonic()
