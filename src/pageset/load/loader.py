@@ -39,11 +39,12 @@ from ..order.mixture import (
     MixtureSchedule,
     mixture_id,
     mixture_state,
+    refuse_mixture_state,
     resume_mixture,
 )
 from ..order.subset import SubsetLayout, as_indices
 from ..read import open_dataset
-from .source import FileSource, MixtureReader, check_same_fields
+from .source import FileSource, MixtureReader, check_same_fields, split_cache_pages
 from .stages import PipelineError
 from .workers import Slot, ThreadPool
 
@@ -90,7 +91,9 @@ class Loader:
             WORLD_SIZE environment; else a single process.
         page_cache: ``"os"`` (records read with ``pread``; the OS page cache keeps what is hot) or
             ``"process"`` (a bounded LRU of whole pages read with ``pread``: ``cache_pages`` pages; default
-            ``2 * window_pages + batches_ahead + 2``). Neither maps the file: a file truncated or modified in
+            ``2 * window_pages + batches_ahead + 2``, for each file of a Mixture; a given ``cache_pages`` bounds
+            the whole loader: a Mixture's files share it evenly, at least one page each, ValueError if it is
+            smaller than the number of files). Neither maps the file: a file truncated or modified in
             place under the loader raises TruncatedFileError / FileChangedError at the next batch, never SIGBUS.
         window_pages: pages per quasi-random window (M).
         storage_options: for a URL ``path`` (``s3://``, ``http(s)://``, any fsspec protocol): options of the fsspec
@@ -179,9 +182,14 @@ class Loader:
     def _setup(self, page_cache, cache_pages, pipelines, verify_pages) -> None:
         """Page access, stages and record layout of every file (a Mixture has several)."""
         pipelines = dict(pipelines or {})
-        if cache_pages is None:
-            cache_pages = 2 * self.window_pages + self.batches_ahead + 2
-        for ds in self._datasets:
+        n = len(self._datasets)
+        if cache_pages is None:  # the default, per file
+            per_file = [2 * self.window_pages + self.batches_ahead + 2] * n
+        elif page_cache == "process":  # the whole loader's budget: a Mixture's files share it
+            per_file = split_cache_pages(cache_pages, n)
+        else:  # not used
+            per_file = [cache_pages] * n
+        for ds, cache_pages in zip(self._datasets, per_file):
             self._sources.append(FileSource(ds, pipelines, page_cache, cache_pages, verify_pages,
                                             in_mixture=self._mixture is not None,
                                             remote_options=self._remote_options))
@@ -291,6 +299,7 @@ class Loader:
         if self._plan is not None:
             saved = resume_mixture(state, self._mixture_state(0, 0), self._plan, self.epoch_length)
         else:
+            refuse_mixture_state(state, self.path)
             saved = OrderState.from_dict(state)
         check_compatible(saved, self._state(0, 0), self.dist.world_size, self.n_records)
         self._stop_active()

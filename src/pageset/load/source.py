@@ -113,6 +113,18 @@ class FileSource:
         self.pages.close()
 
 
+def split_cache_pages(cache_pages: int, n_files: int) -> list[int]:
+    """``cache_pages`` (the loader's page budget for ``page_cache="process"``) shared evenly by ``n_files``
+    files: ``cache_pages // n_files`` each, one more for the first ``cache_pages % n_files``; sums to
+    ``cache_pages``. ValueError when a file would get no page (``cache_pages < n_files``)."""
+    if cache_pages < n_files:
+        raise ValueError(f"cache_pages={cache_pages} for a Mixture of {n_files} files: each file needs at least one "
+                         f"cached page; pass cache_pages >= {n_files} (the whole loader's budget, shared by the "
+                         f"files), or None for the default per file")
+    share, extra = divmod(int(cache_pages), n_files)
+    return [share + (1 if i < extra else 0) for i in range(n_files)]
+
+
 class MixtureReader:
     """Fills a slot's rows from the files of a Mixture, each row from the file its sample comes from.
 

@@ -357,6 +357,19 @@ def mixture_state(order: MixtureOrder, dataset_ids, samples_per_epoch: int, stat
     return d
 
 
+def refuse_mixture_state(state, path: str) -> None:
+    """Raise StateMismatchError (field ``"mixture"``) when ``state``, given to the loader of one file ``path``,
+    was saved by a loader reading a Mixture; any other state passes (it is validated as order v1 next)."""
+    if not isinstance(state, Mapping) or "mixture" not in state:
+        return
+    mix = state["mixture"]
+    sources = mix.get("sources") if isinstance(mix, Mapping) else None
+    saved = f"a Mixture of {len(sources)} files" if isinstance(sources, list) else "a Mixture"
+    raise StateMismatchError("mixture", saved, f"one file ({path})",
+                             "The state was saved by a Loader reading a Mixture: resume it with a Loader on the "
+                             "same Mixture (the same files, weights and samples_per_epoch).")
+
+
 def resume_mixture(state, current: dict, order: MixtureOrder, epoch_length: int) -> OrderState:
     """Validate a saved mixture state against the ``current`` loader's (:func:`mixture_state` at 0); returns
     the saved OrderState (for ``check_compatible``).
