@@ -68,7 +68,7 @@ def main() -> None:
             pipe = {"image": [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()]}
             for threads in args.threads:
                 kw = dict(batch_size=64, pipelines=pipe, num_threads=threads, order="random", seed=0)
-                rates = _rates(lambda: Loader(whole, **kw), lambda: Loader(Mixture(parts, weights), **kw),
+                rates = _rates(lambda kw=kw: Loader(whole, **kw), lambda kw=kw: Loader(Mixture(parts, weights), **kw),
                                args.repeats)
                 rows.append(("images, RRC 224, B=64", threads, *rates))
         if args.only in (None, "tokens"):
@@ -76,7 +76,7 @@ def main() -> None:
             for threads in args.threads:
                 kw = dict(batch_size=32, pipelines={"tokens": [TokenWindows(1024)]}, num_threads=threads,
                           order="quasi_random", seed=0)
-                rates = _rates(lambda: Loader(whole, **kw), lambda: Loader(Mixture(parts, weights), **kw),
+                rates = _rates(lambda kw=kw: Loader(whole, **kw), lambda kw=kw: Loader(Mixture(parts, weights), **kw),
                                args.repeats)
                 rows.append(("tokens, seq_len 1024, B=32", threads, *rates))
     print(f"| data | threads | one file (samples/s) | 3-source Mixture 0.5/0.3/0.2 (samples/s) | ratio, median "
