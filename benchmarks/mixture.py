@@ -1,14 +1,15 @@
 """Mixture overhead: a 3-source Mixture vs one file holding the same records, same pipeline, same threads.
 
     .venv/bin/python -m benchmarks.mixture [--images 300] [--tokens 8000000] [--threads 1 2] [--repeats 7]
-                                           [--only images|tokens]
+                                           [--min-seconds 0.5] [--only images|tokens]
 
 Images: three files of ``--images`` ImageNet-like JPEGs each (real photos, long side 400-500) and one file
 of all of them; RandomResizedCrop(224) + flip + Normalize, batch 64, order random, weights 0.5/0.3/0.2. Tokens:
 three token files and one of their concatenation, TokenWindows(1024), batch 32, quasi_random, weights
-0.5/0.3/0.2. Rates are samples/s over whole epochs: ``--repeats`` epochs of each loader, alternated (the
-machine's load drifts), after a warm-up epoch; the table gives the medians and the median (min-max) of the
-per-pair ratios. Prints a markdown table.
+0.5/0.3/0.2. A run is whole epochs for at least ``--min-seconds``; ``--repeats`` runs of each loader,
+alternated (the machine's load drifts), after a warm-up epoch. The table gives the median samples/s, the
+median (min-max) of the per-pair ratios and the median CPU time per sample (all threads: what the loader
+costs, less sensitive to other load on a shared machine than the rate). Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -35,20 +36,24 @@ from pageset import (
 from pageset.sample_data import make_imagenet_like
 
 
-def _rates(make_a, make_b, repeats):
-    """samples/s of each loader over ``repeats`` epochs each, alternating a and b: two lists."""
-    rates = ([], [])
+def _rates(make_a, make_b, repeats, min_seconds):
+    """Per run of each loader, alternating a and b (the machine's load drifts): whole epochs until
+    ``min_seconds`` have passed, giving (samples/s, CPU microseconds per sample over all threads). Two lists of
+    ``repeats`` pairs."""
+    runs = ([], [])
     with make_a() as a, make_b() as b:
         for ld in (a, b):
             for _ in ld:  # warm-up epoch: kernels compiled, pages in the OS cache
                 pass
         for _ in range(repeats):
             for k, ld in enumerate((a, b)):
-                n, t0 = 0, time.perf_counter()
-                for batch in ld:
-                    n += len(batch["_index"])
-                rates[k].append(n / (time.perf_counter() - t0))
-    return rates
+                n, t0, c0 = 0, time.perf_counter(), time.process_time()
+                while time.perf_counter() - t0 < min_seconds:
+                    for batch in ld:
+                        n += len(batch["_index"])
+                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                runs[k].append((n / wall, cpu / n * 1e6))
+    return runs
 
 
 def main() -> None:
@@ -58,6 +63,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--only", choices=["images", "tokens"], default=None)
+    ap.add_argument("--min-seconds", type=float, default=0.5, help="length of one run (whole epochs)")
     args = ap.parse_args()
     weights = [0.5, 0.3, 0.2]
     rows = []
@@ -69,7 +75,7 @@ def main() -> None:
             for threads in args.threads:
                 kw = dict(batch_size=64, pipelines=pipe, num_threads=threads, order="random", seed=0)
                 rates = _rates(lambda kw=kw: Loader(whole, **kw), lambda kw=kw: Loader(Mixture(parts, weights), **kw),
-                               args.repeats)
+                               args.repeats, args.min_seconds)
                 rows.append(("images, RRC 224, B=64", threads, *rates))
         if args.only in (None, "tokens"):
             whole, parts = _token_files(tmp, args.tokens)
@@ -77,15 +83,16 @@ def main() -> None:
                 kw = dict(batch_size=32, pipelines={"tokens": [TokenWindows(1024)]}, num_threads=threads,
                           order="quasi_random", seed=0)
                 rates = _rates(lambda kw=kw: Loader(whole, **kw), lambda kw=kw: Loader(Mixture(parts, weights), **kw),
-                               args.repeats)
+                               args.repeats, args.min_seconds)
                 rows.append(("tokens, seq_len 1024, B=32", threads, *rates))
-    print(f"| data | threads | one file (samples/s) | 3-source Mixture 0.5/0.3/0.2 (samples/s) | ratio, median "
-          f"(min-max) of {args.repeats} pairs |")
-    print("|---|---|---|---|---|")
+    print(f"| data | threads | one file (samples/s) | 3-source Mixture 0.5/0.3/0.2 (samples/s) | rate ratio, "
+          f"median (min-max) of {args.repeats} pairs | CPU us/sample, one file / Mixture |")
+    print("|---|---|---|---|---|---|")
     for name, threads, a, b in rows:
-        ratios = [y / x for x, y in zip(a, b)]
-        print(f"| {name} | {threads} | {np.median(a):,.0f} | {np.median(b):,.0f} | {np.median(ratios):.2f} "
-              f"({min(ratios):.2f}-{max(ratios):.2f}) |")
+        ratios = [y[0] / x[0] for x, y in zip(a, b)]
+        print(f"| {name} | {threads} | {np.median([x[0] for x in a]):,.0f} | {np.median([y[0] for y in b]):,.0f} | "
+              f"{np.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) | "
+              f"{np.median([x[1] for x in a]):.1f} / {np.median([y[1] for y in b]):.1f} |")
 
 
 def _image_files(tmp: Path, n: int):
