@@ -251,7 +251,8 @@ class MixtureOrder:
     ``MixtureOrder(schedule, page_sizes, seed, order, window_pages)``: page_sizes is one int64[K_i] per
     source (records per page; N_i = sum). Source i's k-th sample is position ``k % N_i`` of its epoch
     ``k // N_i`` under ``EpochOrder(page_sizes[i], source_seed(seed, i), k // N_i, order, window_pages)``.
-    Keeps the orders of the last two epochs of each source (a tiny source wraps often).
+    Keeps the orders of the last two epochs of each source (a tiny source wraps often) and the order window
+    each source read last (consecutive lookups slice it). One caller at a time (the loader's main thread).
     """
 
     def __init__(self, schedule: MixtureSchedule, page_sizes, seed: int, order: str, window_pages: int = 1):
