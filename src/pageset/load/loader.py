@@ -2,8 +2,8 @@
 
     loader = Loader("train.pageset", batch_size=256, order="quasi_random", seed=0,
                     pipelines={"image": [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize(),
-                                         ToTorchImage(), ToTensor(), ToDevice("cuda")],
-                               "label": [IntDecoder(), ToTensor(), ToDevice("cuda")]})
+                                         ToTorchImage(), ToDevice("cuda")],
+                               "label": [IntDecoder(), ToDevice("cuda")]})
     for epoch in range(90):
         for batch in loader:              # one epoch (or the rest of it after load_state_dict)
             batch["image"], batch["label"], batch["_index"], batch["_is_padding"]
@@ -20,7 +20,9 @@ import weakref
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from ..format import arguments as check
 from ..order import (
     ORDERS,
     EpochOrder,
@@ -33,6 +35,7 @@ from ..order import (
     resolve_rank,
     sample_keys,
 )
+from ..order.keys import MASK64
 from ..order.mixture import (
     Mixture,
     MixtureOrder,
@@ -43,13 +46,14 @@ from ..order.mixture import (
     resume_mixture,
 )
 from ..order.subset import SubsetLayout, as_indices
-from ..read import open_dataset
+from ..read import Dataset
 from .source import FileSource, MixtureReader, check_same_fields, split_cache_pages
 from .stages import PipelineError
 from .workers import Slot, ThreadPool
 
 INDEX_KEY = "_index"  # int64[B]: record ids of the batch (field names never start with "_")
 PADDING_KEY = "_is_padding"  # bool[B]: True for wrap-around samples of drop_last=False
+ARRAY_TYPES = ("torch", "numpy")  # what a batch's arrays are: torch tensors (default) or numpy arrays
 SOURCE_KEY = "_source"  # int16[B]: which file of a Mixture each sample comes from (mixtures only)
 
 
@@ -83,8 +87,9 @@ class Loader:
         order: ``"random"`` (full shuffle), ``"quasi_random"`` (shuffle pages, then ids inside windows of
             ``window_pages`` pages: bounded memory, page-local reads) or ``"sequential"``.
         seed: u64; with the epoch it fixes the order and every augmentation.
-        drop_last: drop the last incomplete global batch (True) or complete it by wrapping to the start of the
-            epoch's order, flagging those samples in ``batch["_is_padding"]`` (False).
+        drop_last: ``True`` (default): drop the last incomplete global batch (up to ``G - 1`` samples of each
+            epoch are not seen that epoch; which ones changes with the epoch's order). ``False``: complete it by
+            wrapping to the start of the epoch's order, flagging those samples in ``batch["_is_padding"]``.
         num_threads: decode threads (default: ``os.cpu_count()``).
         batches_ahead: batches prepared ahead of the consumer (default 2 per thread, at least 2).
         rank, world_size: explicit values win; else an initialised torch.distributed; else torchrun's RANK /
@@ -114,16 +119,24 @@ class Loader:
             ``batch["_index"]`` holds the file's record ids. The state records a digest of the ids and
             refuses another subset. ValueError/TypeError naming the first bad position (out of range,
             not an integer).
+        array_type: ``"torch"`` (default): every array of a batch is a torch tensor (``ToTensor`` is implied;
+            CPU tensors over the batch buffers, no copy), as a ``torch.utils.data.DataLoader`` hands out;
+            ``"numpy"``: every array is a numpy array (``ToTensor``, ``ToTorchImage``, ``ToDevice`` and
+            bfloat16 are then refused). One batch never mixes the two.
 
-    Each batch is a dict: one entry per loaded field (a Bytes field gives ``(data, lengths)``), plus
-    ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]); a Mixture adds ``"_source"``
-    (int16[B]). Batches are numpy arrays, or torch tensors for fields whose pipeline has ``ToTensor``/``ToDevice``. Buffers are reused only once nothing
-    the user holds points at them: keeping batches (``list(loader)``) is safe, and costs a fresh allocation
-    for each kept batch instead of a copy for every batch.
+    Each batch is a dict: one entry per loaded field (a Bytes field gives ``(data, lengths)``; a JSON field a
+    list of Python values), plus ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]); a Mixture
+    adds ``"_source"`` (int16[B]). All are of ``array_type``; with ``ToDevice`` the field's tensors are on that
+    device, ``_index``, ``_is_padding`` and ``_source`` stay on the CPU. Buffers are reused only once nothing the user holds points at them: keeping batches
+    (``list(loader)``) is safe, and costs a fresh allocation for each kept batch instead of a copy for every
+    batch.
 
-    Raises ValueError for bad arguments (naming the argument and the fix), PipelineError for bad pipelines,
-    FormatError for a damaged file; an exception raised while preparing a batch is re-raised by ``next()``
-    with the thread's traceback.
+    ``len(loader)`` is the number of batches per epoch on this rank (:attr:`steps_per_epoch`); the batches left
+    in the current epoch are :attr:`steps_remaining`.
+
+    Raises TypeError / ValueError for bad arguments (naming the argument and what it accepts), PipelineError
+    for bad pipelines, FormatError for a damaged file; an exception raised while preparing a batch is re-raised
+    by ``next()`` with the thread's traceback.
     """
 
     def __init__(self, path, *, batch_size: int, pipelines: dict | None = None, order: str = "random",
@@ -132,19 +145,35 @@ class Loader:
                  page_cache: str = "os", window_pages: int = 8, cache_pages: int | None = None,
                  verify_pages: bool = False, indices=None, storage_options: dict | None = None, cache_dir=None,
                  cache_limit_bytes: int | None = None, prefetch_bytes: int | None = None, max_requests: int = 8,
-                 request_timeout: float = 30.0, request_attempts: int = 5):
-        if order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if page_cache not in ("os", "process"):
-            raise ValueError(f"page_cache must be 'os' or 'process', got {page_cache!r}")
+                 request_timeout: float = 30.0, request_attempts: int = 5, array_type: str = "torch"):
+        if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike, Mixture)):
+            raise TypeError(f"path must be the pageset file's path or URL (str or os.PathLike) or a Mixture, got "
+                            f"{path!r}")
+        batch_size = check.integer("batch_size", batch_size, minimum=1)
+        pipelines = check.mapping("pipelines", pipelines, optional=True,
+                                  example="{'image': [RandomResizedCrop(224)], 'label': [IntDecoder()]}")
+        order = check.choice("order", order, ORDERS)
+        seed = check.integer("seed", seed, minimum=0, maximum=MASK64)
+        drop_last = check.boolean("drop_last", drop_last)
+        num_threads = check.integer("num_threads", num_threads, minimum=1, optional=True)
+        batches_ahead = check.integer("batches_ahead", batches_ahead, minimum=1, optional=True)
+        rank = check.integer("rank", rank, minimum=0, optional=True)
+        world_size = check.integer("world_size", world_size, minimum=1, optional=True)
+        page_cache = check.choice("page_cache", page_cache, ("os", "process"))
+        window_pages = check.integer("window_pages", window_pages, minimum=1)
+        cache_pages = check.integer("cache_pages", cache_pages, minimum=1, optional=True)
+        verify_pages = check.boolean("verify_pages", verify_pages)
+        storage_options = check.mapping("storage_options", storage_options, optional=True)
+        if cache_dir is not None and (isinstance(cache_dir, bytes) or not isinstance(cache_dir, (str, os.PathLike))):
+            raise TypeError(f"cache_dir must be a folder path (str or os.PathLike) or None, got {cache_dir!r}")
+        cache_limit_bytes = check.integer("cache_limit_bytes", cache_limit_bytes, minimum=1, optional=True)
+        prefetch_bytes = check.integer("prefetch_bytes", prefetch_bytes, minimum=0, optional=True)
+        max_requests = check.integer("max_requests", max_requests, minimum=1)
+        request_timeout = check.real("request_timeout", request_timeout, low=0, low_open=True)
+        request_attempts = check.integer("request_attempts", request_attempts, minimum=1)
+        self.array_type = check.choice("array_type", array_type, ARRAY_TYPES)
         num_threads = (os.cpu_count() or 1) if num_threads is None else num_threads
-        if num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         batches_ahead = max(2, 2 * num_threads) if batches_ahead is None else batches_ahead
-        if batches_ahead < 1:
-            raise ValueError(f"batches_ahead must be >= 1, got {batches_ahead}")
         self._closed = True  # until construction succeeds
         enable_kernel_cache()
         r, w = resolve_rank(rank, world_size, probe=_torch_distributed)
@@ -162,8 +191,8 @@ class Loader:
                                     cache_limit_bytes=cache_limit_bytes)
         try:
             for p in (self._mixture.sources if self._mixture is not None else [path]):
-                self._datasets.append(open_dataset(p, storage_options, request_timeout=request_timeout,
-                                                   request_attempts=request_attempts))
+                self._datasets.append(Dataset(p, storage_options, request_timeout=request_timeout,
+                                              request_attempts=request_attempts))  # records or a token file
             self._ds = self._datasets[0]
             self._setup(page_cache, cache_pages, pipelines, verify_pages)
             self._setup_subset(indices)
@@ -192,7 +221,7 @@ class Loader:
         for ds, cache_pages in zip(self._datasets, per_file):
             self._sources.append(FileSource(ds, pipelines, page_cache, cache_pages, verify_pages,
                                             in_mixture=self._mixture is not None,
-                                            remote_options=self._remote_options))
+                                            remote_options=self._remote_options, array_type=self.array_type))
         src = self._sources[0]
         self._pages, self._stages, self._verifier = src.pages, src.stages, src.verifier
         self._page_sizes, self._spans, self.n_records = src.page_sizes, src.spans, src.n_records
@@ -266,8 +295,15 @@ class Loader:
         return self.epoch_length // self.global_batch_size
 
     def __len__(self) -> int:
-        """Batches the next ``iter()`` yields on this rank (the same number on every rank): the rest of the
-        current epoch, or a whole epoch once the current one has been handed out completely."""
+        """Batches per epoch on this rank (the same number on every rank), like ``torch.utils.data.DataLoader``:
+        ``N // G`` with ``drop_last``, ``ceil(N / G)`` without. The rest of a started epoch is
+        :attr:`steps_remaining`."""
+        return self.steps_per_epoch
+
+    @property
+    def steps_remaining(self) -> int:
+        """Batches the next ``iter()`` yields on this rank: the rest of the current epoch (after a partial epoch
+        or ``load_state_dict``), or a whole epoch once the current one has been handed out completely."""
         left = self.steps_per_epoch - self._cursor // self.global_batch_size
         return left if left > 0 else self.steps_per_epoch
 
@@ -453,6 +489,10 @@ class Loader:
             batch[PADDING_KEY] = slot.padding.copy()
         if slot.sources is not None:
             batch[SOURCE_KEY] = slot.sources.copy()
+        if self.array_type == "torch":  # owned copies: from_numpy shares them, costs no copy
+            for key in (INDEX_KEY, PADDING_KEY, SOURCE_KEY):
+                if isinstance(batch.get(key), np.ndarray):
+                    batch[key] = torch.from_numpy(batch[key])
         return batch
 
     # ---- lifetime --------------------------------------------------------------------------------------
@@ -482,6 +522,6 @@ class Loader:
 
     def __repr__(self) -> str:
         return (f"Loader({self.path!r}, batch_size={self.batch_size}, order={self.order!r}, "
-                f"rank={self.dist.rank}/{self.dist.world_size}, epoch={self._epoch}, batches_left={len(self)})")
+                f"rank={self.dist.rank}/{self.dist.world_size}, epoch={self._epoch}, steps_remaining={self.steps_remaining})")
 
 

@@ -27,11 +27,12 @@ class FileSource:
     per loaded field, file order); ``n_records`` (records, or seq_len windows for a token file);
     ``page_sizes`` int64[K] records per page; ``spans(ids) -> (starts, lengths)`` absolute byte spans;
     ``verifier`` (PageVerifier or None). Raises PipelineError for pipelines naming fields the file lacks or
-    invalid for its fields (``in_mixture``: fields mapped to None may be missing); ``close()`` releases the page access (not ``ds``).
+    invalid for its fields (``in_mixture``: fields mapped to None may be missing); ``array_type`` ("torch" or
+    "numpy") is what the stages hand out; ``close()`` releases the page access (not ``ds``).
     """
 
     def __init__(self, ds, pipelines: dict, page_cache: str, cache_pages: int, verify_pages: bool,
-                 in_mixture: bool = False, remote_options: dict | None = None):
+                 in_mixture: bool = False, remote_options: dict | None = None, array_type: str = "torch"):
         self.ds, self.path, self.dataset_id = ds, ds.path, ds.dataset_id
         if ds.remote is not None:  # a URL: whole pages by range request, each CRC-checked on arrival
             from .remote_pages import RemotePages
@@ -48,7 +49,7 @@ class FileSource:
             if unknown:
                 raise PipelineError(f"{self.path}: pipelines name unknown fields {sorted(unknown)}; "
                                     f"the file has {list(ds.fields)}")
-            self.stages = [build_stage(n, f, pipelines.get(n), ds, self.pages)
+            self.stages = [build_stage(n, f, pipelines.get(n), ds, self.pages, array_type)
                            for n, f in ds.fields.items() if not (n in pipelines and pipelines[n] is None)]
             # Records are the file's records, or, for a token file, its seq_len windows.
             windows = [s for s in self.stages if hasattr(s, "records_per_page")]
