@@ -417,11 +417,11 @@ def test_token_mixture_reads_agree_whatever_the_page_source(token_files, tmp_pat
 def test_token_mixture_file_truncated_under_the_loader_is_named(token_files, tmp_path):
     import shutil
 
-    from pageset import TruncatedFileError, open_dataset
+    from pageset import Dataset, TruncatedFileError
 
     live = tmp_path / "live.pageset"
     shutil.copyfile(token_files[1][0], live)
-    with open_dataset(live) as ds:
+    with Dataset(live) as ds:  # a token file
         cut = ds.data_offset + 100
     with Loader(Mixture([token_files[0][0], live], [0.5, 0.5]), batch_size=4, num_threads=2, order="sequential",
                 pipelines={"tokens": [TokenWindows(16)]}) as ld:
