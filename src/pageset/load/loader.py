@@ -42,11 +42,12 @@ from ..order.mixture import (
     MixtureSchedule,
     mixture_id,
     mixture_state,
+    refuse_mixture_state,
     resume_mixture,
 )
 from ..order.subset import SubsetLayout, as_indices
 from ..read import Dataset
-from .source import FileSource, check_same_fields
+from .source import FileSource, MixtureReader, check_same_fields, split_cache_pages
 from .stages import PipelineError
 from .workers import Slot, ThreadPool, close_context
 
@@ -96,9 +97,11 @@ class Loader:
             WORLD_SIZE environment; else a single process.
         page_cache: ``"os"`` (records read with ``pread``; the OS page cache keeps what is hot) or
             ``"process"`` (a bounded LRU of whole pages read with ``pread``, at most ``cache_pages`` pages
-            resident: ``cache_pages * page_size`` bytes per file whatever the file size; default: the pages of
-            the quasi-random windows the batches in flight read, ``window_pages * ceil((batches_ahead + 1) *
-            global_batch / records_per_window) + 2``, and never more than the file's pages). Neither maps the file: a file truncated or modified in
+            resident: ``cache_pages * page_size`` bytes whatever the file size; default, for each file (of a
+            Mixture too): the pages of the quasi-random windows the batches in flight read, ``window_pages *
+            ceil((batches_ahead + 1) * global_batch / records_per_window) + 2``, never more than the file's pages;
+            a given ``cache_pages`` bounds the whole loader: a Mixture's files share it evenly, at least one page
+            each, ValueError if it is smaller than the number of files). Neither maps the file: a file truncated or modified in
             place under the loader raises TruncatedFileError / FileChangedError at the next batch, never SIGBUS.
         window_pages: pages per quasi-random window (M).
         storage_options: for a URL ``path`` (``s3://``, ``http(s)://``, any fsspec protocol): options of the fsspec
@@ -212,9 +215,14 @@ class Loader:
     def _setup(self, page_cache, cache_pages, pipelines, verify_pages) -> None:
         """Page access, stages and record layout of every file (a Mixture has several)."""
         pipelines = dict(pipelines or {})
-        if cache_pages is None:
-            cache_pages = self._default_cache_pages
-        for ds in self._datasets:
+        n = len(self._datasets)
+        if cache_pages is None:  # the default, per file (a function of the file's records and pages)
+            per_file = [self._default_cache_pages] * n
+        elif page_cache == "process":  # the whole loader's budget: a Mixture's files share it
+            per_file = split_cache_pages(cache_pages, n)
+        else:  # not used
+            per_file = [cache_pages] * n
+        for ds, cache_pages in zip(self._datasets, per_file):
             self._sources.append(FileSource(ds, pipelines, page_cache, cache_pages, verify_pages,
                                             in_mixture=self._mixture is not None,
                                             remote_options=self._remote_options, array_type=self.array_type))
@@ -254,6 +262,7 @@ class Loader:
         """Check that the files match, then the schedule and the mixture's epoch (samples_per_epoch)."""
         mix = self._mixture
         self._stages = check_same_fields(self._sources)
+        self._mixture_reader = MixtureReader(self._sources, self._stages)
         for i, (src, q) in enumerate(zip(self._sources, mix.quotas)):
             if q > 0 and src.n_records == 0:
                 raise ValueError(f"{src.path}: source {i} of the mixture has no records but weight "
@@ -353,6 +362,7 @@ class Loader:
         if self._plan is not None:
             saved = resume_mixture(state, self._mixture_state(0, 0), self._plan, self.epoch_length)
         else:
+            refuse_mixture_state(state, self.path)
             saved = OrderState.from_dict(state)
         check_compatible(saved, self._state(0, 0), self.dist.world_size, self.n_records)
         self._stop_active()
@@ -476,10 +486,7 @@ class Loader:
         if slot.sources is None:
             self._sources[0].fill(slot.arrays, lo, hi, slot.ids[lo:hi], None if keys is None else keys[lo:hi], ctx)
             return
-        src = slot.sources[lo:hi]  # a mixture: each file fills its rows of the slice
-        for i in np.unique(src).tolist():
-            rows = lo + np.flatnonzero(src == i)
-            self._sources[i].fill_rows(slot.arrays, rows, slot.ids[rows], None if keys is None else keys[rows], ctx)
+        self._mixture_reader.fill(slot.arrays, lo, hi, slot.sources, slot.ids, keys, ctx)  # a mixture
 
     def _wait(self, slot: Slot, raise_errors: bool = True) -> None:
         # run queued slices (this batch's, else the next ones') here rather than sleeping until a thread is done

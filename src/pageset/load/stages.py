@@ -340,12 +340,16 @@ class TokenStage(Stage):
         return arrays
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
-        inp, tgt = arrays["input"][lo:hi], arrays["target"][lo:hi]
         # the windows' bytes land back to back in the thread's staging buffer (read, never mapped: a file
         # truncated under the loader raises TruncatedFileError instead of SIGBUS)
         starts, lens = self.spans(ids)
         buf, _ = self.pages.gather(starts, lens, ctx)
         rows = buf[: int(lens.sum())].view(self.dtype).reshape(ids.shape[0], self.seq_len + 1)
+        self.fill_windows(arrays, lo, hi, rows)
+
+    def fill_windows(self, arrays, lo, hi, rows):
+        """Fill rows ``[lo, hi)`` from ``rows`` (the windows' tokens, file dtype, ``[hi - lo, seq_len + 1]``)."""
+        inp, tgt = arrays["input"][lo:hi], arrays["target"][lo:hi]
         token_ops.split_windows(rows, inp, tgt)  # one nogil pass, both outputs
         if self.docs:
             token_ops.position_ids(inp, self.eos_id, out=arrays["position_ids"][lo:hi])
