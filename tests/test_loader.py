@@ -91,6 +91,22 @@ def test_random_resized_crop_matches_pillow_reference(image_file):
         # Reduced-scale decodes: measured mean abs error 1-4 levels per channel (of 255) on these photos.
         assert exact > 0
         assert np.mean(errors) < 3.0 and max(errors) < 8.0, (np.mean(errors), max(errors))
+    # A 224 px output: every crop of these <= 220 px photos is decoded at DCT scale 1/1 (the next scale, 7/8,
+    # would make it smaller than the output), so all 48 samples must be bit-exact, not only the few 1/1 crops of
+    # the 64 px pass above.
+    with open_dataset(image_file) as ds, Loader(image_file, batch_size=16, seed=seed, num_threads=2, pipelines={
+            "image": [RandomResizedCrop(224), RandomHorizontalFlip(p=0.0)], "label": None}) as loader:
+        exact = 0
+        for step, batch in enumerate(loader):
+            for j, rid in enumerate(batch["_index"]):
+                rec = ds[int(rid)]["image"]
+                k = key_py(seed, 0, 4, step * 16 + j)
+                x, y, w, h = random_resized_crop_box_py(rec.height, rec.width, k, 0.08, 1.0, 3 / 4, 4 / 3)
+                assert choose_scale(rec.width, rec.height, w, h, 224, 224) == (1, 1)
+                ref = Image.fromarray(rec.to_numpy()).crop((x, y, x + w, y + h)).resize((224, 224), Image.BILINEAR)
+                np.testing.assert_array_equal(batch["image"][j], np.asarray(ref), err_msg=str((rid, x, y, w, h)))
+                exact += 1
+        assert exact == len(ds) == 48
 
 
 def test_center_crop_matches_reference(image_file):
@@ -105,6 +121,24 @@ def test_center_crop_matches_reference(image_file):
             ref = Image.fromarray(rec.to_numpy()).crop((x, y, x + side, y + side)).resize((48, 48), Image.BILINEAR)
             diff = np.abs(batch["image"][j].astype(int) - np.asarray(ref).astype(int))
             assert diff.mean() < 3.0
+    # At DCT scale 1/1 (here: the crop is smaller than the output) the center crop is bit-exact: FFCV's box (a centred crop whose
+    # longer side is int(ratio * shorter image side), the output's aspect ratio) + Pillow's bilinear resize.
+    out_h, out_w, ratio = 200, 250, 224 / 256
+    with open_dataset(image_file) as ds, Loader(image_file, batch_size=16, order="sequential", num_threads=2,
+                                                 pipelines={"image": [CenterCrop((out_h, out_w), ratio=ratio)],
+                                                            "label": None}) as loader:
+        checked = 0
+        for batch in loader:
+            for j, rid in enumerate(batch["_index"]):
+                rec = ds[int(rid)]["image"]
+                side = ratio * min(rec.height, rec.width)
+                w, h = int(side), int(side * out_h / out_w)
+                x, y = (rec.width - w) // 2, (rec.height - h) // 2
+                assert choose_scale(rec.width, rec.height, w, h, out_w, out_h) == (1, 1)
+                ref = Image.fromarray(rec.to_numpy()).crop((x, y, x + w, y + h)).resize((out_w, out_h), Image.BILINEAR)
+                np.testing.assert_array_equal(batch["image"][j], np.asarray(ref), err_msg=str((rid, x, y, w, h)))
+                checked += 1
+        assert checked == len(ds) == 48
 
 
 def test_normalize_layouts_and_dtypes(image_file):

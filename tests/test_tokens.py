@@ -74,8 +74,20 @@ def test_same_bytes_any_worker_count_and_bos(tmp_path, gpt2):
     a = write_tokens(tmp_path / "a", docs, GPT2, num_workers=0, progress=False, bos_id=EOT - 1)
     b = write_tokens(tmp_path / "b", docs, GPT2, num_workers=2, progress=False, bos_id=EOT - 1, chunk_docs=7)
     assert a.dataset_id == b.dataset_id
+    # the same bytes, not only the same ids: data pages, document offsets, schema (only the lineage section,
+    # which records the creation time, may differ)
+    raw_a, raw_b = (tmp_path / "a").read_bytes(), (tmp_path / "b").read_bytes()
+    with open_tokens(tmp_path / "a") as ta, open_tokens(tmp_path / "b") as tb:
+        lo, hi = ta.dataset.data_offset, ta.dataset.data_offset + ta.dataset.data_length
+        assert (lo, hi) == (tb.dataset.data_offset, tb.dataset.data_offset + tb.dataset.data_length)
+        assert hi > lo and raw_a[lo:hi] == raw_b[lo:hi] and len(raw_a) == len(raw_b)
+        assert ta.doc_offsets.tobytes() == tb.doc_offsets.tobytes() and ta.dataset.schema == tb.dataset.schema
+    direct = gpt2.encode_batch(docs)
     with open_tokens(tmp_path / "a") as td:
         assert td.document(0)[0] == EOT - 1 and td.bos_id == EOT - 1
+        assert td.documents == len(docs)
+        for i in range(len(docs)):  # BOS + the tokenizer's ids + EOS, document by document
+            assert td.document(i).tolist() == [EOT - 1, *direct[i], EOT], i
     # BOS never doubled when the document already starts with it
     pre = [np.array([7, 8]), np.array([9, 7])]
     write_tokens(tmp_path / "c", pre, None, eos_id=1, bos_id=7, num_workers=0, progress=False)
