@@ -302,14 +302,18 @@ def test_early_breaks_and_loaders_leave_no_threads(image_file):
                 break
         assert threading.active_count() == before + 2
     assert threading.active_count() == before
+    started = []
     for _ in range(20):
+        known = set(threading.enumerate())
         loader = Loader(image_file, batch_size=4, pipelines={"image": RRC}, num_threads=2)
+        started += [t for t in threading.enumerate() if t not in known]
         next(iter(loader))
-        del loader
+        del loader  # the last reference: __del__ stops and joins the loader's threads
         gc.collect()
-    deadline = time.monotonic() + 5
-    while threading.active_count() != before and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert len(started) == 40
+    for t in started:  # a generous bound for a loaded machine; a thread still alive after it is a leak
+        t.join(60)
+    assert not [t.name for t in started if t.is_alive()]
     assert threading.active_count() == before
 
 
@@ -412,3 +416,70 @@ def test_out_of_range_positions_and_states_are_rejected(image_file):
     with open_dataset(image_file) as ds:
         with pytest.raises(IndexError, match="out of range"):
             ds[len(ds)]
+
+
+def _batches_until_error(loader, error):
+    """The ids of the batches a loader hands out before it raises ``error`` (which it must)."""
+    seen = []
+    with pytest.raises(error) as ei:
+        for batch in loader:
+            seen += [int(i) for i in batch["_index"]]
+    return seen, ei
+
+
+def test_verify_pages_checks_every_page_of_a_record_spanning_pages(tmp_path, photo_arrays):
+    """Full-size photos in 4 KiB pages: every JPEG owns several whole pages. A byte flipped in the LAST page of
+    one must raise before that sample's batch is handed out (checking only a record's first page would miss
+    it: no other record touches that page)."""
+    from pageset import ChecksumMismatchError
+
+    path = tmp_path / "big.pageset"
+    write_dataset(path, [(a, k) for k, a in enumerate(photo_arrays)], {"image": RGBImage(jpeg_quality=90),
+                  "label": Int()}, num_workers=0, page_size=4096, progress=False)
+    target = 3
+    with open_dataset(path) as ds:
+        start, length = int(ds.index["_offset"][target]), int(ds.index["_length"][target])
+        first, last = [(o - ds.data_offset) // ds.page_size for o in (start, start + length - 1)]
+        assert last - first >= 3  # the record spans pages
+        off = ds.data_offset + last * ds.page_size + 10  # inside the last page of the record's bytes
+        assert start <= off < start + length
+    data = bytearray(path.read_bytes())
+    data[off] ^= 0x01
+    bad = tmp_path / "bad.pageset"
+    bad.write_bytes(bytes(data))
+    with Loader(bad, batch_size=1, order="sequential", num_threads=1, verify_pages=True,
+                pipelines={"image": [RandomResizedCrop(32)], "label": None}) as loader:
+        seen, ei = _batches_until_error(loader, ChecksumMismatchError)
+    assert target not in seen and seen == list(range(target))
+    assert f"page {last}" in str(ei.value) and f"needed by sample {target}" in str(ei.value)
+
+
+def test_verify_pages_checks_both_pages_of_a_token_window(tmp_path):
+    """A token window crossing a page boundary, damaged in its second page: the batch holding it must not be
+    handed out (the window starting in that page comes later; checking only first pages would report there)."""
+    from pageset import ChecksumMismatchError, TokenWindows, write_tokens
+
+    rng = np.random.default_rng(3)
+    path = tmp_path / "t.pageset"
+    write_tokens(path, [rng.integers(1, 60000, size=300) for _ in range(40)], eos_id=0, num_workers=0,
+                 page_size=4096, progress=False)
+    seq_len, itemsize = 100, 2
+    with open_dataset(path) as ds:
+        page, base = ds.page_size, ds.data_offset
+    stride, span = seq_len * itemsize, (seq_len + 1) * itemsize
+    w = next(w for w in range(1, 1000) if (w * stride) // page != (w * stride + span - 1) // page)
+    off = base + w * stride + span - 1  # the high byte of window w's last target, in the next page
+    second = (off - base) // page
+    assert second == (w * stride) // page + 1
+    data = bytearray(path.read_bytes())
+    data[off] ^= 0x40
+    bad = tmp_path / "bad.pageset"
+    bad.write_bytes(bytes(data))
+    with Loader(bad, batch_size=1, order="sequential", num_threads=1, verify_pages=True,
+                pipelines={"tokens": [TokenWindows(seq_len)]}) as loader:
+        seen, ei = _batches_until_error(loader, ChecksumMismatchError)
+    assert seen == list(range(w)), (w, seen[-3:])
+    assert f"page {second}" in str(ei.value) and f"needed by sample {w}" in str(ei.value)
+    with Loader(path, batch_size=8, num_threads=2, verify_pages=True, page_cache="process",
+                pipelines={"tokens": [TokenWindows(seq_len)]}) as loader:  # the intact file loads, all pages checked
+        assert len(list(loader)) == loader.steps_per_epoch and loader._verifier.done.all()
