@@ -101,7 +101,7 @@ MUTATIONS = [
     Mutation("windows per page counted with floor (order over windows shifts)", "load/stages.py",
              "first = np.minimum(-(-bounds // stride), self.n_records)",
              "first = np.minimum(bounds // stride, self.n_records)",
-             (f"{TL}[16-quasi_random-os]",)),
+             ("tests/test_token_loader.py::test_windows_per_page_count_window_starts[100]",)),
     # -- image crop boxes and resize kernels
     Mutation("RandomResizedCrop never touches the bottom row", "ops/image.py",
              "y0 = _randint(key, c + 2, height - h + 1)",

@@ -598,3 +598,59 @@ def test_order_imports_only_numpy_numba_and_itself():
                 continue
             for name in names:
                 assert name.split(".")[0] in allowed, f"{path.name} imports {name}"
+
+
+def _message(fn):
+    with pytest.raises(StateError) as info:
+        fn()
+    return info.value.field, str(info.value)
+
+
+def test_state_errors_exact_field_and_message():
+    """The exact field and text of each state error (mutation-testing survivors: a field name or message
+    replaced by None or another string, ``and`` turned into ``or`` in the version checks)."""
+    base = make_state().to_dict()
+    cases = [
+        (lambda: OrderState(**{**base, "version": 2}), "version",
+         "unsupported value 2: this pageset reads version 1"),
+        (lambda: OrderState(**{**base, "version": True}), "version",
+         "unsupported value True: this pageset reads version 1"),
+        (lambda: OrderState(**{**base, "order_algo": 7}), "order_algo",
+         "unsupported value 7: this pageset implements order_algo 1; resume with the pageset version that wrote "
+         "the state"),
+        (lambda: OrderState(**{**base, "dataset_id": 5}), "dataset_id", "must be a str, got 5"),
+        (lambda: OrderState(**{**base, "seed": "1"}), "seed", "must be an int, got str ('1')"),
+        (lambda: OrderState(**{**base, "epoch": -1}), "epoch", "must be >= 0, got -1"),
+        (lambda: OrderState(**{**base, "seed": 2**64}), "seed", f"must be < 2**64, got {2**64}"),
+        (lambda: OrderState(**{**base, "order": "x"}), "order",
+         "must be one of ('sequential', 'random', 'quasi_random'), got 'x'"),
+        (lambda: OrderState(**{**base, "drop_last": 1}), "drop_last", "must be a bool, got 1"),
+        (lambda: OrderState.from_dict([1]), "version", "a state must be a mapping, got list"),
+        (lambda: OrderState.from_dict({**base, "version": 3}), "version",
+         "unsupported value 3: this pageset reads version 1"),
+        (lambda: OrderState.from_dict({**base, "order_algo": 3}), "order_algo",
+         "unsupported value 3: this pageset reads order_algo 1"),
+        (lambda: OrderState.from_dict({k: v for k, v in base.items() if k != "epoch"}), "epoch", "missing"),
+        (lambda: OrderState.from_dict({k: v for k, v in base.items() if k != "version"}), "version", "missing"),
+        (lambda: OrderState.from_dict({**base, "zz": 1, "aa": 2}), "aa",
+         "unknown key(s) ['aa', 'zz'] for state version 1"),
+        (lambda: normalize_cursor(0, 99, 96), "cursor", "cursor=99 is outside [0, L=96]"),
+        (lambda: check_compatible(make_state(), make_state(), world_size=5), "global_batch_size", None),
+    ]
+    for fn, field, text in cases:
+        got_field, got = _message(fn)
+        assert got_field == field, (field, got)
+        if text is not None:
+            assert got == f"state field {field!r}: {text}", got
+    with pytest.raises(StateMismatchError) as info:
+        check_compatible(make_state(), make_state(seed=11), world_size=1)
+    assert (info.value.saved, info.value.current) != (None, None)
+    assert info.value.saved == make_state().seed and info.value.current == 11
+    assert str(info.value).endswith(f"this loader has seed=11. {'Construct the loader with the saved seed'}"
+                                    ", or start fresh instead of loading the state.")
+    # quasi_random compares window_pages before global_batch_size (the first differing field is reported)
+    saved = make_state(order="quasi_random", window_pages=2)
+    with pytest.raises(StateMismatchError) as info:
+        check_compatible(saved, make_state(order="quasi_random", window_pages=3, global_batch_size=16, cursor=0),
+                         world_size=1)
+    assert info.value.field == "window_pages"

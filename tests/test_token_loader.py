@@ -95,3 +95,22 @@ def test_cuda_copies_equal_cpu_batches(token_file):
     assert len(got) == len(ref) > 0  # zip alone would accept a GPU epoch that stops early
     for k, (a, b) in enumerate(zip(ref, got)):
         assert torch.equal(a, b.cpu()), k
+
+
+@pytest.mark.parametrize("seq_len", [16, 100, 1000, 5000])
+def test_windows_per_page_count_window_starts(token_file, seq_len):
+    """The quasi-random order groups windows by the page holding their FIRST token: records_per_page must count
+    exactly the window starts w * seq_len in each page (a window straddling a boundary belongs to the page it
+    starts in), and the epoch's ids are the order-v1 permutation of those counts."""
+    from pageset.order import epoch_permutation
+
+    with open_tokens(token_file) as td:
+        n = td.num_windows(seq_len)
+        itemsize, page_size, pages = td.tokens.dtype.itemsize, td.dataset.page_size, td.dataset.page_count
+    starts = np.arange(n, dtype=np.int64) * seq_len * itemsize
+    expected = np.bincount(starts // page_size, minlength=max(pages, 1))
+    with Loader(token_file, batch_size=1, order="quasi_random", seed=5, window_pages=2, num_threads=1,
+                pipelines={"tokens": [TokenWindows(seq_len)]}) as loader:
+        np.testing.assert_array_equal(loader._page_sizes, expected)
+        ids = [int(b["_index"][0]) for b in loader]
+    assert ids == epoch_permutation(expected, 5, 0, "quasi_random", 2).tolist()

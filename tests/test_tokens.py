@@ -340,3 +340,35 @@ def test_block_diagonal_attention_isolates_documents():
         assert np.allclose(out[0, others], ref[0, others], rtol=0, atol=1e-12)
         assert np.allclose(out[1], ref[1], rtol=0, atol=1e-12)
         assert not np.allclose(out[0, sel], ref[0, sel])
+
+
+def test_window_op_errors_name_the_bad_value():
+    """Argument errors of the window ops (mutation-testing survivors): each names the value and the limit."""
+    tokens = np.arange(50, dtype=np.uint16)
+    for bad in (0, -3, True, 2.0):
+        with pytest.raises(ValueError, match=rf"seq_len must be an int >= 1, got {bad!r}"):
+            num_windows(50, bad)
+    with pytest.raises(ValueError, match=r"the corpus has 10 tokens, fewer than seq_len \+ 1 = 11: no window fits "
+                                         r"\(windows are never padded\); use a smaller seq_len or more data"):
+        num_windows(10, 10)
+    assert num_windows(11, 10) == 1 and num_windows(np.int64(50), np.int32(7)) == 7
+    n = num_windows(50, 7)
+    good_in, good_tgt = np.empty((2, 7), np.int64), np.empty((2, 7), np.int64)
+    for shapes in (((2, 6), (2, 7)), ((2, 7), (2, 6)), ((3, 7), (2, 7))):
+        with pytest.raises(ValueError, match=r"outputs must be \[2, 7\]"):
+            gather_windows(tokens, np.array([0, 1]), 7, np.empty(shapes[0], np.int64), np.empty(shapes[1], np.int64))
+    for ids, named in (([0, n], n), ([n + 5, 0], n + 5), ([1, -1], -1)):
+        with pytest.raises(IndexError, match=rf"window id {named} is out of range: {n} windows of seq_len 7"):
+            gather_windows(tokens, np.array(ids), 7, good_in, good_tgt)
+    # uint32 tokens into int32 inputs: the documented narrowing (ids < 2^31 here) happens, exactly
+    big = np.arange(40, dtype=np.uint32) + np.uint32(2**31 - 100)
+    inp32, tgt = np.empty((1, 5), np.int32), np.empty((1, 5), np.int64)
+    gather_windows(big[:40] - np.uint32(2**31 - 100) + np.uint32(7), np.array([2]), 5, inp32, tgt)
+    assert inp32.tolist() == [[17, 18, 19, 20, 21]] and tgt.tolist() == [[18, 19, 20, 21, 22]]
+    # labels from uint16 targets, cu_seqlens limits and an empty batch
+    lab = labels(np.array([[5, 0, 7]], np.uint16), np.array([[0, 7, 8]], np.uint16), 0)
+    assert lab.dtype == np.int64 and lab.tolist() == [[0, -100, 8]]
+    with pytest.raises(ValueError, match=r"B \* L = 2147483648 does not fit int32"):
+        cu_seqlens(np.lib.stride_tricks.as_strided(np.zeros(1, np.int64), (2**16, 2**15), (0, 0)), 0)
+    cu, mx = cu_seqlens(np.zeros((0, 4), np.int64), 0)
+    assert cu.tolist() == [0] and mx == 0
