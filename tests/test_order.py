@@ -654,3 +654,29 @@ def test_state_errors_exact_field_and_message():
         check_compatible(saved, make_state(order="quasi_random", window_pages=3, global_batch_size=16, cursor=0),
                          world_size=1)
     assert info.value.field == "window_pages"
+
+
+def test_order_argument_errors_exact_text():
+    """Exact messages of the order functions' argument errors (mutation-testing survivors: names and texts
+    replaced by None or other strings)."""
+    from pageset.order.shuffle import page_permutation
+
+    cases = [
+        (lambda: page_permutation(-1, 0, 0), ValueError, "n_pages must be >= 0, got -1"),
+        (lambda: page_permutation(2.0, 0, 0), TypeError, "n_pages must be an integer, got float (2.0)"),
+        (lambda: random_permutation(-2, 0, 0), ValueError, "n must be >= 0, got -2"),
+        (lambda: random_permutation(True, 0, 0), TypeError, "n must be an integer, got a bool (True)"),
+        (lambda: sequential_range("5", 0, 1), TypeError, "n_records must be an integer, got str ('5')"),
+        (lambda: sequential_range(5, 0, 6), ValueError, "stop=6 is past the end of the epoch permutation (N=5)"),
+        (lambda: epoch_permutation_py([1], 0, 0, "shuffled"), ValueError,
+         "order must be one of ('sequential', 'random', 'quasi_random'), got 'shuffled'"),
+        (lambda: EpochOrder([2, 3], 0, 0, "random").window_of(-1), ValueError, "position must be >= 0, got -1"),
+        (lambda: EpochOrder([2, 3], 0, 0, "random").window_of("1"), TypeError,
+         "position must be an integer, got str ('1')"),
+    ]
+    for fn, error, text in cases:
+        with pytest.raises(error) as info:
+            fn()
+        assert str(info.value) == text
+    assert sequential_range(5, 1, 4).tolist() == [1, 2, 3] and sequential_range(5, 1, 4).dtype == np.int64
+    assert epoch_permutation([3, 0], 1, 0, "sequential").dtype == np.int64

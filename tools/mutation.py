@@ -14,6 +14,7 @@ Scope and test selection are in ``[tool.mutmut]`` of pyproject.toml. Run from th
     python tools/mutation.py order.sharding tokens # only mutants whose name matches (module path fragments)
     python tools/mutation.py --report              # table of the last run, survivors listed
     python tools/mutation.py --budget 3600         # stop after this many seconds of wall time (default 3600)
+    python tools/mutation.py --survivors           # retest only the last run's survivors (after new tests)
 
 It runs ``nice -n 10 mutmut run`` (results are cached in ``mutants/``, git-ignored: a rerun only retests
 mutants whose source or tests changed) and prints kill rate per module; ``mutmut show NAME`` shows a survivor's
@@ -43,8 +44,8 @@ def _mutmut() -> str:
     return exe
 
 
-def run(patterns: list[str], budget_s: float, max_children: int) -> int:
-    names = [f"pageset.{p}*" if not p.startswith("pageset.") else f"{p}*" for p in patterns]
+def run(patterns: list[str], budget_s: float, max_children: int, exact: bool = False) -> int:
+    names = patterns if exact else [f"pageset.{p}*" if not p.startswith("pageset.") else f"{p}*" for p in patterns]
     cmd = ["nice", "-n", "10", _mutmut(), "run", "--max-children", str(max_children), *names]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # mutmut puts mutants/src first itself
     print("$", " ".join(cmd), flush=True)
@@ -100,8 +101,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=3600.0, help="wall-time limit in seconds (default 3600)")
     ap.add_argument("--max-children", type=int, default=2, help="parallel mutants (default 2)")
     ap.add_argument("--report", action="store_true", help="only print the table of the last run")
+    ap.add_argument("--survivors", action="store_true", help="retest the last run's survivors (and 'no tests')")
     args = ap.parse_args(argv)
-    if not args.report:
+    if args.survivors:
+        frag = tuple(args.patterns)
+        names = [n for by_name in results().values() for n, st in by_name.items()
+                 if st in ("survived", "no tests", "suspicious") and (not frag or any(f in n for f in frag))]
+        if not names:
+            print("no survivors to retest")
+        else:
+            reset = ROOT / "mutants" / "mutmut-stats.json"  # the covering tests changed: trace them again
+            if reset.exists():
+                reset.unlink()
+            t0 = time.monotonic()
+            rc = run(names, args.budget, args.max_children, exact=True)
+            print(f"mutmut exited with {rc} after {time.monotonic() - t0:.0f} s ({len(names)} mutants)", flush=True)
+    elif not args.report:
         t0 = time.monotonic()
         rc = run(args.patterns, args.budget, args.max_children)
         print(f"mutmut exited with {rc} after {time.monotonic() - t0:.0f} s", flush=True)

@@ -1,0 +1,121 @@
+"""Page access for the loader's threads (``load/pages.py``): the process page cache returns the file's bytes for
+records inside one page, records larger than a page and token windows straddling pages; its LRU holds at most
+``capacity`` pages; a short read is an error naming the byte. And the page verifier checks exactly the pages a
+span touches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pageset import Int, RGBImage, open_dataset, write_dataset
+from pageset.load.pages import PageVerifier, ProcessPageCache
+
+
+@pytest.fixture(scope="module")
+def mixed_file(tmp_path_factory, photo_arrays):
+    """Full photos (each record owns several 4 KiB pages) between tiny crops (several per page)."""
+    samples = []
+    for k, a in enumerate(photo_arrays):
+        samples += [(a, k), (np.ascontiguousarray(a[:8, :8]), 100 + k), (np.ascontiguousarray(a[8:16, :8]), 200 + k)]
+    path = tmp_path_factory.mktemp("pages") / "mixed.pageset"
+    write_dataset(path, samples, {"image": RGBImage(jpeg_quality=80), "label": Int()}, num_workers=0,
+                  page_size=4096, progress=False)
+    return path
+
+
+def _layout(path):
+    with open_dataset(path) as ds:
+        return (ds.data_offset, ds.data_length, ds.page_size, ds.index["_offset"].astype(np.int64),
+                ds.index["_length"].astype(np.int64))
+
+
+def test_process_cache_returns_the_file_bytes_for_every_record(mixed_file):
+    data_offset, data_length, page_size, offs, lens = _layout(mixed_file)
+    raw = np.frombuffer(mixed_file.read_bytes(), np.uint8)
+    big = lens > page_size
+    assert big.any() and (~big).sum() >= 2 * big.sum()  # both kinds, several small records per page
+    cache = ProcessPageCache(str(mixed_file), data_offset, data_length, page_size, capacity=3)
+    try:
+        staging: dict = {}
+        rng = np.random.default_rng(0)
+        for _ in range(20):
+            ids = rng.choice(offs.shape[0], size=int(rng.integers(1, 9)), replace=False)
+            buf, out_offs = cache.gather(offs[ids], lens[ids], staging)
+            assert out_offs[0] == 0 and (np.diff(out_offs) == lens[ids][:-1]).all()  # back to back from 0
+            for j, rid in enumerate(ids):
+                got = buf[out_offs[j] : out_offs[j] + lens[rid]]
+                assert np.array_equal(got, raw[offs[rid] : offs[rid] + lens[rid]]), rid
+        # the staging buffer grows to a batch of the largest records, and is reused when big enough
+        order = np.argsort(lens)[::-1][:4]
+        buf, _ = cache.gather(offs[order], lens[order], staging)
+        assert buf is staging["bytes"] and buf.shape[0] >= lens[order].sum()
+        assert cache.gather(offs[order[:1]], lens[order[:1]], staging)[0] is buf
+        assert len(cache._pages) <= 3
+    finally:
+        cache.close()
+        cache.close()  # idempotent
+    assert cache.fd is None
+
+
+def test_process_cache_lru_hits_misses_and_eviction(mixed_file):
+    data_offset, data_length, page_size, _, _ = _layout(mixed_file)
+    raw = np.frombuffer(mixed_file.read_bytes(), np.uint8)
+    n_pages = -(-data_length // page_size)
+    cache = ProcessPageCache(str(mixed_file), data_offset, data_length, page_size, capacity=2)
+    try:
+        p0 = cache.page(0)
+        assert (cache.hits, cache.misses) == (0, 1)
+        assert cache.page(0) is p0 and (cache.hits, cache.misses) == (1, 1)
+        cache.page(1)
+        cache.page(0)  # page 0 is now the most recent: page 1 is evicted next
+        cache.page(2)
+        assert list(cache._pages) == [0, 2] and (cache.hits, cache.misses) == (2, 3)
+        cache.page(1)
+        assert list(cache._pages) == [2, 1] and cache.misses == 4
+        last = cache.page(n_pages - 1)  # the short last page
+        assert last.shape[0] == data_length - (n_pages - 1) * page_size
+        assert np.array_equal(last, raw[data_offset + (n_pages - 1) * page_size : data_offset + data_length])
+        assert np.array_equal(p0, raw[data_offset : data_offset + page_size])  # valid after eviction
+    finally:
+        cache.close()
+    one = ProcessPageCache(str(mixed_file), data_offset, data_length, page_size, capacity=0)  # at least 1
+    try:
+        assert one.capacity == 1
+        one.page(0)
+        one.page(1)
+        assert list(one._pages) == [1]
+    finally:
+        one.close()
+
+
+def test_process_cache_short_read_names_the_byte(mixed_file, tmp_path):
+    data_offset, data_length, page_size, offs, lens = _layout(mixed_file)
+    big = int(np.flatnonzero(lens > page_size)[0])
+    keep = int(offs[big]) + page_size + 100  # the file ends inside the second page of a large record
+    cut = tmp_path / "cut.pageset"
+    cut.write_bytes(mixed_file.read_bytes()[:keep])
+    k = (keep - data_offset) // page_size
+    cache = ProcessPageCache(str(cut), data_offset, data_length, page_size, capacity=4)
+    try:
+        assert cache.page(k - 1).shape == (page_size,)
+        with pytest.raises(OSError, match=rf"^short read at byte {keep} of the pageset file \(file truncated\?\)$"):
+            cache.page(k)
+        with pytest.raises(OSError, match=rf"^short read at byte {keep} "):  # read directly, not cached
+            cache.gather(offs[[big]], lens[[big]], {})
+    finally:
+        cache.close()
+
+
+def test_page_verifier_checks_exactly_the_touched_pages(mixed_file):
+    data_offset, _, page_size, offs, lens = _layout(mixed_file)
+    with open_dataset(mixed_file) as ds:
+        ver = PageVerifier(ds)
+        big = int(np.flatnonzero(lens > page_size)[0])
+        ver.check(offs[[big]], lens[[big]], np.array([big]))
+        first, last = (offs[big] - data_offset) // page_size, (offs[big] + lens[big] - 1 - data_offset) // page_size
+        assert np.flatnonzero(ver.done).tolist() == list(range(first, last + 1))
+        small = int(np.flatnonzero((lens > 0) & (lens < page_size // 4))[-1])
+        ver.check(offs[[small]], lens[[small]], np.array([small]))
+        page = (offs[small] - data_offset) // page_size
+        assert np.flatnonzero(ver.done).tolist() == sorted({*range(first, last + 1), page})
