@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 from pageset import (
+    JSON,
     BadMagicError,
     ChecksumMismatchError,
+    FileChangedError,
     FormatError,
     IndexBoundsError,
     Int,
@@ -18,6 +22,7 @@ from pageset import (
     UnsupportedVersionError,
     open_dataset,
     write_dataset,
+    write_tokens,
 )
 from pageset.format.checksum import crc32
 from pageset.format.constants import HEADER_SIZE
@@ -223,3 +228,73 @@ def test_not_a_file_at_all(tmp_path):
     p.write_text("# hello\n" * 100)
     with pytest.raises(BadMagicError):
         open_dataset(p)
+
+
+def _small_files(tmp_path, photo_arrays):
+    """A small image file (JPEG and raw records, labels, a JSON field) and a small token file."""
+    img = tmp_path / "small.pageset"
+    samples = [(a[:16, :16], k, {"k": k}) for k, a in enumerate(photo_arrays[:3])]
+    samples += [(a[:6, :6], 10 + k, {"k": [k]}) for k, a in enumerate(photo_arrays[:2])]
+    write_dataset(img, samples, {"image": RGBImage(encoding="auto"), "label": Int(), "meta": JSON()},
+                  num_workers=0, page_size=1 << 12, progress=False)
+    tok = tmp_path / "small_tokens.pageset"
+    rng = np.random.default_rng(3)
+    write_tokens(tok, [rng.integers(0, 70000, size=n) for n in (50, 1, 300)], eos_id=70001, num_workers=0,
+                 page_size=1 << 12, progress=False)
+    return img, tok
+
+
+def _reported(path) -> str | None:
+    """The FormatError subclass that open or verify raises for ``path``, or None when both pass."""
+    try:
+        with open_dataset(path) as ds:
+            ds.verify()
+    except FormatError as exc:
+        return type(exc).__name__
+    return None
+
+
+def test_every_flipped_byte_is_reported_by_open_or_verify(tmp_path, photo_arrays):
+    """Flip each byte of small files in turn (the bit flipped cycles through all 8): open or verify reports
+    every one, including the zero padding between the header and page 0 and the gaps between sections, which
+    no CRC covers."""
+    for good in _small_files(tmp_path, photo_arrays):
+        data = good.read_bytes()
+        assert _reported(good) is None and len(data) < 12_000  # small: a few thousand flips, a few seconds
+        missed, kinds = [], set()
+        with open(good, "r+b") as f:
+            for pos in range(len(data)):
+                os.pwrite(f.fileno(), bytes([data[pos] ^ 1 << (pos % 8)]), pos)
+                kind = _reported(good)
+                os.pwrite(f.fileno(), data[pos : pos + 1], pos)
+                if kind is None:
+                    missed.append(pos)
+                kinds.add(kind)
+        assert good.read_bytes() == data
+        assert not missed, f"{good.name}: {len(missed)} of {len(data)} flips unreported, first at {missed[:10]}"
+        assert {"ChecksumMismatchError", "FormatError"} <= kinds  # CRCs, and the zero padding check
+
+
+def test_damaged_padding_names_the_byte(tmp_path, photo_arrays):
+    good, _ = _small_files(tmp_path, photo_arrays)
+    h = _header(good)
+    for pos in (HEADER_SIZE, 1000, int(h["data_offset"]) - 1):
+        _flip(good, pos, out=tmp_path / "p")
+        with pytest.raises(FormatError, match=f"byte {pos} is 0x40 in the zero padding") as ei:
+            open_dataset(tmp_path / "p")
+        assert ei.value.section == "padding" and ei.value.offset == pos
+    entries = sorted((int(e["offset"]), int(e["length"])) for e in _sections(good))
+    gaps = [a + n for (a, n), (b, _) in zip(entries, entries[1:]) if a + n < b]
+    assert gaps  # sections are 8-byte aligned: this file has gaps between them
+    _flip(good, gaps[0], out=tmp_path / "p")
+    with pytest.raises(FormatError, match="zero padding"):
+        open_dataset(tmp_path / "p")
+    st = os.stat(good)
+    with open_dataset(good) as ds:  # damaged after open: verify() reads the padding again
+        with open(good, "r+b") as f:
+            os.pwrite(f.fileno(), b"\x01", 2000)
+        with pytest.raises(FileChangedError):  # a write under the reader is named as such
+            ds.verify()
+        os.utime(good, ns=(st.st_atime_ns, st.st_mtime_ns))  # damage at rest (a bad sector) keeps the mtime
+        with pytest.raises(FormatError, match="byte 2000 is 0x01 in the zero padding"):
+            ds.verify()

@@ -3,6 +3,7 @@
 from .errors import (
     BadMagicError,
     ChecksumMismatchError,
+    FileChangedError,
     FormatError,
     IndexBoundsError,
     SchemaError,
@@ -17,6 +18,7 @@ __all__ = [
     "BadMagicError",
     "Bytes",
     "ChecksumMismatchError",
+    "FileChangedError",
     "Field",
     "Float",
     "FormatError",

@@ -42,6 +42,11 @@ class TruncatedFileError(FormatError):
     """The file is shorter than its header or section table says (an interrupted copy or download)."""
 
 
+class FileChangedError(FormatError):
+    """The file was modified in place (rewritten, overwritten or touched) after it was opened: bytes read from it
+    may mix old and new content. Replace files by renaming a new one over them, as ``write_dataset`` does."""
+
+
 class ChecksumMismatchError(FormatError):
     """Stored and computed CRC-32 differ: the bytes changed after writing (disk, copy or edit damage)."""
 

@@ -34,7 +34,7 @@ from ..order import (
     sample_keys,
 )
 from ..read import open_dataset
-from .pages import MmapPages, PageVerifier, ProcessPageCache
+from .pages import PageVerifier, PreadPages, ProcessPageCache
 from .stages import PipelineError, build_stage
 from .workers import Slot, ThreadPool
 
@@ -76,8 +76,10 @@ class Loader:
         batches_ahead: batches prepared ahead of the consumer (default 2 per thread, at least 2).
         rank, world_size: explicit values win; else an initialised torch.distributed; else torchrun's RANK /
             WORLD_SIZE environment; else a single process.
-        page_cache: ``"os"`` (mmap, the OS page cache) or ``"process"`` (a bounded pread page cache of
-            ``cache_pages`` pages; default ``2 * window_pages + batches_ahead + 2``).
+        page_cache: ``"os"`` (records read with ``pread``; the OS page cache keeps what is hot) or
+            ``"process"`` (a bounded LRU of whole pages read with ``pread``: ``cache_pages`` pages; default
+            ``2 * window_pages + batches_ahead + 2``). Neither maps the file: a file truncated or modified in
+            place under the loader raises TruncatedFileError / FileChangedError at the next batch, never SIGBUS.
         window_pages: pages per quasi-random window (M).
         verify_pages: check each page's CRC-32 the first time a batch needs it (off by default: one extra pass
             over the data); a damaged page raises ChecksumMismatchError naming the page and the sample.
@@ -135,11 +137,10 @@ class Loader:
         batch_size, batches_ahead = self.batch_size, self.batches_ahead
         self.path, self.dataset_id = self._ds.path, self._ds.dataset_id
         if page_cache == "os":
-            self._pages = MmapPages(self._ds)
+            self._pages = PreadPages(self._ds)
         else:
             capacity = cache_pages if cache_pages is not None else 2 * self.window_pages + batches_ahead + 2
-            self._pages = ProcessPageCache(self._ds.path, self._ds.data_offset, self._ds.data_length,
-                                           self._ds.page_size, capacity)
+            self._pages = ProcessPageCache(self._ds, capacity)
         pipelines = dict(pipelines or {})
         unknown = set(pipelines) - set(self._ds.fields)
         if unknown:

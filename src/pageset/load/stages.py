@@ -26,7 +26,6 @@ from ..ops.transforms import (
     ToTensor,
     ToTorchImage,
 )
-from .pages import MmapPages
 
 
 class PipelineError(ValueError):
@@ -295,12 +294,12 @@ class TokenStage(Stage):
         self.eos_id = int(info["eos_id"])
         self.itemsize = np.dtype(info["dtype"]).itemsize
         self.data_offset, self.page_size = ds.data_offset, ds.page_size
-        self.tokens = ds.buffer[ds.data_offset : ds.data_offset + ds.data_length].view(
-            np.dtype(info["dtype"]).newbyteorder("<"))
-        if self.tokens.shape[0] < self.seq_len + 1:
-            raise ValueError(f"{ds.path}: {self.tokens.shape[0]} tokens, fewer than seq_len + 1 = {self.seq_len + 1}:"
+        self.dtype = np.dtype(info["dtype"]).newbyteorder("<")
+        count = ds.data_length // self.itemsize
+        if count < self.seq_len + 1:
+            raise ValueError(f"{ds.path}: {count} tokens, fewer than seq_len + 1 = {self.seq_len + 1}:"
                              " no window fits (windows are never padded); use a smaller seq_len or more data")
-        self.n_records = token_ops.num_windows(self.tokens.shape[0], self.seq_len)
+        self.n_records = token_ops.num_windows(count, self.seq_len)
         L = self.seq_len
         self.outputs = {"input": ((L,), np.dtype(op.input_dtype), None), "target": ((L,), np.dtype(np.int64), None)}
         if self.docs:
@@ -327,15 +326,13 @@ class TokenStage(Stage):
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
         inp, tgt = arrays["input"][lo:hi], arrays["target"][lo:hi]
-        if isinstance(self.pages, MmapPages):  # one vectorised gather straight from the mmap
-            token_ops.gather_windows(self.tokens, ids, self.seq_len, inp, tgt)
-        else:  # process page cache: the windows' bytes land back to back in the thread's staging buffer
-            n = (self.seq_len + 1) * self.itemsize
-            offs = self.data_offset + ids * (self.seq_len * self.itemsize)
-            buf, _ = self.pages.gather(offs, np.full(ids.shape[0], n, dtype=np.int64), ctx)
-            rows = buf[: ids.shape[0] * n].view(self.tokens.dtype).reshape(ids.shape[0], self.seq_len + 1)
-            np.copyto(inp, rows[:, :-1], casting="unsafe")
-            np.copyto(tgt, rows[:, 1:], casting="unsafe")
+        # the windows' bytes land back to back in the thread's staging buffer (read, never mapped: a file
+        # truncated under the loader raises TruncatedFileError instead of SIGBUS)
+        starts, lens = self.spans(ids)
+        buf, _ = self.pages.gather(starts, lens, ctx)
+        rows = buf[: int(lens.sum())].view(self.dtype).reshape(ids.shape[0], self.seq_len + 1)
+        np.copyto(inp, rows[:, :-1], casting="unsafe")
+        np.copyto(tgt, rows[:, 1:], casting="unsafe")
         if self.docs:
             token_ops.position_ids(inp, self.eos_id, out=arrays["position_ids"][lo:hi])
             token_ops.doc_ids(inp, self.eos_id, out=arrays["doc_ids"][lo:hi])

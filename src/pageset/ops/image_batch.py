@@ -75,9 +75,9 @@ def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flip
                 decoded, jpeg_scratch, resize_scratch, status):
     """Fill ``out[j]`` for every sample j of a slice; returns -1, or the first j whose JPEG failed to decode.
 
-    handle: int, the thread's ``JpegDecoder.handle``. buf: uint8[:], bytes holding the records (the file's mmap
-    or a staging copy); offs, lens: int64[n] byte offset and length of each image in ``buf``; heights, widths:
-    int64[n] stored size in pixels; encodings: uint8[n] (0 raw HWC RGB, 1 JPEG); boxes, flips: from
+    handle: int, the thread's ``JpegDecoder.handle``. buf: uint8[:], bytes holding the records (the thread's
+    staging copy, read with pread); offs, lens: int64[n] byte offset and length of each image in ``buf``; heights,
+    widths: int64[n] stored size in pixels; encodings: uint8[n] (0 raw HWC RGB, 1 JPEG); boxes, flips: from
     :func:`plan_slice`. table: [3, 256] value table (``image.normalize_table`` / ``pixel_table``), dtype equal to
     out's. out: [n, 3, H, W] or, with ``channels_last``, [n, H, W, 3]. decoded, jpeg_scratch (uint8) and
     resize_scratch (int32): at least the sizes :func:`plan_slice` returned. status: int64[n], written with the

@@ -61,7 +61,8 @@ def gather_windows(tokens: np.ndarray, window_ids: np.ndarray, seq_len: int, out
     """Gather windows ``window_ids`` into ``out_input`` and ``out_target`` in place.
 
     Args:
-        tokens: ``uint16[T]`` or ``uint32[T]`` (or any integer dtype), e.g. ``TokenDataset.tokens`` (a memmap).
+        tokens: ``uint16[T]`` or ``uint32[T]`` (or any integer dtype), e.g. ``TokenDataset.tokens`` (a memory map:
+            zero-copy, but a file truncated in place under it can kill the process with SIGBUS).
         window_ids: ``int[B]``, each in ``[0, num_windows(T, seq_len))``.
         seq_len: tokens per row.
         out_input: ``int64[B, seq_len]`` or ``int32[B, seq_len]``, written in place: ``window[:-1]``.

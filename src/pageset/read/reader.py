@@ -1,11 +1,19 @@
 """``open_dataset``: open and validate a pageset file, then read records.
 
 Validation at open follows ``formats/v1.md``: magic -> version and feature bits -> header checksum -> file
-size vs sections -> section checksums -> schema -> index bounds. Each step raises its own
+size vs sections -> section checksums -> zero padding -> schema -> index bounds. Each step raises its own
 :class:`~pageset.format.FormatError` subclass naming the path, section and byte offset. Page checksums are
-checked by :meth:`Dataset.verify` (``pageset verify``), not at open: that would read the whole file.
+checked by :meth:`Dataset.verify` (``pageset verify``), not at open: that would read the whole file. The zero
+padding (bytes ``[160, data_offset)`` and the alignment gaps around the sections) is checked at open and again
+by ``verify()``: it is a few KiB, and no CRC covers it.
 Every offset and length taken from the file is checked against the file size before it is used, so a
 damaged index can never make a reader (or a Numba kernel fed from it) touch memory outside the file.
+
+Records, pages and sections are read with ``pread`` (``os.preadv``), never through a memory map: a file
+truncated or rewritten in place under an open Dataset raises :class:`TruncatedFileError` (naming the byte
+range that could not be read) or :class:`FileChangedError` instead of killing the process with SIGBUS, as a
+mapped page past the new end of the file would. Only :attr:`Dataset.buffer` (and ``TokenDataset.tokens``)
+map the file, on first use, for callers that want zero-copy views and own the file.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import io
 import json
 import mmap
 import os
+import threading
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 
@@ -25,6 +34,7 @@ from ..format.checksum import crc32
 from ..format.errors import (
     BadMagicError,
     ChecksumMismatchError,
+    FileChangedError,
     FormatError,
     IndexBoundsError,
     SchemaError,
@@ -41,6 +51,7 @@ MAX_IMAGE_SIDE = (1 << 31) - 1  # keeps height * width * 3 inside uint64 arithme
 # also keeps a loader from sizing decode buffers for a 2^31 x 2^31 image (found by tools/fuzz.py: an edited
 # ``image.height`` made the loader allocate height * width * 3 bytes).
 MAX_JPEG_SIDE = 65535
+READ_CHUNK = 1 << 22  # bytes per pread when checksumming a page or checking padding (page_size is up to 1 GiB)
 
 
 @dataclass(frozen=True)
@@ -70,10 +81,16 @@ class Dataset:
     ``ds.fields`` (name -> Field), ``ds.dataset_id`` (hex str), ``ds.header`` (dict), ``ds.metadata`` (dict with
     ``lineage`` and ``user``), ``ds.index`` (read-only structured array, one row per record),
     ``ds.page_size``, ``ds.page_count``, ``ds.data_offset``. Use as a context manager or call ``close()``.
+
+    Reads use ``pread``: if the file is truncated or modified in place while it is open, reads raise
+    TruncatedFileError / FileChangedError (never SIGBUS); a file replaced by a rename keeps being read whole.
+    Page sources build on ``ds.read_into(offset, out)`` and ``ds.check_unchanged()``.
     """
 
     def __init__(self, path):
         self.path = os.fspath(path)
+        self._mm = None
+        self._mm_lock = threading.Lock()
         self._file = open(self.path, "rb")
         try:
             self._open()
@@ -86,8 +103,9 @@ class Dataset:
         return cls(self.path, section, offset, detail)
 
     def _open(self) -> None:
-        size = os.fstat(self._file.fileno()).st_size
-        self.file_size = size
+        st = os.fstat(self._file.fileno())
+        size = st.st_size
+        self.file_size, self._mtime_ns = size, st.st_mtime_ns
         head = self._pread(0, min(size, C.HEADER_SIZE))
         if len(head) < len(C.MAGIC):
             raise self._err(TruncatedFileError, "header", 0, f"file is {size} bytes, too short for a pageset header")
@@ -127,6 +145,7 @@ class Dataset:
         self.dataset_id = bytes(h["dataset_id"]).hex()
         self._check_geometry(h, size)
         sections = self._read_section_table(h, size)
+        self._check_padding()
         self.schema = self._read_schema(sections)
         self.index = self._read_index(sections)
         self._page_crcs = self._read_page_crcs(sections, h)
@@ -136,8 +155,6 @@ class Dataset:
             from .tokens import validate_token_sections
 
             self.tokens_info, self.doc_offsets = validate_token_sections(self, sections)
-        self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-        self._buf = np.frombuffer(self._mm, dtype=np.uint8) if self._mm is not None else np.empty(0, np.uint8)
 
     def _check_geometry(self, h, size) -> None:
         if int(h["file_size"]) != size:
@@ -161,6 +178,7 @@ class Dataset:
         if crc32(raw) != int(h["section_table_crc"]):
             raise self._err(ChecksumMismatchError, "section table", off, "section table CRC-32 mismatch")
         table = np.frombuffer(raw, dtype=SECTION_ENTRY)
+        self._section_entries = table
         sections = {}
         data_end = self.data_offset + self.data_length
         for k, e in enumerate(table):
@@ -183,6 +201,27 @@ class Dataset:
             if kind not in sections:
                 raise self._err(FormatError, C.SECTION_NAMES[kind], None, "required section is missing")
         return sections
+
+    def _check_padding(self) -> None:
+        """Every byte outside the header, the data area, the sections and the section table is zero padding
+        (``formats/v1.md`` section 1): no CRC covers it, so open and ``verify()`` read it (a few KiB)."""
+        size = self.file_size
+        table_off, count = int(self.header["section_table_offset"]), int(self.header["section_count"])
+        covered = [(0, C.HEADER_SIZE), (self.data_offset, self.data_offset + self.data_length),
+                   (table_off, table_off + count * SECTION_ENTRY.itemsize)]
+        covered += [(int(e["offset"]), int(e["offset"]) + int(e["length"])) for e in self._section_entries]
+        pos = 0
+        for start, stop in sorted(covered) + [(size, size)]:
+            for off in range(pos, start, READ_CHUNK):  # the gap [pos, start)
+                chunk = np.frombuffer(self._pread(off, min(READ_CHUNK, start - off)), dtype=np.uint8)
+                bad = np.flatnonzero(chunk)
+                if bad.size:
+                    self.check_unchanged()  # a change under the reader, not damage at rest
+                    at = off + int(bad[0])
+                    raise self._err(FormatError, "padding", at,
+                                    f"byte {at} is {int(chunk[bad[0]]):#04x} in the zero padding [{pos}, {start}): "
+                                    "the file is damaged; rewrite it or restore a copy")
+            pos = max(pos, stop)
 
     def _read_json_section(self, sections, kind, name, default=None):
         if kind not in sections:
@@ -269,9 +308,55 @@ class Dataset:
 
     # ---- access ----------------------------------------------------------------------------------------
     def _pread(self, offset: int, length: int) -> bytes:
-        data = os.pread(self._file.fileno(), length, offset)
-        if len(data) != length:
-            raise self._err(TruncatedFileError, "file", offset, f"short read: {len(data)} of {length} bytes")
+        out = bytearray(length)
+        self.read_into(offset, out)
+        return bytes(out)
+
+    def read_into(self, offset: int, out) -> None:
+        """Fill ``out`` (a writable contiguous buffer: bytearray, uint8 numpy array) with the file's bytes
+        ``[offset, offset + len(out))`` using ``pread``; thread-safe, releases the GIL.
+
+        Raises TruncatedFileError naming the file and the byte range when the file ends first (it was truncated
+        or rewritten in place after it was opened).
+        """
+        view = memoryview(out).cast("B")
+        length, done, fd = len(view), 0, self._file.fileno()
+        while done < length:  # a single read returns at most ~2 GiB on Linux
+            n = os.preadv(fd, [view[done:]], offset + done)
+            if n <= 0:
+                now = os.fstat(fd).st_size
+                raise self._err(
+                    TruncatedFileError, "file", offset,
+                    f"short read of bytes [{offset}, {offset + length}): {done} bytes read; the file shrank "
+                    f"to {now} bytes ({self.file_size} when opened): it was truncated or rewritten in place while "
+                    "being read. Replace files by renaming a new one over them, as write_dataset does")
+            done += n
+
+    def check_unchanged(self) -> None:
+        """Raise if the file changed in place since it was opened (one ``fstat``, ~1 us).
+
+        Call it after reading: bytes read before a call that passes are the file as opened (a write updates
+        the file's mtime before its data). Raises TruncatedFileError (the file shrank) or FileChangedError
+        (another size, or a new modification time: rewritten, overwritten or touched).
+        """
+        st = os.fstat(self._file.fileno())
+        if st.st_size == self.file_size and st.st_mtime_ns == self._mtime_ns:
+            return
+        if st.st_size < self.file_size:
+            raise self._err(
+                TruncatedFileError, "file", None,
+                f"the file shrank to {st.st_size} bytes ({self.file_size} when opened): it was truncated or "
+                "rewritten in place while being read. Replace files by renaming a new one over them, as "
+                "write_dataset does")
+        raise self._err(
+            FileChangedError, "file", None,
+            f"the file was modified in place after it was opened ({self.file_size} -> {st.st_size} bytes, "
+            "modification time changed): bytes read from it may mix old and new content. Replace files by "
+            "renaming a new one over them, as write_dataset does, and open the new file")
+
+    def _read_checked(self, offset: int, length: int) -> bytes:
+        data = self._pread(offset, length)
+        self.check_unchanged()
         return data
 
     def __len__(self) -> int:
@@ -297,7 +382,7 @@ class Dataset:
         return self._decode(self._row(i), name, self.fields[name])
 
     def _bytes(self, off: int, length: int) -> bytes:
-        return self._buf[off : off + length].tobytes()
+        return self._read_checked(off, length)
 
     def _decode(self, row, name: str, field: Field):
         if isinstance(field, (Int, Float)):
@@ -308,7 +393,7 @@ class Dataset:
             return EncodedImage(self._bytes(off, length), int(row[f"{name}.height"]), int(row[f"{name}.width"]), enc)
         if isinstance(field, NDArray):
             dt = np.dtype(field.dtype).newbyteorder("<")
-            return self._buf[off : off + length].view(dt).reshape(field.shape).astype(field.dtype)
+            return np.frombuffer(self._bytes(off, length), dtype=dt).reshape(field.shape).astype(field.dtype)
         if isinstance(field, Bytes):
             return self._bytes(off, length)
         if isinstance(field, JSON):
@@ -325,8 +410,17 @@ class Dataset:
 
     @property
     def buffer(self) -> np.ndarray:
-        """The whole file as a read-only uint8 array over the mmap (valid until ``close()``)."""
-        return self._buf
+        """The whole file as a read-only uint8 array over a memory map, made on first use (valid until
+        ``close()``). Zero-copy, but unguarded: if the file is truncated or rewritten in place while the map is
+        in use, touching a page past its new end kills the process with SIGBUS (like SQLite with
+        ``mmap_size``). Only use it on files nobody modifies in place; ``ds[i]``, ``read``, ``verify`` and the
+        Loader never use it."""
+        with self._mm_lock:
+            if self._mm is None:
+                if self._file.closed:
+                    raise ValueError(f"{self.path}: the dataset is closed")
+                self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if self.file_size else b""
+            return np.frombuffer(self._mm, dtype=np.uint8)
 
     def fileno(self) -> int:
         """The open file's descriptor (valid until ``close()``)."""
@@ -341,11 +435,24 @@ class Dataset:
         """Recompute page ``k``'s CRC-32; raise ChecksumMismatchError naming the page, its byte offset and
         ``sample`` (the sample index that needed it) on a mismatch."""
         start = self.data_offset + k * self.page_size
-        page = self._buf[start : start + min(self.page_size, self.data_offset + self.data_length - start)]
-        if crc32(page) != int(self._page_crcs[k]):
+        if self._page_crc(k) != int(self._page_crcs[k]):
+            self.check_unchanged()  # a change under the reader, not damage at rest
             who = f" (needed by sample {sample})" if sample is not None else ""
             raise self._err(ChecksumMismatchError, f"page {k}", start, f"page CRC-32 mismatch{who}; the file is "
                             "damaged: rewrite it or restore a copy")
+
+    def _page_crc(self, k: int, scratch: np.ndarray | None = None) -> int:
+        """CRC-32 of page ``k``'s stored bytes, read with pread in chunks of at most READ_CHUNK bytes."""
+        start = self.data_offset + k * self.page_size
+        length = min(self.page_size, self.data_offset + self.data_length - start)
+        if scratch is None:
+            scratch = np.empty(min(length, READ_CHUNK), dtype=np.uint8)
+        crc = 0
+        for pos in range(0, length, scratch.shape[0]):
+            chunk = scratch[: min(scratch.shape[0], length - pos)]
+            self.read_into(start + pos, chunk)
+            crc = crc32(chunk, crc)
+        return crc
 
     def record_pages(self) -> np.ndarray:
         """int64[N]: the page holding each record's first byte (zero-length records: the page of their offset,
@@ -360,18 +467,21 @@ class Dataset:
         return np.bincount(self.record_pages(), minlength=max(self.page_count, 1)).astype(np.int64)
 
     def verify(self) -> None:
-        """Recompute every page CRC-32 and the dataset id.
+        """Recompute every page CRC-32 and the dataset id, and re-check the zero padding.
 
         Raises ChecksumMismatchError naming the first bad page, its byte offset and the sample indices stored
-        in it; FormatError when the file has no page checksums.
+        in it; FormatError for a non-zero padding byte or a file without page checksums; TruncatedFileError /
+        FileChangedError for a file changed in place since it was opened.
         """
         if self._page_crcs is None:
             raise self._err(FormatError, "page_checksums", None, "this file has no page checksums to verify")
+        self._check_padding()
         ps = self.page_size
+        scratch = np.empty(min(ps, READ_CHUNK), dtype=np.uint8)
         for k in range(self.page_count):
             start = self.data_offset + k * ps
-            page = self._buf[start : start + min(ps, self.data_offset + self.data_length - start)]
-            if crc32(page) != int(self._page_crcs[k]):
+            if self._page_crc(k, scratch) != int(self._page_crcs[k]):
+                self.check_unchanged()  # a change under the reader, not damage at rest
                 pages = self.record_pages()
                 ends = (self.index["_offset"] + self.index["_length"]).astype(np.int64)
                 hit = np.flatnonzero((self.index["_offset"].astype(np.int64) < start + ps) & (ends > start))
@@ -384,13 +494,13 @@ class Dataset:
         schema_bytes = _canonical(self.schema)
         extra = self.doc_offsets.tobytes() if self.tokens_info is not None else b""  # token files (1.1)
         digest = hashlib.sha256(schema_bytes + self.index.tobytes() + self._page_crcs.tobytes() + extra).hexdigest()
+        self.check_unchanged()
         if digest != self.dataset_id:
             raise self._err(ChecksumMismatchError, "header", 96, "dataset id does not match the file's content")
 
     def close(self) -> None:
         """Release the mmap and the file. Arrays obtained from ``buffer`` must not be used afterwards."""
-        self._buf = np.empty(0, np.uint8)
-        if getattr(self, "_mm", None) is not None:
+        if isinstance(getattr(self, "_mm", None), mmap.mmap):
             try:
                 self._mm.close()
             except BufferError:  # a caller still holds a view; the mapping is freed with the last view

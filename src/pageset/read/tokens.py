@@ -86,8 +86,11 @@ class TokenDataset:
     """A validated, read-only token file.
 
     Attributes:
-        tokens: ``uint16[T]`` or ``uint32[T]``, a read-only view over the file's mmap (zero copy; valid until
-            ``close()``). Documents are separated by ``eos_id`` (each text document ends with it).
+        tokens: ``uint16[T]`` or ``uint32[T]``, a read-only view over a memory map of the file, made on first use
+            (zero copy; valid until ``close()``). Documents are separated by ``eos_id`` (each text document ends
+            with it). Like :attr:`Dataset.buffer` it is unguarded: a file truncated or rewritten in place under
+            it can kill the process with SIGBUS. :meth:`read` and :meth:`document` use ``pread`` and raise
+            TruncatedFileError / FileChangedError instead; so does the Loader.
         doc_offsets: ``uint64[D + 1]`` read-only, token offsets of document starts; document ``i`` is
             ``tokens[doc_offsets[i]:doc_offsets[i + 1]]`` (including its BOS, if any, and its EOS).
         eos_id, bos_id (int or None), dtype (numpy dtype), documents (D), info (the schema's ``"tokens"``
@@ -116,21 +119,42 @@ class TokenDataset:
         self.documents = int(self.info["documents"])
         self.doc_offsets = ds.doc_offsets
         self.dataset_id = ds.dataset_id
-        start = ds.data_offset
-        self.tokens = ds.buffer[start : start + ds.data_length].view(self.dtype)
+        self._count = ds.data_length // self.dtype.itemsize
+        self._tokens = None
+
+    @property
+    def tokens(self) -> np.ndarray:
+        if self._tokens is None:
+            start = self.dataset.data_offset
+            self._tokens = self.dataset.buffer[start : start + self.dataset.data_length].view(self.dtype)
+        return self._tokens
 
     def __len__(self) -> int:
-        return int(self.tokens.shape[0])
+        return self._count
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Token ids ``[start, stop)`` (clipped to ``[0, T]``) as a new read-only array, read with ``pread``.
+
+        Raises TruncatedFileError / FileChangedError if the file was truncated or modified in place since it
+        was opened.
+        """
+        start, stop = max(0, int(start)), min(self._count, int(stop))
+        if stop <= start:
+            return np.empty(0, self.dtype)
+        size = self.dtype.itemsize
+        raw = self.dataset._read_checked(self.dataset.data_offset + start * size, (stop - start) * size)
+        return np.frombuffer(raw, dtype=self.dtype)
 
     def document(self, i: int) -> np.ndarray:
-        """Token ids of document ``i`` (a read-only view, BOS/EOS included). Raises IndexError."""
+        """Token ids of document ``i`` (a new read-only array, BOS/EOS included), read with ``pread``. Raises
+        IndexError; TruncatedFileError / FileChangedError for a file changed in place since it was opened."""
         d = self.documents
         if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
             raise TypeError(f"document indices are ints, got {type(i).__name__}")
         if not -d <= i < d:
             raise IndexError(f"{self.path}: document {i} is out of range for {d} documents")
         i = int(i) % d
-        return self.tokens[int(self.doc_offsets[i]) : int(self.doc_offsets[i + 1])]
+        return self.read(int(self.doc_offsets[i]), int(self.doc_offsets[i + 1]))
 
     def num_windows(self, seq_len: int) -> int:
         """Windows of ``seq_len + 1`` tokens at stride ``seq_len``: ``(T - 1) // seq_len``.
@@ -149,7 +173,7 @@ class TokenDataset:
 
     def close(self) -> None:
         """Release the mmap; ``tokens`` and ``doc_offsets`` must not be used afterwards."""
-        self.tokens = np.empty(0, self.dtype)
+        self._tokens = np.empty(0, self.dtype)
         self.dataset.close()
 
     def __enter__(self):
