@@ -38,8 +38,8 @@ TL = "tests/test_token_loader.py::test_windows_cover_every_target_once"
 MUTATIONS = [
     # -- the four planted bugs of the issue
     Mutation("token window start steps by seq_len + 1 (process page cache)", "load/stages.py",
-             "offs = self.data_offset + ids * (self.seq_len * self.itemsize)",
-             "offs = self.data_offset + ids * ((self.seq_len + 1) * self.itemsize)",
+             "return self.data_offset + ids * (self.seq_len * self.itemsize), np.full(",
+             "return self.data_offset + ids * ((self.seq_len + 1) * self.itemsize), np.full(",
              (f"{TL}[16-sequential-process]",)),
     Mutation("verify_pages checks only a record's first page", "load/pages.py",
              "for k in range(int(first[j]), min(int(last[j]), self.done.size - 1) + 1):",

@@ -5,11 +5,13 @@ span touches."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
-from pageset import Int, RGBImage, open_dataset, write_dataset
-from pageset.load.pages import PageVerifier, ProcessPageCache
+from pageset import Int, RGBImage, TruncatedFileError, open_dataset, write_dataset
+from pageset.load.pages import PageVerifier, PreadPages, ProcessPageCache
 
 
 @pytest.fixture(scope="module")
@@ -30,39 +32,44 @@ def _layout(path):
                 ds.index["_length"].astype(np.int64))
 
 
-def test_process_cache_returns_the_file_bytes_for_every_record(mixed_file):
+@pytest.mark.parametrize("source", ["os", "process"])
+def test_page_sources_return_the_file_bytes_for_every_record(mixed_file, source):
     data_offset, data_length, page_size, offs, lens = _layout(mixed_file)
     raw = np.frombuffer(mixed_file.read_bytes(), np.uint8)
     big = lens > page_size
     assert big.any() and (~big).sum() >= 2 * big.sum()  # both kinds, several small records per page
-    cache = ProcessPageCache(str(mixed_file), data_offset, data_length, page_size, capacity=3)
-    try:
+    with open_dataset(mixed_file) as ds:
+        pages = PreadPages(ds) if source == "os" else ProcessPageCache(ds, capacity=3)
         staging: dict = {}
         rng = np.random.default_rng(0)
-        for _ in range(20):
-            ids = rng.choice(offs.shape[0], size=int(rng.integers(1, 9)), replace=False)
-            buf, out_offs = cache.gather(offs[ids], lens[ids], staging)
+        for t in range(24):
+            if t % 3 == 0:  # neighbours in file order: one read per run of adjacent records
+                lo = int(rng.integers(0, offs.shape[0] - 6))
+                ids = np.arange(lo, lo + int(rng.integers(1, 7)))
+            else:
+                ids = rng.choice(offs.shape[0], size=int(rng.integers(1, 9)), replace=False)
+            buf, out_offs = pages.gather(offs[ids], lens[ids], staging)
             assert out_offs[0] == 0 and (np.diff(out_offs) == lens[ids][:-1]).all()  # back to back from 0
             for j, rid in enumerate(ids):
                 got = buf[out_offs[j] : out_offs[j] + lens[rid]]
-                assert np.array_equal(got, raw[offs[rid] : offs[rid] + lens[rid]]), rid
+                assert np.array_equal(got, raw[offs[rid] : offs[rid] + lens[rid]]), (t, rid)
         # the staging buffer grows to a batch of the largest records, and is reused when big enough
         order = np.argsort(lens)[::-1][:4]
-        buf, _ = cache.gather(offs[order], lens[order], staging)
+        buf, _ = pages.gather(offs[order], lens[order], staging)
         assert buf is staging["bytes"] and buf.shape[0] >= lens[order].sum()
-        assert cache.gather(offs[order[:1]], lens[order[:1]], staging)[0] is buf
-        assert len(cache._pages) <= 3
-    finally:
-        cache.close()
-        cache.close()  # idempotent
-    assert cache.fd is None
+        assert pages.gather(offs[order[:1]], lens[order[:1]], staging)[0] is buf
+        if source == "process":
+            assert len(pages._pages) <= 3
+        pages.close()
+        pages.close()  # idempotent
 
 
 def test_process_cache_lru_hits_misses_and_eviction(mixed_file):
     data_offset, data_length, page_size, _, _ = _layout(mixed_file)
     raw = np.frombuffer(mixed_file.read_bytes(), np.uint8)
     n_pages = -(-data_length // page_size)
-    cache = ProcessPageCache(str(mixed_file), data_offset, data_length, page_size, capacity=2)
+    ds = open_dataset(mixed_file)
+    cache = ProcessPageCache(ds, capacity=2)
     try:
         p0 = cache.page(0)
         assert (cache.hits, cache.misses) == (0, 1)
@@ -79,7 +86,7 @@ def test_process_cache_lru_hits_misses_and_eviction(mixed_file):
         assert np.array_equal(p0, raw[data_offset : data_offset + page_size])  # valid after eviction
     finally:
         cache.close()
-    one = ProcessPageCache(str(mixed_file), data_offset, data_length, page_size, capacity=0)  # at least 1
+    one = ProcessPageCache(ds, capacity=0)  # at least 1
     try:
         assert one.capacity == 1
         one.page(0)
@@ -87,23 +94,25 @@ def test_process_cache_lru_hits_misses_and_eviction(mixed_file):
         assert list(one._pages) == [1]
     finally:
         one.close()
+        ds.close()
 
 
-def test_process_cache_short_read_names_the_byte(mixed_file, tmp_path):
+def test_process_cache_read_of_a_cut_file_names_the_byte_range(mixed_file, tmp_path):
     data_offset, data_length, page_size, offs, lens = _layout(mixed_file)
     big = int(np.flatnonzero(lens > page_size)[0])
-    keep = int(offs[big]) + page_size + 100  # the file ends inside the second page of a large record
-    cut = tmp_path / "cut.pageset"
-    cut.write_bytes(mixed_file.read_bytes()[:keep])
+    keep = int(offs[big]) + page_size + 100  # the file will end inside the second page of a large record
+    path = tmp_path / "cut.pageset"
+    path.write_bytes(mixed_file.read_bytes())
     k = (keep - data_offset) // page_size
-    cache = ProcessPageCache(str(cut), data_offset, data_length, page_size, capacity=4)
-    try:
+    with open_dataset(path) as ds:
+        cache = ProcessPageCache(ds, capacity=4)
+        os.truncate(path, keep)  # cut under the reader
         assert cache.page(k - 1).shape == (page_size,)
-        with pytest.raises(OSError, match=rf"^short read at byte {keep} of the pageset file \(file truncated\?\)$"):
+        page_start = data_offset + k * page_size
+        with pytest.raises(TruncatedFileError, match=rf"short read of bytes \[{page_start}, {page_start + page_size}\)"):
             cache.page(k)
-        with pytest.raises(OSError, match=rf"^short read at byte {keep} "):  # read directly, not cached
-            cache.gather(offs[[big]], lens[[big]], {})
-    finally:
+        with pytest.raises(TruncatedFileError, match=rf"short read of bytes \[{offs[big]}, {offs[big] + lens[big]}\)"):
+            cache.gather(offs[[big]], lens[[big]], {})  # a large record is read directly, not cached
         cache.close()
 
 
