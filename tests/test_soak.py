@@ -205,7 +205,7 @@ def test_two_hundred_failing_writes_leak_nothing(tmp_path, photo_arrays):
         (lambda out: write_dataset(out, [(img, 1), (img,)], fields, num_workers=0, progress=False),
          ValueError, "sample 1"),
         (lambda out: write_tokens(out, [np.arange(5), np.array([1, 2**40])], eos_id=0, num_workers=0,
-                                  progress=False), ValueError, ""),
+                                  progress=False), ValueError, r"document 1: token ids must be in \[0, 2\^32\)"),
     ]
     for make, error, needle in cases:  # warm-up: tqdm's monitor thread (one per process) starts on first use
         with pytest.raises(error, match=needle):
