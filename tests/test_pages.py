@@ -128,3 +128,43 @@ def test_page_verifier_checks_exactly_the_touched_pages(mixed_file):
         ver.check(offs[[small]], lens[[small]], np.array([small]))
         page = (offs[small] - data_offset) // page_size
         assert np.flatnonzero(ver.done).tolist() == sorted({*range(first, last + 1), page})
+
+
+def test_process_cache_serves_records_inside_a_page_from_the_cache(mixed_file):
+    """Records within one page come from cached pages (hits, misses counted); only records larger than a page
+    bypass the cache (mutation survivors: a page test that sends every record to a direct read)."""
+    _, _, page_size, offs, lens = _layout(mixed_file)
+    small = np.flatnonzero((lens > 0) & (lens < page_size // 4))[:6]
+    with open_dataset(mixed_file) as ds:
+        cache = ProcessPageCache(ds, capacity=8)
+        cache.gather(offs[small], lens[small], {})
+        pages = {int((o - ds.data_offset) // page_size) for o in offs[small]}
+        assert cache.misses == len(pages) and cache.hits == len(small) - len(pages)
+        assert set(cache._pages) == pages
+        cache.gather(offs[small], lens[small], {})
+        assert cache.misses == len(pages) and cache.hits == 2 * len(small) - len(pages)
+        big = np.flatnonzero(lens > page_size)[:2]
+        cache.gather(offs[big], lens[big], {})
+        assert cache.misses == len(pages) and set(cache._pages) == pages  # large records are not cached
+        cache.close()
+
+
+def test_page_verifier_span_edges(mixed_file):
+    """Spans ending one byte into a page, spans whose last page is already checked but not their first, and the
+    file's last page: every page a span touches is checked (mutation survivors of PageVerifier.check)."""
+    data_offset, data_length, page_size, _, _ = _layout(mixed_file)
+    with open_dataset(mixed_file) as ds:
+        n = ds.page_count
+        ver = PageVerifier(ds)
+        start = np.array([data_offset + 3 * page_size - 10])
+        ver.check(start, np.array([11]), np.array([0]))  # the last byte is the first byte of page 3
+        assert np.flatnonzero(ver.done).tolist() == [2, 3]
+        ver = PageVerifier(ds)
+        ver.check(np.array([data_offset + 6 * page_size]), np.array([10]), np.array([0]))  # page 6 only
+        ver.check(np.array([data_offset + 5 * page_size + 5]), np.array([page_size + 10]), np.array([1]))
+        assert np.flatnonzero(ver.done).tolist() == [5, 6]  # page 5 checked although page 6 was done
+        ver = PageVerifier(ds)
+        ver.check(np.array([data_offset + (n - 2) * page_size]), np.array([10]), np.array([0]))
+        ver.check(np.array([data_offset + (n - 2) * page_size + 20]), np.array([data_length - (n - 2) * page_size - 20]),
+                  np.array([1]))
+        assert np.flatnonzero(ver.done).tolist() == [n - 2, n - 1]  # the file's last page too

@@ -47,6 +47,8 @@ def test_document_outputs_match_ops_and_torch(token_file):
                                       ToTensor(), ToDevice("cpu")]}) as loader:
         for k, batch in enumerate(loader):
             assert batch["input"].dtype == torch.int32 and batch["target"].dtype == torch.int64
+            assert batch["position_ids"].dtype == batch["labels"].dtype == torch.int64
+            assert batch["doc_ids"].dtype == batch["cu_seqlens"].dtype == torch.int32
             ref = document_outputs(batch["input"].numpy(), batch["target"].numpy(), 60001)
             np.testing.assert_array_equal(batch["position_ids"].numpy(), ref.position_ids)
             np.testing.assert_array_equal(batch["doc_ids"].numpy(), ref.doc_ids)
@@ -61,8 +63,12 @@ def test_document_outputs_match_ops_and_torch(token_file):
 def test_short_corpus_and_bad_pipelines(tmp_path, token_file):
     path = tmp_path / "short.pageset"
     write_tokens(path, [np.arange(10)], eos_id=99, num_workers=0, progress=False)
-    with pytest.raises(ValueError, match="fewer than seq_len \\+ 1"):
+    with pytest.raises(ValueError) as ei:
         Loader(path, batch_size=1, pipelines={"tokens": [TokenWindows(11)]})
+    assert str(ei.value) == (f"{path}: 11 tokens, fewer than seq_len + 1 = 12: no window fits (windows are never "
+                             "padded); use a smaller seq_len or more data")
+    with pytest.raises(ValueError, match=r"11 tokens, fewer than seq_len \+ 1 = 13"):
+        Loader(path, batch_size=1, pipelines={"tokens": [TokenWindows(12)]})
     with Loader(path, batch_size=1, pipelines={"tokens": [TokenWindows(10)]}) as loader:
         (batch,) = list(loader)  # 11 tokens: exactly one window
         np.testing.assert_array_equal(batch["target"][0], np.r_[np.arange(1, 10), 99])
@@ -114,3 +120,18 @@ def test_windows_per_page_count_window_starts(token_file, seq_len):
         np.testing.assert_array_equal(loader._page_sizes, expected)
         ids = [int(b["_index"][0]) for b in loader]
     assert ids == epoch_permutation(expected, 5, 0, "quasi_random", 2).tolist()
+
+
+def test_one_page_file_and_a_batch_of_only_eos(tmp_path):
+    """A token file of one page has one page of windows; a batch whose inputs are all EOS has B * L one-token
+    segments: cu_seqlens holds all B * L + 1 boundaries (its buffer's full size)."""
+    path = tmp_path / "eos.pageset"
+    write_tokens(path, [np.array([], np.int64)] * 60, eos_id=7, num_workers=0, progress=False)
+    with open_tokens(path) as td:
+        assert td.dataset.page_count == 1 and len(td) == 60 and (np.asarray(td.tokens) == 7).all()
+    with Loader(path, batch_size=3, order="quasi_random", num_threads=1,
+                pipelines={"tokens": [TokenWindows(4, document_outputs=True)]}) as loader:
+        assert loader._page_sizes.tolist() == [(60 - 1) // 4]
+        batch = next(iter(loader))
+    np.testing.assert_array_equal(np.asarray(batch["cu_seqlens"]), np.arange(3 * 4 + 1))
+    assert batch["max_seqlen"] == 1 and (np.asarray(batch["labels"]) == -100).all()
