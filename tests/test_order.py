@@ -636,6 +636,7 @@ def test_state_errors_exact_field_and_message():
          "unknown key(s) ['aa', 'zz'] for state version 1"),
         (lambda: normalize_cursor(0, 99, 96), "cursor", "cursor=99 is outside [0, L=96]"),
         (lambda: check_compatible(make_state(), make_state(), world_size=5), "global_batch_size", None),
+        (lambda: check_compatible(make_state(), make_state(), world_size=1, n_records=40), "cursor", None),
     ]
     for fn, field, text in cases:
         got_field, got = _message(fn)
@@ -673,6 +674,8 @@ def test_order_argument_errors_exact_text():
         (lambda: EpochOrder([2, 3], 0, 0, "random").window_of(-1), ValueError, "position must be >= 0, got -1"),
         (lambda: EpochOrder([2, 3], 0, 0, "random").window_of("1"), TypeError,
          "position must be an integer, got str ('1')"),
+        (lambda: EpochOrder([0, 0], 0, 0, "sequential").window_of(0), ValueError,
+         "the dataset has no records: no position is valid"),
     ]
     for fn, error, text in cases:
         with pytest.raises(error) as info:

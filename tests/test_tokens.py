@@ -372,3 +372,22 @@ def test_window_op_errors_name_the_bad_value():
         cu_seqlens(np.lib.stride_tricks.as_strided(np.zeros(1, np.int64), (2**16, 2**15), (0, 0)), 0)
     cu, mx = cu_seqlens(np.zeros((0, 4), np.int64), 0)
     assert cu.tolist() == [0] and mx == 0
+
+
+def test_gather_windows_scratch_reuse_and_single_segment():
+    """A caller's scratch of the right shape and dtype is used (it holds the raw windows afterwards); one of
+    another shape or dtype is left alone and a correct one allocated. A row without EOS is one segment of L."""
+    tokens = (np.arange(60, dtype=np.uint16) * 7) % 1000
+    ids = np.array([3, 0, 5])
+    want = np.stack([tokens[w * 8 : w * 8 + 9] for w in ids])
+    inp, tgt = np.empty((3, 8), np.int64), np.empty((3, 8), np.int64)
+    scratch = np.zeros((3, 9), np.uint16)
+    gather_windows(tokens, ids, 8, inp, tgt, scratch)
+    assert np.array_equal(scratch, want)  # the given buffer was the one used
+    for bad in (np.zeros((3, 10), np.uint16), np.zeros((3, 9), np.int8), np.zeros((2, 9), np.uint16)):
+        before = bad.copy()
+        gather_windows(tokens, ids, 8, inp, tgt, bad)
+        assert np.array_equal(bad, before)  # not written: another one was allocated
+        assert np.array_equal(inp, want[:, :-1]) and np.array_equal(tgt, want[:, 1:])
+    cu, mx = cu_seqlens(np.array([[1, 2, 3]]), 0)
+    assert cu.tolist() == [0, 3] and mx == 3
