@@ -707,3 +707,12 @@ def test_resolve_rank_errors_name_the_source_exactly():
             fn()
         assert str(info.value) == text
     assert resolve_rank(environ={}, probe=lambda: (np.int64(1), np.int32(3))) == (1, 3)
+
+
+def test_window_pages_defaults_to_one_page():
+    """``window_pages`` defaults to 1 (page-local order) in the kernel and its twin (mutation survivors)."""
+    sizes = [3, 4, 2, 5, 1, 3]
+    one = epoch_permutation(sizes, 7, 1, "quasi_random", 1)
+    assert epoch_permutation(sizes, 7, 1, "quasi_random").tolist() == one.tolist()
+    assert epoch_permutation_py(sizes, 7, 1, "quasi_random") == one.tolist()
+    assert epoch_permutation(sizes, 7, 1, "quasi_random", 2).tolist() != one.tolist()
