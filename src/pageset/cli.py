@@ -3,8 +3,11 @@
     pageset convert PHOTOS/ train.pageset --max-resolution 512 --encoding jpeg --num-workers 8
     pageset convert files.txt train.pageset          # one image path per line, optionally "<path>\\t<label>"
     pageset convert-text corpus/ train.pageset --tokenizer encoder.json --merges vocab.bpe --separator %
+    pageset convert PHOTOS/ s3://bucket/train.pageset --scheduler tcp://HOST:8786   # on a Dask cluster
+    pageset merge all.pageset part1.pageset part2.pageset
     pageset inspect train.pageset [--json]
     pageset verify train.pageset
+    pageset clean train.pageset                      # temp files and shards of killed writes
 """
 
 from __future__ import annotations
@@ -48,6 +51,31 @@ def _read_file_list(path: str):
     return rows, len(rows[0]) == 2
 
 
+def _executor(args):
+    """A Dask client's executor for ``--scheduler tcp://HOST:8786`` (None without it); the client to close."""
+    if not getattr(args, "scheduler", None):
+        return None, None
+    try:
+        from dask.distributed import Client
+    except ImportError:
+        raise SystemExit("--scheduler needs Dask: pip install 'pageset[dask]'") from None
+    client = Client(args.scheduler, timeout=60)
+    return client.get_executor(), client
+
+
+def _storage_options(args) -> dict | None:
+    if not getattr(args, "storage_options", None):
+        return None
+    try:
+        opts = json.loads(args.storage_options)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"--storage-options must be a JSON object, e.g. '{{\"endpoint_url\": \"http://...\"}}' "
+                         f"({exc})") from None
+    if not isinstance(opts, dict):
+        raise SystemExit("--storage-options must be a JSON object")
+    return opts
+
+
 def cmd_convert(args) -> int:
     image = RGBImage(max_resolution=args.max_resolution, encoding=args.encoding, jpeg_quality=args.jpeg_quality,
                      jpeg_subsampling=args.jpeg_subsampling, jpeg_passthrough=args.jpeg_passthrough)
@@ -60,12 +88,18 @@ def cmd_convert(args) -> int:
     else:
         print(f"pageset convert: {args.source}: no such directory or file list", file=sys.stderr)
         return 2
+    executor, client = _executor(args)
     try:
         result = write_dataset(args.output, source, fields, num_workers=args.num_workers, page_size=args.page_size,
-                               progress=not args.no_progress, on_error=args.on_error)
-    except (SampleError, ValueError, RuntimeError) as exc:
+                               progress=not args.no_progress, on_error=args.on_error, executor=executor,
+                               chunk_size=args.chunk_size, shard_dir=args.shard_dir,
+                               storage_options=_storage_options(args))
+    except (SampleError, ValueError, TypeError, RuntimeError) as exc:
         print(f"pageset convert: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if client is not None:
+            client.close()
     rate = result.records / result.seconds if result.seconds else float("inf")
     print(f"wrote {result.path}: {result.records} records, {len(result.skipped)} skipped, "
           f"{result.bytes / 1e6:.1f} MB in {result.seconds:.1f} s ({rate:.0f} samples/s), id {result.dataset_id[:16]}")
@@ -78,15 +112,45 @@ def cmd_convert_text(args) -> int:
     from .write.tokens import write_tokens
 
     tokenizer = (args.tokenizer, args.merges) if args.merges else args.tokenizer
+    executor, client = _executor(args)
     try:
         r = write_tokens(args.output, args.source, tokenizer, eos_id=args.eos_id, bos_id=args.bos_id,
                          dtype=args.dtype, num_workers=args.num_workers, progress=not args.no_progress,
-                         text_key=args.text_key, separator=args.separator, page_size=args.page_size)
+                         text_key=args.text_key, separator=args.separator, page_size=args.page_size,
+                         executor=executor, shard_dir=args.shard_dir, storage_options=_storage_options(args))
     except (ValueError, TypeError, RuntimeError, ImportError, OSError) as exc:
         print(f"pageset convert-text: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if client is not None:
+            client.close()
     print(f"wrote {r.path}: {r.documents} documents, {r.tokens} tokens ({r.dtype}), {r.bytes / 1e6:.1f} MB in "
           f"{r.seconds:.1f} s ({r.tokens / max(r.seconds, 1e-9) / 1e6:.2f} M tokens/s), id {r.dataset_id[:16]}")
+    return 0
+
+
+def cmd_merge(args) -> int:
+    from .merge import merge_datasets
+
+    try:
+        r = merge_datasets(args.output, args.inputs, progress=not args.no_progress,
+                           storage_options=_storage_options(args))
+    except ValueError as exc:
+        print(f"pageset merge: {exc}", file=sys.stderr)
+        return 1
+    count = f"{r.documents} documents, {r.tokens} tokens" if hasattr(r, "tokens") else f"{r.records} records"
+    print(f"wrote {r.path}: {count} from {len(args.inputs)} files, {r.bytes / 1e6:.1f} MB in {r.seconds:.1f} s, "
+          f"id {r.dataset_id[:16]}")
+    return 0
+
+
+def cmd_clean(args) -> int:
+    from .write.filewriter import remove_stale_temps
+
+    removed = remove_stale_temps(args.path, every_host=args.all_hosts)
+    for name in removed:
+        print(f"removed {name}")
+    print(f"{args.path}: {len(removed)} left-over temp file(s) / shard folder(s) removed")
     return 0
 
 
@@ -197,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--page-size", type=int, default=DEFAULT_PAGE_SIZE, help="bytes per page (power of two)")
     c.add_argument("--on-error", choices=["raise", "skip"], default="raise")
     c.add_argument("--no-progress", action="store_true")
+    _cluster_args(c)
+    c.add_argument("--chunk-size", type=int, default=None,
+                   help="samples per task (default 8 locally, 1024 per shard with --scheduler)")
     c.set_defaults(func=cmd_convert)
     t = sub.add_parser("convert-text", help="text corpus -> token file (tokenize + pack)")
     t.add_argument("source", help="text file, directory, .jsonl or .parquet")
@@ -212,7 +279,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--num-workers", type=int, default=None)
     t.add_argument("--page-size", type=int, default=DEFAULT_PAGE_SIZE)
     t.add_argument("--no-progress", action="store_true")
+    _cluster_args(t)
     t.set_defaults(func=cmd_convert_text)
+    m = sub.add_parser("merge", help="concatenate pageset files with one schema into one file")
+    m.add_argument("output")
+    m.add_argument("inputs", nargs="+")
+    m.add_argument("--storage-options", default=None, help="JSON fsspec options for a URL output")
+    m.add_argument("--no-progress", action="store_true")
+    m.set_defaults(func=cmd_merge)
+    k = sub.add_parser("clean", help="remove temp files and shard folders left by killed writes of PATH")
+    k.add_argument("path")
+    k.add_argument("--all-hosts", action="store_true",
+                   help="also those of writers on other hosts (make sure none is still running)")
+    k.set_defaults(func=cmd_clean)
     i = sub.add_parser("inspect", help="print header, schema, counts, sizes, dataset id and lineage")
     i.add_argument("path")
     i.add_argument("--json", action="store_true", help="machine-readable output")
@@ -221,6 +300,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("path")
     v.set_defaults(func=cmd_verify)
     return p
+
+
+def _cluster_args(p) -> None:
+    p.add_argument("--scheduler", default=None,
+                   help="Dask scheduler address (tcp://HOST:8786): encode on that cluster's workers")
+    p.add_argument("--shard-dir", default=None,
+                   help="folder or URL every worker can reach, for the encoded shards (default: next to OUTPUT)")
+    p.add_argument("--storage-options", default=None,
+                   help='JSON fsspec options for URLs, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\'')
 
 
 def _terminate(signum, frame):

@@ -140,25 +140,36 @@ def temp_file(path: str, kind: str = "tmp") -> tuple[int, str]:
     return fd, name
 
 
-def remove_stale_temps(path: str) -> list[str]:
-    """Delete temp files of ``path`` left by dead writer processes on this host; returns the names removed."""
+def remove_stale_temps(path: str, every_host: bool = False) -> list[str]:
+    """Delete what writes of ``path`` left behind when killed: temp files (``<path>.tmp-*``, ``.spill-*``) and
+    shard folders (``<path>.shards-*``) of dead writer processes on this host, and with ``every_host=True`` those
+    of writers on any host (their liveness cannot be checked from here). Returns the names removed."""
+    import shutil
+
     host = socket.gethostname()
     removed = []
-    for kind in ("tmp", "spill"):
-        for name in glob.glob(glob.escape(os.path.abspath(path)) + f".{kind}-{glob.escape(host)}-*-*"):
+    for kind in ("tmp", "spill", "shards"):
+        prefix = os.path.abspath(path) + f".{kind}-"
+        pattern = glob.escape(prefix) + ("*-*-*" if every_host else f"{glob.escape(host)}-*-*")
+        for name in glob.glob(pattern):
             try:
-                pid = int(name.rsplit("-", 2)[-2])
+                writer_host, pid, _ = name[len(prefix):].rsplit("-", 2)
+                pid = int(pid)
             except ValueError:
                 continue
+            if writer_host == host:
+                try:
+                    os.kill(pid, 0)
+                    continue  # that writer is alive (or the pid was reused): leave it
+                except ProcessLookupError:
+                    pass
+                except PermissionError:
+                    continue
             try:
-                os.kill(pid, 0)
-                continue  # that writer is alive (or the pid was reused): leave it
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                continue
-            try:
-                os.unlink(name)
+                if os.path.isdir(name):
+                    shutil.rmtree(name)
+                else:
+                    os.unlink(name)
                 removed.append(name)
             except FileNotFoundError:
                 pass
@@ -172,3 +183,115 @@ def check_not_input(path: str, inputs) -> None:
         if isinstance(src, (str, os.PathLike)) and os.path.realpath(src) == out:
             raise ValueError(f"the output {os.fspath(path)!r} is the input {os.fspath(src)!r}: writing would destroy "
                              "the source; choose another output path")
+
+
+def is_url(path: str) -> bool:
+    """True for an fsspec URL (``s3://``, ``gs://``, ``memory://``...); ``file://`` and plain paths are local."""
+    return "://" in path and not path.startswith("file://")
+
+
+def local_path(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+UPLOAD_BLOCK = 64 << 20  # bytes per multipart part (S3 allows 5 MiB .. 5 GiB; 10,000 parts: files up to 640 GB)
+
+
+class Output:
+    """The one file a writer produces, made visible only by :meth:`commit`.
+
+    A local ``path``: a temp file ``<path>.tmp-<host>-<pid>-<random>`` next to it, fsynced and renamed over
+    ``path``. An ``s3://`` URL: one multipart upload streamed while the file is assembled, no local copy
+    (:class:`~pageset.write.upload.S3PartsFile`), completed on commit: S3 makes the object visible only then,
+    whole. Other fsspec URLs: a temp file ``pageset-upload-<host>-<pid>-*`` in the local temp folder
+    (``TMPDIR``), uploaded on commit through ``fsspec`` with ``autocommit=False``. On failure the upload is
+    aborted; either way the previous file or object at ``path`` is untouched until the commit. ``f`` is the
+    binary file to write (seekable forward; the first ``upload_block`` bytes may be rewritten); :meth:`abort`
+    removes what was written. ``storage_options`` go to ``fsspec.core.url_to_fs``.
+    """
+
+    def __init__(self, path: str, storage_options: dict | None = None, kind: str = "tmp",
+                 upload_block: int | None = None):
+        self.path, self.storage_options = path, dict(storage_options or {})
+        self.upload_block = upload_block or UPLOAD_BLOCK
+        self.remote = is_url(path)
+        self.stream = None
+        if self.remote:
+            from fsspec.core import url_to_fs
+
+            fs, target = url_to_fs(self.path, **self.storage_options)
+            if callable(getattr(fs, "call_s3", None)):
+                from .upload import S3PartsFile
+
+                self.tmp = None
+                self.f = self.stream = S3PartsFile(fs, target, self.upload_block)
+                return
+            fd, self.tmp = tempfile.mkstemp(prefix=f"pageset-upload-{_tag()}-", suffix=".pageset")
+        else:
+            self.path = local_path(path)
+            remove_stale_temps(self.path)
+            fd, self.tmp = temp_file(self.path, kind)
+        self.f = os.fdopen(fd, "w+b")
+
+    def commit(self) -> None:
+        """fsync and rename (local) or upload and complete (URL); removes the temp file either way."""
+        if self.stream is not None:
+            try:
+                self.stream.complete()
+            finally:
+                self.stream.abort()  # a no-op once completed
+            return
+        try:
+            self.f.flush()
+            if self.remote:
+                self._upload()
+            else:
+                os.fsync(self.f.fileno())
+                self.f.close()
+                os.replace(self.tmp, self.path)
+                fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        finally:
+            self.abort()
+
+    def _upload(self) -> None:
+        from fsspec.core import url_to_fs
+
+        fs, target = url_to_fs(self.path, **self.storage_options)
+        self.f.seek(0)
+        dst = fs.open(target, "wb", block_size=self.upload_block, autocommit=False)
+        try:
+            for block in iter(lambda: self.f.read(self.upload_block), b""):
+                dst.write(block)
+            dst.close()  # uploads the last part; nothing is visible before commit()
+            dst.commit()  # S3: complete_multipart_upload (or one PUT for a file smaller than a part)
+        except BaseException:
+            try:
+                if not dst.closed:
+                    dst.close()
+            except Exception:  # the store is failing already: abort below is what matters
+                pass
+            dst.discard()  # S3: abort_multipart_upload, so no part is left billed or visible
+            raise
+
+    def abort(self) -> None:
+        try:
+            self.f.close()  # S3PartsFile: abort_multipart_upload
+        finally:
+            if self.tmp is not None:
+                try:
+                    os.unlink(self.tmp)
+                except FileNotFoundError:
+                    pass
+
+
+def fsync_dir(folder: str) -> None:
+    try:
+        dfd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories; the rename is still atomic
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)

@@ -84,13 +84,22 @@ class Source:
     names: list[str]
     description: str
     attributes: dict
+    base: int = 0  # index of data[0] in the whole source (a part holds a slice of a list-backed source)
 
     def __len__(self) -> int:
         return len(self.data)
 
+    def part(self, start: int, stop: int) -> Source:
+        """The source as a task for samples ``[start, stop)`` needs it: a slice of a list of paths or of an
+        ImageFolder's samples (small to send to a worker), otherwise the whole source."""
+        if self.base == 0 and isinstance(self.data, (list, ImageFolder)):
+            items = self.data[start:stop] if isinstance(self.data, list) else self.data.samples[start:stop]
+            return Source(items, self.names, self.description, {}, start)
+        return self
+
     def sample(self, i: int) -> dict:
         """Sample ``i`` as ``{field name: value}``; raises SampleError on a wrong shape of sample."""
-        item = self.data[i]
+        item = self.data[i - self.base]
         if isinstance(item, Mapping):
             missing = [n for n in self.names if n not in item]
             if missing:

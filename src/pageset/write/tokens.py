@@ -12,10 +12,12 @@ pool would otherwise deadlock or oversubscribe after ``fork``), never in the cal
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import itertools
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -26,8 +28,20 @@ from ..format import constants as C
 from ..format.checksum import ALGORITHM
 from ..format.fields import Tokens
 from ..format.schema import build_schema, canonical_json, parse_schema
-from .filewriter import check_not_input, lineage, ordered_map, remove_stale_temps, temp_file, write_tail
-from .writer import _check_page_size, _fsync_dir, _PageWriter
+from .assemble import PageWriter
+from .filewriter import Output, check_not_input, is_url, lineage, ordered_map, temp_file, write_tail
+from .ranges import (
+    Shard,
+    check_picklable,
+    executor_map,
+    new_shard_folder,
+    pickled_once,
+    remove_shard_folder,
+    shard_name,
+    unpickled,
+    write_shard,
+)
+from .writer import _check_page_size
 
 UINT16_MAX = 65535
 UINT32_MAX = 2**32 - 1
@@ -60,20 +74,21 @@ class TokenFileWriter:
     """Writes one token file: ``write(ids)`` appends ids (any integer array, values already checked to fit
     ``dtype``) to the data area; ``finish(doc_offsets, info, user, t0)`` writes schema, page checksums,
     metadata and doc_offsets sections, the section table and the header, fsyncs and renames the temp file over
-    ``path``. ``abort()`` removes the temp file. Nothing exists at ``path`` until ``finish`` succeeds."""
+    ``path`` (or uploads it, for an fsspec URL; see :class:`pageset.write.filewriter.Output`). ``abort()``
+    removes the temp file. Nothing exists at ``path`` until ``finish`` succeeds."""
 
-    def __init__(self, path: str, dtype: str, page_size: int = C.DEFAULT_PAGE_SIZE):
+    def __init__(self, path: str, dtype: str, page_size: int = C.DEFAULT_PAGE_SIZE,
+                 storage_options: dict | None = None):
         _check_page_size(page_size)
         if dtype not in C.TOKEN_DTYPES:
             raise ValueError(f"dtype must be one of {C.TOKEN_DTYPES}, got {dtype!r}")
         self.path, self.dtype, self.page_size = os.fspath(path), dtype, page_size
         self._le = np.dtype(dtype).newbyteorder("<")
-        self.folder = os.path.dirname(os.path.abspath(self.path))
-        remove_stale_temps(self.path)
-        fd, self.tmp = temp_file(self.path)
-        self.f = os.fdopen(fd, "wb")
+        self.out = Output(self.path, storage_options)
+        self.path = self.out.path
+        self.f = self.out.f
         self.f.seek(C.DATA_OFFSET)
-        self.pages = _PageWriter(self.f, page_size)
+        self.pages = PageWriter(self.f, page_size)
         self.count = 0
 
     def write(self, ids: np.ndarray) -> None:
@@ -82,24 +97,19 @@ class TokenFileWriter:
         self.count += arr.size
 
     def abort(self) -> None:
-        try:
-            self.f.close()
-        finally:
-            try:
-                os.unlink(self.tmp)
-            except FileNotFoundError:
-                pass
+        self.out.abort()
 
-    def finish(self, doc_offsets: np.ndarray, info: dict, user: dict | None, t0: float) -> TokenWriteResult:
+    def finish(self, doc_offsets: np.ndarray, info: dict, user: dict | None, t0: float,
+               record_lineage: bool = True) -> TokenWriteResult:
+        """Write the tail and commit; ``record_lineage=False`` keeps only ``info["source"]`` in the lineage, so the
+        file's bytes depend on its content only."""
         try:
-            result = self._finish(np.asarray(doc_offsets, dtype="<u8"), info, user or {}, t0)
+            return self._finish(np.asarray(doc_offsets, dtype="<u8"), info, user or {}, t0, record_lineage)
         except BaseException:
             self.abort()
             raise
-        _fsync_dir(self.folder)
-        return result
 
-    def _finish(self, offsets, info, user, t0) -> TokenWriteResult:
+    def _finish(self, offsets, info, user, t0, record_lineage) -> TokenWriteResult:
         if offsets.size < 2 or offsets[0] != 0 or offsets[-1] != self.count or np.any(offsets[1:] < offsets[:-1]):
             raise ValueError(f"doc_offsets must be non-decreasing from 0 to {self.count} tokens")
         canonical_json(user)  # fail on non-JSON metadata before writing sections
@@ -122,16 +132,14 @@ class TokenFileWriter:
             (C.SECTION_SCHEMA, C.SECTION_FLAG_REQUIRED, schema_bytes),
             (C.SECTION_INDEX, C.SECTION_FLAG_REQUIRED, index_bytes),
             (C.SECTION_PAGE_CHECKSUMS, 0, crc_bytes),
-            (C.SECTION_METADATA, 0, canonical_json({"lineage": dict(lineage(), source=info.get("source")), "user": user})),
+            (C.SECTION_METADATA, 0, canonical_json({"lineage": dict(lineage() if record_lineage else {},
+                                                                   source=info.get("source")), "user": user})),
             (C.SECTION_DOC_OFFSETS, C.SECTION_FLAG_REQUIRED, offsets_bytes),
         ]
         file_size = write_tail(f, page_size=self.page_size, data_length=data_length, page_count=len(crcs),
                                record_count=0, required_features=C.REQUIRED_TOKENS, dataset_id=dataset_id,
                                sections=sections)
-        f.flush()
-        os.fsync(f.fileno())
-        f.close()
-        os.replace(self.tmp, self.path)
+        self.out.commit()
         return TokenWriteResult(self.path, int(offsets.size - 1), self.count, self.dtype, dataset_id.hex(),
                                 file_size, time.perf_counter() - t0)
 
@@ -321,22 +329,16 @@ def _file_documents(path: str, text_key: str, separator: str | None):
 def iter_documents(source, *, text_key: str = "text", separator: str | None = None):
     """Yield documents (``str`` or integer arrays) from ``source`` in order.
 
-    ``source``: a path (a file, or a directory whose regular files are read in sorted order, recursively); an
-    iterable of ``str`` documents, of ``os.PathLike`` files, or of integer arrays/lists (pre-tokenized).
+    ``source``: a path (a file, or a directory whose regular files are read in sorted order, recursively), or a
+    glob pattern (``"corpus/*.jsonl"``, ``"**"`` recursive; matches in sorted order); an iterable of ``str``
+    documents, of ``os.PathLike`` files, or of integer arrays/lists (pre-tokenized).
     Files: ``.jsonl``/``.ndjson`` (``text_key`` of each line), ``.parquet`` (column ``text_key``, needs
     pyarrow), anything else UTF-8 text: one document per file, or split at lines equal to ``separator``
     (``"%"`` for fortune files).
     """
     if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        if os.path.isdir(path):
-            files = sorted(os.path.join(r, n) for r, _, names in os.walk(path) for n in names)
-            for p in files:
-                yield from _file_documents(p, text_key, separator)
-        elif os.path.isfile(path):
-            yield from _file_documents(path, text_key, separator)
-        else:
-            raise FileNotFoundError(f"{path}: no such file or directory")
+        for p in _source_files(source):
+            yield from _file_documents(p, text_key, separator)
         return
     for item in source:
         if isinstance(item, os.PathLike):
@@ -446,11 +448,16 @@ def write_tokens(
     metadata: dict | None = None,
     chunk_docs: int = 512,
     chunk_chars: int = 1 << 20,
+    lineage: bool = True,
+    executor=None,
+    shard_dir: str | None = None,
+    storage_options: dict | None = None,
 ) -> TokenWriteResult:
     """Tokenize ``source`` and write one token file at ``path`` (atomically: temp file, fsync, rename).
 
     Args:
-        path: output file (``.pageset`` is conventional).
+        path: output file (``.pageset`` is conventional), or an fsspec URL (``s3://bucket/corpus.pageset``:
+            assembled locally, then uploaded with a multipart upload completed only at the end).
         source: see :func:`iter_documents`: a file or directory path (text, ``.jsonl``, ``.parquet``), an
             iterable of ``str`` documents, of ``pathlib.Path`` files, or of pre-tokenized integer arrays.
         tokenizer: see :func:`load_tokenizer` (HF Tokenizer / tokenizer.json, GPT-2 ``(encoder.json,
@@ -459,7 +466,8 @@ def write_tokens(
             ``</s>``). Validated against the vocabulary before any work. Required without a tokenizer.
         bos_id: optional id put before each document, unless its first id already is ``bos_id``.
         dtype: ``"auto"`` (uint16 iff the largest emitted id <= 65535), ``"uint16"`` or ``"uint32"``.
-        num_workers: encoding processes (``None``: ``os.cpu_count()``; 0: this process).
+        num_workers: encoding processes (``None``: ``os.cpu_count()``; 0: this process). Ignored when
+            ``executor`` is given.
         progress: tqdm bar over documents.
         text_key: the JSONL key / Parquet column holding the text.
         separator: split text files at lines equal to this (``"%"`` for fortune files); ``None``: one
@@ -467,6 +475,14 @@ def write_tokens(
         page_size: bytes per page (power of two, 4 KiB .. 1 GiB).
         metadata: JSON-serialisable user metadata (outside the dataset id).
         chunk_docs, chunk_chars: documents / characters per worker task.
+        lineage: record when, where and by which versions the file was written; ``False`` makes the whole file
+            byte-identical across runs, worker counts and executors.
+        executor: any ``concurrent.futures.Executor`` (e.g. Dask's ``Client(...).get_executor()``). A path
+            source (file or folder) or a list of ``pathlib.Path`` files gives one task per file (workers read
+            the files themselves); other sources are cut into chunks of documents sent with the tasks. Tasks
+            write shard files (token ids of their range) to ``shard_dir``; the tokenizer must be picklable.
+        shard_dir: folder or fsspec URL every worker can reach; default next to ``path``; removed at the end.
+        storage_options: passed to fsspec for URLs.
 
     Returns:
         :class:`TokenWriteResult` (``path, documents, tokens, dtype, dataset_id, bytes, seconds``).
@@ -496,16 +512,29 @@ def write_tokens(
     direct = dtype if dtype != "auto" else ("uint16" if vocab is not None and vocab <= UINT16_MAX + 1 else None)
     limit = UINT16_MAX if direct == "uint16" else UINT32_MAX
     path = os.fspath(path)
-    check_not_input(path, [source] if isinstance(source, (str, os.PathLike)) else [])
+    if not is_url(path):
+        check_not_input(path, [source] if isinstance(source, (str, os.PathLike)) else [])
+    info = {
+        "eos_id": eos_id,
+        "bos_id": bos_id,
+        "tokenizer": spec.describe() if spec is not None else None,
+        "source": "text" if spec is not None else "pre-tokenized",
+    }
+    if executor is not None:
+        if not callable(getattr(executor, "submit", None)):
+            raise TypeError(f"executor must be a concurrent.futures.Executor, got {type(executor).__name__}")
+        return _write_tokens_on(executor, path, source, spec, info, direct, limit, page_size, progress, text_key,
+                                separator, chunk_docs, chunk_chars, metadata, lineage, shard_dir,
+                                storage_options, t0)
     docs_iter = iter_documents(source, text_key=text_key, separator=separator)
     lengths_parts: list[np.ndarray] = []
     max_id = -1
     spill, spill_name = None, None
     bar = tqdm(disable=not progress, desc="pageset tokens", unit="doc", leave=False)
-    writer = TokenFileWriter(path, direct or "uint32", page_size) if direct else None
+    writer = TokenFileWriter(path, direct or "uint32", page_size, storage_options) if direct else None
     try:
         if writer is None:
-            fd, spill_name = temp_file(path, "spill")
+            fd, spill_name = tempfile.mkstemp(prefix="pageset-spill-") if is_url(path) else temp_file(path, "spill")
             spill = os.fdopen(fd, "wb")
         for start, n, (flat, lengths) in _encoded_in_order(docs_iter, spec, bos_id, eos_id, num_workers,
                                                            chunk_docs, chunk_chars):
@@ -532,20 +561,13 @@ def write_tokens(
         final = direct or ("uint16" if max_id <= UINT16_MAX else "uint32")
         if writer is None:
             spill.close()
-            writer = TokenFileWriter(path, final, page_size)
+            writer = TokenFileWriter(path, final, page_size, storage_options)
             with open(spill_name, "rb") as f:
                 for block in iter(lambda: f.read(SPILL_CHUNK * 4), b""):
                     writer.write(np.frombuffer(block, dtype="<u4"))
         offsets = np.zeros(lengths.size + 1, dtype=np.uint64)
         np.cumsum(lengths, out=offsets[1:])
-        info = {
-            "eos_id": eos_id,
-            "bos_id": bos_id,
-            "tokenizer": spec.describe() if spec is not None else None,
-            "source": "text" if spec is not None else "pre-tokenized",
-            "max_id": max_id,
-        }
-        return writer.finish(offsets, info, metadata, t0)
+        return writer.finish(offsets, dict(info, max_id=max_id), metadata, t0, lineage)
     except BaseException:
         bar.close()
         if writer is not None:
@@ -558,6 +580,133 @@ def write_tokens(
                 os.unlink(spill_name)
             except FileNotFoundError:
                 pass
+
+
+def _source_files(source) -> list[str] | None:
+    """The files of a path source (in :func:`iter_documents` order), or None for an in-memory source."""
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if os.path.isdir(path):
+            return sorted(os.path.join(r, n) for r, _, names in os.walk(path) for n in names)
+        if os.path.isfile(path):
+            return [path]
+        if any(c in path for c in "*?["):
+            files = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
+            if not files:
+                raise FileNotFoundError(f"{path}: the pattern matches no file")
+            return files
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    if isinstance(source, (list, tuple)) and source and all(isinstance(p, os.PathLike) for p in source):
+        return [os.fspath(p) for p in source]
+    return None
+
+
+def tokenize_to_shard(url: str, docs_or_file, start: int, spec_ref, bos_id, eos_id, text_key: str,
+                      separator: str | None, storage_options: dict | None) -> dict:
+    """Executor task: tokenize one file (a path) or a chunk of documents (numbered from ``start``) into a shard
+    at ``url``: arrays ``lengths`` (int64 per document) and ``ids`` (uint32). Returns ``{"url", "bytes",
+    "documents", "tokens", "max_id"}``. ``spec_ref``: the tokenizer from ``ranges.pickled_once``, unpickled
+    once per worker process. A pure function of its arguments: a retry rewrites the same bytes."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # this worker process only
+    spec = unpickled(spec_ref)
+    if isinstance(docs_or_file, str):
+        try:
+            docs = list(_file_documents(docs_or_file, text_key, separator))
+            flat, lengths = _encode_chunk(0, docs, bos_id, eos_id, spec)
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"{docs_or_file}: {exc}") from exc
+    else:
+        flat, lengths = _encode_chunk(start, docs_or_file, bos_id, eos_id, spec)
+    size = write_shard(url, {"kind": "tokens", "documents": int(lengths.size), "tokens": int(flat.size)},
+                       [("lengths", lengths.astype("<i8")), ("ids", flat.astype("<u4"))], storage_options)
+    return {"url": url, "bytes": size, "documents": int(lengths.size), "tokens": int(flat.size),
+            "max_id": int(flat.max()) if flat.size else -1}
+
+
+def _write_tokens_on(executor, path, source, spec, info, direct, limit, page_size, progress, text_key, separator,
+                     chunk_docs, chunk_chars, metadata, record_lineage, shard_dir, storage_options, t0):
+    """write_tokens on an executor: tasks write shards; the assembly streams them in order into one file."""
+    files = _source_files(source)
+    if files is not None:
+        if not files:
+            raise ValueError(f"{os.fspath(source)}: no files: nothing to write")
+        items = [(k, k + 1, f) for k, f in enumerate(files)]
+    else:
+        items = ((start, start + len(docs), docs) for start, docs in
+                 _chunks(iter_documents(source, text_key=text_key, separator=separator), chunk_docs, chunk_chars))
+    check_picklable(spec, "the tokenizer", executor)
+    spec_ref = pickled_once(spec, executor)
+    folder = new_shard_folder(path, shard_dir, storage_options)
+    tasks = ((shard_name(folder, a, b), item, a, spec_ref, info["bos_id"], info["eos_id"], text_key, separator,
+              storage_options) for a, b, item in items)
+    results = executor_map(executor, tokenize_to_shard, tasks, ahead=64)
+    bar = tqdm(total=len(files) if files is not None else None, disable=not progress, desc="pageset tokens",
+               unit="file" if files is not None else "doc", leave=False)
+    writer = None
+    try:
+        done: list[dict] = []
+        docs_before = 0
+        for summary in results:
+            if summary["max_id"] > limit:
+                _raise_too_large(summary, docs_before, limit, direct, storage_options)
+            summary["first_doc"] = docs_before
+            docs_before += summary["documents"]
+            done.append(summary)
+            if direct:  # the dtype is known: stream this shard now
+                writer = writer or TokenFileWriter(path, direct, page_size, storage_options)
+                summary["lengths"] = _copy_shard(summary, writer, storage_options)
+            bar.update(1 if files is not None else summary["documents"])
+        bar.close()
+        if docs_before == 0:
+            raise ValueError("the source holds no documents: nothing to write")
+        max_id = max(s["max_id"] for s in done)
+        if writer is None:
+            writer = TokenFileWriter(path, "uint16" if max_id <= UINT16_MAX else "uint32", page_size,
+                                     storage_options)
+            for summary in done:
+                summary["lengths"] = _copy_shard(summary, writer, storage_options)
+        lengths = np.concatenate([s["lengths"] for s in done])
+        offsets = np.zeros(lengths.size + 1, dtype=np.uint64)
+        np.cumsum(lengths, out=offsets[1:])
+        return writer.finish(offsets, dict(info, max_id=max_id), metadata, t0, record_lineage)
+    except BaseException:
+        bar.close()
+        if writer is not None:
+            writer.abort()
+        raise
+    finally:
+        results.close()  # cancels and waits for tasks in flight before their folder goes
+        remove_shard_folder(folder, storage_options)
+
+
+def _copy_shard(summary: dict, writer: TokenFileWriter, storage_options) -> np.ndarray:
+    """Stream one shard's ids into ``writer``; returns its document lengths (int64)."""
+    shard = Shard(summary["url"], storage_options, summary["bytes"])
+    try:
+        lengths = np.frombuffer(shard.read("lengths"), dtype="<i8")
+        left = shard.begin("ids")
+        while left:
+            n = min(left, SPILL_CHUNK * 4)
+            writer.write(np.frombuffer(shard.take(n), dtype="<u4"))
+            left -= n
+    except BaseException:
+        shard.close(check=False)
+        raise
+    shard.close()
+    return lengths
+
+
+def _raise_too_large(summary, first_doc, limit, direct, storage_options):
+    shard = Shard(summary["url"], storage_options)
+    try:
+        lengths = np.frombuffer(shard.read("lengths"), dtype="<i8")
+        ids = np.frombuffer(shard.read("ids"), dtype="<u4")
+    finally:
+        shard.close(check=False)
+    first = int(np.argmax(ids > limit))
+    doc = first_doc + int(np.searchsorted(np.cumsum(lengths), first, side="right"))
+    raise ValueError(f"document {doc} has token id {int(ids[first])} > {limit}, which does not fit dtype={direct!r}; "
+                     "use dtype='uint32' or 'auto'")
 
 
 def tokenize_only(source, tokenizer, *, text_key: str = "text", separator: str | None = None,

@@ -1,33 +1,40 @@
-"""``write_dataset``: encode a source in worker processes and write one pageset file atomically.
+"""``write_dataset``: source -> encode(range) -> assemble -> one pageset file, made visible atomically.
 
-Bytes on disk depend on the input only: workers encode chunks in parallel, but the main process places
-records in sample order (``packing.place_record``), so the file is identical for any ``num_workers``.
+The source is cut into contiguous index ranges. Each range is encoded (``ranges.encode_range``) in this process,
+in forked worker processes (``num_workers``), or by any ``concurrent.futures.Executor`` (``executor=``: Dask,
+Ray, a process pool), whose tasks write shard files to shared storage. One assembly step (``assemble``) places
+the records in sample order, so the bytes depend on the input only, never on the cut or the workers.
 The file is written to ``<path>.tmp-<random>`` in the target's folder (pages, then sections, section table and
-header), fsynced and renamed over ``path``: a crash or an error never leaves a file at ``path``, and a previous
-file there survives until the rename.
+header), fsynced and renamed over ``path`` (for an fsspec URL: uploaded, and completed only at the end): a crash
+or an error never leaves a file at ``path``, and a previous file there survives until the rename.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
-import traceback
-import zlib
 from dataclasses import dataclass
 
-import numpy as np
 from tqdm.auto import tqdm
 
 from ..format import constants as C
 from ..format.checksum import ALGORITHM
 from ..format.fields import Field
-from ..format.layout import PAGE_CHECKSUM
 from ..format.schema import build_schema, canonical_json, parse_schema
-from .encode import describe_path, encode_value
-from .filewriter import check_not_input, lineage, ordered_map, remove_stale_temps, temp_file, write_tail
-from .packing import page_count, place_record
-from .sources import SampleError, Source, open_source
+from .assemble import Assembly
+from .filewriter import Output, check_not_input, is_url, ordered_map
+from .filewriter import lineage as lineage_info
+from .ranges import (
+    ShardPart,
+    check_picklable,
+    cut,
+    encode_range,
+    encode_range_to_shard,
+    executor_map,
+    new_shard_folder,
+    remove_shard_folder,
+)
+from .sources import Source, open_source
 
 
 @dataclass(frozen=True)
@@ -53,36 +60,52 @@ def write_dataset(
     progress: bool = True,
     on_error: str = "raise",
     metadata: dict | None = None,
-    chunk_size: int = 8,
+    chunk_size: int | None = None,
     lineage: bool = True,
+    executor=None,
+    shard_dir: str | None = None,
+    storage_options: dict | None = None,
 ) -> WriteResult:
     """Convert ``source`` into one pageset file at ``path``.
 
     Args:
-        path: output file (any extension; ``.pageset`` is conventional). Replaced atomically.
+        path: output file (any extension; ``.pageset`` is conventional), or an fsspec URL such as
+            ``"s3://bucket/train.pageset"`` (assembled in the local temp folder, then uploaded with a multipart
+            upload that becomes visible only when complete). Replaced atomically either way.
         source: an ImageFolder directory, a list of image paths, or any object with ``__len__`` and
             ``__getitem__`` returning a tuple (one value per field, in field order) or a dict.
         fields: ``{name: Field}`` in storage order, e.g. ``{"image": RGBImage(max_resolution=512), "label":
             Int()}``; defaults exist for ImageFolder and path lists.
         num_workers: encoding processes (``None``: ``os.cpu_count()``; ``0``: encode in this process). Worker
             processes are forked where the platform allows, so the source need not be picklable there.
+            Ignored when ``executor`` is given.
         page_size: bytes per page, a power of two in [4 KiB, 1 GiB] (default 8 MiB).
         progress: show a tqdm progress bar.
         on_error: ``"raise"`` (stop at the first bad sample, nothing written) or ``"skip"`` (leave bad samples
             out; their indices and errors are recorded in the file's lineage metadata).
         metadata: a JSON-serialisable dict stored as user metadata (outside the dataset id).
-        chunk_size: samples per task sent to a worker.
+        chunk_size: samples per task (a contiguous index range); default 8 for ``num_workers``, 1024 for an
+            ``executor`` (each executor task writes one shard file of that many encoded samples).
         lineage: record when, where and by which versions the file was written (metadata section, outside the
             dataset id). With ``False`` only the source description and skipped samples are recorded, so the
-            whole file is byte-identical across runs, machines and ``num_workers``.
+            whole file is byte-identical across runs, machines, ``num_workers``, executors and ``chunk_size``.
+        executor: any ``concurrent.futures.Executor`` to encode ranges on, e.g. a Dask cluster's
+            ``Client(...).get_executor()``, or ``ProcessPoolExecutor``. The source part and ``fields`` are
+            pickled to its workers (TypeError up front, naming the attribute that cannot be). A task that dies
+            and is retried by the engine rewrites the same shard.
+        shard_dir: where executor tasks write shards, a folder or fsspec URL every worker can reach; default
+            next to ``path`` (``<path>.shards-<host>-<pid>-<random>``). Removed at the end, also on failure.
+        storage_options: passed to fsspec for URLs (``path`` and ``shard_dir``), e.g. ``{"endpoint_url": ...}``.
 
     Returns:
         :class:`WriteResult`.
 
     Raises:
         SampleError: a sample could not be read or encoded (names the sample index, field and cause; the
-            worker's traceback is included); ``ValueError``/``TypeError`` for invalid arguments;
-        RuntimeError: a worker process died (killed or crashed).
+            worker's traceback is included); ``ValueError``/``TypeError`` for invalid arguments or a source that
+            cannot be pickled for ``executor``;
+        RuntimeError: a worker process died (killed or crashed); with an executor, whatever the engine raises
+            once it gives up on a task (Dask: ``KilledWorker`` after ``allowed-failures`` deaths).
     """
     t0 = time.perf_counter()
     _check_page_size(page_size)
@@ -92,35 +115,48 @@ def write_dataset(
         num_workers = os.cpu_count() or 1
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    if executor is not None and not callable(getattr(executor, "submit", None)):
+        raise TypeError(f"executor must be a concurrent.futures.Executor (with .submit), got {type(executor).__name__}")
+    if chunk_size is None:
+        chunk_size = 1024 if executor is not None else 8
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     src, fields = open_source(source, fields)
     writer_params = {"page_size": page_size, "checksum": ALGORITHM}
     schema = build_schema(fields, src.attributes, writer_params)
-    parse_schema(schema)  # the writer must never produce a schema its own reader refuses
+    _, row_dtype = parse_schema(schema)  # the writer must never produce a schema its own reader refuses
     canonical_json(metadata or {})  # fail early on non-JSON metadata, before any work
 
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if isinstance(source, (str, os.PathLike)):
-        check_not_input(path, [source])
-    elif isinstance(src.data, list) and src.data and isinstance(src.data[0], str):  # a list of image paths
-        check_not_input(path, src.data)
-    remove_stale_temps(path)
-    fd, tmp = temp_file(path)
+    if not is_url(path):
+        if isinstance(source, (str, os.PathLike)):
+            check_not_input(path, [source])
+        elif isinstance(src.data, list) and src.data and isinstance(src.data[0], str):  # a list of image paths
+            check_not_input(path, src.data)
+    ranges = cut(len(src), chunk_size)
+    if executor is not None and ranges:
+        check_picklable(src.part(*ranges[0]).data, "source", executor)
+        check_picklable(fields, "fields", executor)
+    out = Output(path, storage_options)
     try:
-        with os.fdopen(fd, "wb") as f:
-            stats = _write_body(f, src, fields, schema, page_size, num_workers, chunk_size, on_error, progress,
-                                metadata or {}, lineage)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+        parts = _encoded_parts(src, fields, row_dtype, ranges, num_workers, on_error, executor, path, shard_dir,
+                               storage_options)
+        asm = Assembly(out.f, schema, row_dtype, [n for n, f in fields.items() if not f.inline], page_size,
+                       src.description)
+        bar = tqdm(total=len(src), disable=not progress, desc="pageset write", unit="sample", leave=False)
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+            for part in parts:
+                asm.add(part)
+                bar.update(part.stop - part.start)
+        finally:
+            bar.close()
+            parts.close()
+        stats = asm.finish(len(src), lineage_info() if lineage else {}, metadata or {})
+        out.commit()
+    except BaseException:
+        out.abort()
         raise
-    _fsync_dir(folder)
-    return WriteResult(path, stats["records"], tuple(stats["skipped"]), stats["dataset_id"], stats["bytes"],
+    return WriteResult(out.path, stats["records"], tuple(stats["skipped"]), stats["dataset_id"], stats["bytes"],
                        time.perf_counter() - t0)
 
 
@@ -137,178 +173,42 @@ def _check_page_size(page_size: int) -> None:
         )
 
 
-def _fsync_dir(folder: str) -> None:
-    try:
-        dfd = os.open(folder, os.O_RDONLY)
-    except OSError:  # some platforms cannot open directories; the rename is still atomic
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
-
-
-class _PageWriter:
-    """Writes the data area sequentially and keeps a CRC-32 per page (the last page may be short)."""
-
-    def __init__(self, f, page_size: int):
-        self.f, self.page_size = f, page_size
-        self.pos = 0  # bytes of the data area written so far
-        self.crc = 0
-        self.crcs: list[int] = []
-
-    def write(self, data) -> None:
-        mv = memoryview(data).cast("B")
-        while len(mv):
-            room = self.page_size - self.pos % self.page_size
-            chunk = mv[:room]
-            self.f.write(chunk)
-            self.crc = zlib.crc32(chunk, self.crc)
-            self.pos += len(chunk)
-            mv = mv[room:]
-            if self.pos % self.page_size == 0:
-                self.crcs.append(self.crc)
-                self.crc = 0
-
-    def pad_to(self, target: int) -> None:
-        zeros = bytes(min(target - self.pos, 1 << 20))
-        while self.pos < target:
-            self.write(zeros[: target - self.pos])
-
-    def finish(self) -> np.ndarray:
-        if self.pos % self.page_size:
-            self.crcs.append(self.crc)
-        return np.asarray(self.crcs, dtype=PAGE_CHECKSUM)
-
-
-# ---- encoding, in this process or in workers -------------------------------------------------------------
+# ---- encoding: in this process, in forked workers, or on an executor through shards -----------------------
 
 _WORKER: dict = {}
 
 
-def _init_worker(src: Source, fields: dict) -> None:
-    _WORKER["src"], _WORKER["fields"] = src, fields
+def _init_worker(src: Source, fields: dict, row_dtype) -> None:
+    _WORKER["src"], _WORKER["fields"], _WORKER["row_dtype"] = src, fields, row_dtype
 
 
-def encode_sample(src: Source, fields: dict[str, Field], i: int) -> tuple[list, dict]:
-    """Encode sample ``i``: ``(payloads of the non-inline fields in order, {index column: value})``."""
-    try:
-        values = src.sample(i)
-    except SampleError:
-        raise
-    except Exception as exc:
-        raise SampleError(src.description, i, None, f"reading the sample raised {type(exc).__name__}: {exc}") from exc
-    payloads, columns = [], {}
-    for name, field in fields.items():
+def _encode_in_worker(start: int, stop: int, on_error: str):
+    return encode_range(_WORKER["src"], _WORKER["fields"], _WORKER["row_dtype"], start, stop, on_error)
+
+
+def _encoded_parts(src, fields, row_dtype, ranges, num_workers, on_error, executor, path, shard_dir,
+                   storage_options):
+    """Yield the encoded ranges in order (:class:`EncodedRange` or :class:`ShardPart`)."""
+    if executor is not None:
+        folder = new_shard_folder(path, shard_dir, storage_options)
+        tasks = ((src.part(a, b), fields, row_dtype, a, b, on_error, folder, storage_options) for a, b in ranges)
+        results = executor_map(executor, encode_range_to_shard, tasks, ahead=64)
         try:
-            payload, cols = encode_value(values[name], field)
-        except Exception as exc:
-            detail = f"{type(exc).__name__}: {exc}{describe_path(values[name])}"
-            raise SampleError(src.description, i, name, detail) from exc
-        if payload is not None:
-            payloads.append(payload)
-        for suffix, value in cols.items():
-            columns[f"{name}.{suffix}" if suffix else name] = value
-    return payloads, columns
-
-
-def _encode_chunk(start: int, stop: int, on_error: str, src=None, fields=None) -> list:
-    """Encode samples ``[start, stop)``: a list of ``("ok", payloads, cols)``, ``("skip", index, field, detail)``
-    or, in a worker with on_error="raise", ``("error", index, field, detail, traceback)`` entries."""
-    in_worker = src is None
-    src = src if src is not None else _WORKER["src"]
-    fields = fields if fields is not None else _WORKER["fields"]
-    out = []
-    for i in range(start, stop):
-        try:
-            out.append(("ok",) + encode_sample(src, fields, i))
-        except SampleError as exc:
-            if on_error == "skip":
-                out.append(("skip", exc.index, exc.field, exc.detail))
-            elif in_worker:
-                out.append(("error", exc.index, exc.field, exc.detail, traceback.format_exc()))
-                return out
-            else:
-                raise
-    return out
-
-
-def _chunks_in_order(src, fields, num_workers, chunk_size, on_error):
-    """Yield encoded chunks in sample order; workers run ahead by a bounded number of chunks."""
-    n = len(src)
-    starts = range(0, n, chunk_size)
+            for (a, b), summary in zip(ranges, results):
+                part = ShardPart(summary, row_dtype, storage_options)
+                part.start, part.stop = a, b
+                yield part
+        finally:
+            results.close()  # cancels and waits for tasks still in flight before their folder goes
+            remove_shard_folder(folder, storage_options)
+        return
     if num_workers == 0:
-        for s in starts:
-            yield _encode_chunk(s, min(s + chunk_size, n), on_error, src, fields)
+        for a, b in ranges:
+            yield encode_range(src, fields, row_dtype, a, b, on_error, in_process=True)
         return
     died = (f"{src.description}: a writer worker process died (killed or crashed, e.g. out of memory or a "
             "segfault in a decoder); nothing was written. Retry with num_workers=0 to see the error in this "
             "process.")
-    tasks = ((s, min(s + chunk_size, n), on_error) for s in starts)
-    yield from ordered_map(_encode_chunk, tasks, num_workers, _init_worker, (src, fields), 4 * num_workers, died)
-
-
-def _write_body(f, src, fields, schema, page_size, num_workers, chunk_size, on_error, progress, user,
-                record_lineage):
-    _, row_dtype = parse_schema(schema)
-    n = len(src)
-    index = np.zeros(n, dtype=row_dtype)
-    span_names = [name for name, fld in fields.items() if not fld.inline]
-    pages = _PageWriter(f, page_size)
-    f.seek(C.DATA_OFFSET)
-    cursor = 0
-    count = 0
-    skipped: list[int] = []
-    skip_log: list[dict] = []
-    bar = tqdm(total=n, disable=not progress, desc="pageset write", unit="sample", leave=False)
-    try:
-        for chunk in _chunks_in_order(src, fields, num_workers, chunk_size, on_error):
-            for entry in chunk:
-                if entry[0] == "error":
-                    _, i, field, detail, tb = entry
-                    raise SampleError(src.description, i, field, f"{detail}\n\nWorker traceback:\n{tb}")
-                if entry[0] == "skip":
-                    skipped.append(entry[1])
-                    skip_log.append({"index": entry[1], "field": entry[2], "error": entry[3]})
-                    continue
-                _, payloads, cols = entry
-                length = sum(len(p) for p in payloads)
-                start, cursor = place_record(cursor, length, page_size)
-                pages.pad_to(start)
-                row = index[count]
-                row["_offset"], row["_length"] = C.DATA_OFFSET + start, length
-                off = C.DATA_OFFSET + start
-                for name, payload in zip(span_names, payloads):
-                    row[f"{name}.offset"], row[f"{name}.length"] = off, len(payload)
-                    off += len(payload)
-                    pages.write(payload)
-                for col, value in cols.items():
-                    row[col] = value
-                count += 1
-            bar.update(len(chunk))
-    finally:
-        bar.close()
-    if count == 0:
-        raise ValueError(f"{src.description}: no sample was written ({len(skipped)} skipped, {n} in the source)")
-    index = index[:count]
-    data_length = pages.pos
-    crcs = pages.finish()
-    assert len(crcs) == page_count(data_length, page_size)
-
-    schema_bytes = canonical_json(schema)
-    index_bytes = index.tobytes()
-    crc_bytes = crcs.tobytes()
-    dataset_id = hashlib.sha256(schema_bytes + index_bytes + crc_bytes).digest()
-    meta = dict(lineage() if record_lineage else {}, source=src.description, samples_in_source=n,
-                skipped=skipped, skipped_errors=skip_log[:1000])
-    sections = [
-        (C.SECTION_SCHEMA, C.SECTION_FLAG_REQUIRED, schema_bytes),
-        (C.SECTION_INDEX, C.SECTION_FLAG_REQUIRED, index_bytes),
-        (C.SECTION_PAGE_CHECKSUMS, 0, crc_bytes),
-        (C.SECTION_METADATA, 0, canonical_json({"lineage": meta, "user": user})),
-    ]
-    file_size = write_tail(f, page_size=page_size, data_length=data_length, page_count=len(crcs),
-                           record_count=count, required_features=0, dataset_id=dataset_id, sections=sections)
-    return {"records": count, "skipped": skipped, "dataset_id": dataset_id.hex(), "bytes": file_size}
+    tasks = ((a, b, on_error) for a, b in ranges)
+    yield from ordered_map(_encode_in_worker, tasks, num_workers, _init_worker, (src, fields, row_dtype),
+                           4 * num_workers, died)

@@ -1,0 +1,161 @@
+"""merge_datasets / pageset merge: concatenating finished files gives the bytes of writing the whole source."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pageset import (
+    Int,
+    NDArray,
+    RGBImage,
+    merge_datasets,
+    open_dataset,
+    open_tokens,
+    write_dataset,
+    write_tokens,
+)
+from pageset.cli import main
+
+
+class Rows:
+    """An indexable source of (image path, label, vector) rows; a row whose path is None is bad."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        path, label = self.rows[i]
+        if path is None:
+            raise OSError(f"row {label} is unreadable")
+        return path, label, np.full(3, label, dtype=np.float32)
+
+
+FIELDS = {"image": RGBImage(max_resolution=96), "label": Int(), "vec": NDArray("float32", (3,))}
+
+
+def _rows(photos, n):
+    return [(photos[i % len(photos)], i) for i in range(n)]
+
+
+def test_merge_records_equals_writing_the_whole_source(tmp_path, photos):
+    rows = _rows(photos, 14)
+    rows[3] = (None, 3)   # skipped in part A
+    rows[11] = (None, 11)  # skipped in part C, index 1 there
+    kw = {"num_workers": 0, "progress": False, "lineage": False, "page_size": 1 << 14, "on_error": "skip"}
+    whole = write_dataset(tmp_path / "whole.pageset", Rows(rows), FIELDS, **kw)
+    parts = []
+    for k, (a, b) in enumerate([(0, 6), (6, 10), (10, 14)]):
+        parts.append(tmp_path / f"p{k}.pageset")
+        write_dataset(parts[-1], Rows(rows[a:b]), FIELDS, **kw)
+    res = merge_datasets(tmp_path / "merged.pageset", parts, progress=False, lineage=False)
+    assert res.skipped == whole.skipped == (3, 11) and res.records == 12
+    assert res.dataset_id == whole.dataset_id
+    assert (tmp_path / "merged.pageset").read_bytes() == (tmp_path / "whole.pageset").read_bytes()
+    with open_dataset(tmp_path / "merged.pageset") as ds:
+        ds.verify()
+        assert ds.index["label"].tolist() == [i for i in range(14) if i not in (3, 11)]
+    # another page size re-places the records: same records, other bytes
+    merge_datasets(tmp_path / "big.pageset", parts, progress=False, page_size=1 << 16)
+    with open_dataset(tmp_path / "big.pageset") as a, open_dataset(tmp_path / "merged.pageset") as b:
+        assert a.page_size == 1 << 16 and len(a) == len(b)
+        for i in (0, 5, 11):
+            assert a[i]["image"].data == b[i]["image"].data and a[i]["label"] == b[i]["label"]
+
+
+def test_merge_imagefolders_same_classes(tmp_path, imagenet_like):
+    kw = {"num_workers": 0, "progress": False, "lineage": False, "page_size": 1 << 15}
+    fields = {"image": RGBImage(max_resolution=64), "label": Int()}
+    write_dataset(tmp_path / "a.pageset", imagenet_like, fields, **kw)
+    res = merge_datasets(tmp_path / "m.pageset", [tmp_path / "a.pageset"] * 2, progress=False, lineage=False)
+    with open_dataset(tmp_path / "m.pageset") as m, open_dataset(tmp_path / "a.pageset") as a:
+        assert res.records == 2 * len(a)
+        assert m.schema["attributes"]["class_names"] == a.schema["attributes"]["class_names"]
+        assert m.index["label"].tolist() == a.index["label"].tolist() * 2
+        assert m.metadata["lineage"]["samples_in_source"] == 2 * len(a)
+
+
+def test_merge_refuses_other_schema_naming_the_difference(tmp_path, photos, imagenet_like):
+    kw = {"num_workers": 0, "progress": False, "page_size": 1 << 14}
+    write_dataset(tmp_path / "a.pageset", Rows(_rows(photos, 3)), FIELDS, **kw)
+    other = dict(FIELDS, image=RGBImage(max_resolution=64))
+    write_dataset(tmp_path / "b.pageset", Rows(_rows(photos, 3)), other, **kw)
+    with pytest.raises(ValueError, match=r"b\.pageset: field 0 is 'image' \(rgb_image .*max_resolution.: 64"):
+        merge_datasets(tmp_path / "m.pageset", [tmp_path / "a.pageset", tmp_path / "b.pageset"], progress=False)
+    # class lists: same classes renamed
+    renamed = tmp_path / "renamed"
+    import shutil
+
+    shutil.copytree(imagenet_like, renamed)
+    first = sorted(p.name for p in renamed.iterdir())[0]
+    (renamed / first).rename(renamed / ("a_" + first))
+    fields = {"image": RGBImage(max_resolution=32), "label": Int()}
+    write_dataset(tmp_path / "c.pageset", imagenet_like, fields, **kw)
+    write_dataset(tmp_path / "d.pageset", renamed, fields, **kw)
+    with pytest.raises(ValueError, match=r"d\.pageset: class list differs .* at label 0: 'a_"):
+        merge_datasets(tmp_path / "m.pageset", [tmp_path / "c.pageset", tmp_path / "d.pageset"], progress=False)
+    write_tokens(tmp_path / "t.pageset", [np.arange(5)], None, eos_id=0, num_workers=0, progress=False)
+    with pytest.raises(ValueError, match="cannot merge token files with record files"):
+        merge_datasets(tmp_path / "m.pageset", [tmp_path / "a.pageset", tmp_path / "t.pageset"], progress=False)
+    with pytest.raises(ValueError, match="is the input"):
+        merge_datasets(tmp_path / "a.pageset", [tmp_path / "a.pageset", tmp_path / "a.pageset"], progress=False)
+    assert not (tmp_path / "m.pageset").exists()
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_merge_tokens_shifts_offsets_and_widens(tmp_path):
+    rng = np.random.default_rng(0)
+    small = [rng.integers(2, 60000, size=int(rng.integers(1, 40))) for _ in range(30)]
+    large = [rng.integers(2, 200000, size=int(rng.integers(1, 40))) for _ in range(20)]
+    kw = {"eos_id": 1, "num_workers": 0, "progress": False, "lineage": False, "page_size": 1 << 12}
+    a = write_tokens(tmp_path / "a", small, None, **kw)
+    b = write_tokens(tmp_path / "b", large, None, **kw)
+    whole = write_tokens(tmp_path / "whole", small + large, None, **kw)
+    assert (a.dtype, b.dtype, whole.dtype) == ("uint16", "uint32", "uint32")
+    res = merge_datasets(tmp_path / "m", [tmp_path / "a", tmp_path / "b"], progress=False, lineage=False)
+    assert (res.dtype, res.documents, res.tokens) == ("uint32", 50, a.tokens + b.tokens)
+    assert (tmp_path / "m").read_bytes() == (tmp_path / "whole").read_bytes()
+    with open_tokens(tmp_path / "m") as td:
+        assert td.document(30)[:-1].tolist() == large[0].tolist()
+        assert int(td.doc_offsets[30]) == a.tokens
+    # same-dtype parts of one text corpus
+    parts = [[np.arange(1, 9) + k for k in range(s, s + 5)] for s in (0, 5)]
+    for k, p in enumerate(parts):
+        write_tokens(tmp_path / f"t{k}", p, None, **kw)
+    write_tokens(tmp_path / "tw", parts[0] + parts[1], None, **kw)
+    assert main(["merge", str(tmp_path / "tm"), str(tmp_path / "t0"), str(tmp_path / "t1"), "--no-progress"]) == 0
+    with open_tokens(tmp_path / "tm") as m, open_tokens(tmp_path / "tw") as w:
+        assert m.dataset_id == w.dataset_id and m.dtype == np.dtype("<u2")
+    write_tokens(tmp_path / "other_eos", small, None, **dict(kw, eos_id=0))
+    with pytest.raises(ValueError, match="token setting 'eos_id' is 0"):
+        merge_datasets(tmp_path / "x", [tmp_path / "a", tmp_path / "other_eos"], progress=False)
+
+
+def test_cli_merge_records(tmp_path, photos, capsys):
+    kw = {"num_workers": 0, "progress": False, "page_size": 1 << 14}
+    write_dataset(tmp_path / "a.pageset", Rows(_rows(photos, 3)), FIELDS, **kw)
+    write_dataset(tmp_path / "b.pageset", Rows(_rows(photos, 4)), FIELDS, **kw)
+    assert main(["merge", str(tmp_path / "m.pageset"), str(tmp_path / "a.pageset"), str(tmp_path / "b.pageset"),
+                 "--no-progress"]) == 0
+    assert "7 records from 2 files" in capsys.readouterr().out
+    write_dataset(tmp_path / "c.pageset", Rows(_rows(photos, 2)), dict(FIELDS, label=Int("int16")), **kw)
+    assert main(["merge", str(tmp_path / "n.pageset"), str(tmp_path / "a.pageset"), str(tmp_path / "c.pageset"),
+                 "--no-progress"]) == 1
+    assert "field 1 is 'label'" in capsys.readouterr().err
+
+
+def test_merge_refuses_a_damaged_input(tmp_path, photos):
+    kw = {"num_workers": 0, "progress": False, "page_size": 1 << 12}
+    write_dataset(tmp_path / "a.pageset", Rows(_rows(photos, 3)), FIELDS, **kw)
+    write_dataset(tmp_path / "b.pageset", Rows(_rows(photos, 3)), FIELDS, **kw)
+    raw = bytearray((tmp_path / "b.pageset").read_bytes())
+    raw[4096 + 5000] ^= 0x10  # a bit flip inside page 1 of the data area
+    (tmp_path / "b.pageset").write_bytes(bytes(raw))
+    from pageset import ChecksumMismatchError
+
+    with pytest.raises(ChecksumMismatchError, match="page 1 CRC-32"):
+        merge_datasets(tmp_path / "m.pageset", [tmp_path / "a.pageset", tmp_path / "b.pageset"], progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pageset", "b.pageset"]
