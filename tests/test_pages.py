@@ -168,3 +168,28 @@ def test_page_verifier_span_edges(mixed_file):
         ver.check(np.array([data_offset + (n - 2) * page_size + 20]), np.array([data_length - (n - 2) * page_size - 20]),
                   np.array([1]))
         assert np.flatnonzero(ver.done).tolist() == [n - 2, n - 1]  # the file's last page too
+
+
+def test_pread_pages_runs_and_a_cut_file(mixed_file, tmp_path):
+    """PreadPages merges only records that follow each other in the file (not ones in reverse order); a read
+    past the end of a file cut under the reader names the byte range that came up short."""
+    data_offset, _, page_size, offs, lens = _layout(mixed_file)
+    raw = np.frombuffer(mixed_file.read_bytes(), np.uint8)
+    adjacent = np.flatnonzero(offs[1:] == offs[:-1] + lens[:-1])
+    j = int(adjacent[0])
+    with open_dataset(mixed_file) as ds:
+        pages = PreadPages(ds)
+        for ids in ([j + 1, j], [j, j + 1], [j + 1, j, j + 1]):
+            ids = np.array(ids)
+            buf, out = pages.gather(offs[ids], lens[ids], {})
+            for k, rid in enumerate(ids):
+                assert np.array_equal(buf[out[k] : out[k] + lens[rid]], raw[offs[rid] : offs[rid] + lens[rid]]), ids
+    path = tmp_path / "cut.pageset"
+    path.write_bytes(mixed_file.read_bytes())
+    big = int(np.flatnonzero(lens > page_size)[-1])
+    with open_dataset(path) as ds:
+        pages = PreadPages(ds)
+        os.truncate(path, int(offs[big]) + 10)
+        with pytest.raises(TruncatedFileError, match=rf"short read of bytes \[{offs[big]}, {offs[big] + lens[big]}\): "
+                                                     r"10 bytes read"):
+            pages.gather(offs[[big]], lens[[big]], {})
