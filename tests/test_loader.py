@@ -289,7 +289,7 @@ def test_exception_in_a_thread_is_reraised_with_traceback(image_file, monkeypatc
         t0 = time.monotonic()
         with pytest.raises(ZeroDivisionError, match="op failed in a worker") as ei:
             next(iter(loader))
-        assert time.monotonic() - t0 < 10
+        assert time.monotonic() - t0 < 60  # a hang check with room for a loaded machine, not a speed check
         assert any(tb.name == "boom" for tb in ei.traceback)
 
 
