@@ -716,3 +716,36 @@ def test_window_pages_defaults_to_one_page():
     assert epoch_permutation(sizes, 7, 1, "quasi_random").tolist() == one.tolist()
     assert epoch_permutation_py(sizes, 7, 1, "quasi_random") == one.tolist()
     assert epoch_permutation(sizes, 7, 1, "quasi_random", 2).tolist() != one.tolist()
+
+
+def test_sharding_errors_exact_text():
+    """Exact argument-error texts of the sharding functions (mutation survivors: names and texts replaced)."""
+    cases = [
+        (lambda: local_batch(0, 1), ValueError, "global_batch must be >= 1, got 0"),
+        (lambda: local_batch("8", 1), TypeError, "global_batch must be an integer, got str ('8')"),
+        (lambda: local_batch(8, 2.0), TypeError, "world_size must be an integer, got float (2.0)"),
+        (lambda: local_batch(10, 4), ValueError,
+         "global_batch=10 is not divisible by world_size=4 (remainder 2): every rank must take the same number of "
+         "samples per step. Use a global batch that is a multiple of 4 (e.g. 8 or 12) or a world size that "
+         "divides 10."),
+        (lambda: epoch_length(1.5, 2, True), TypeError, "n_records must be an integer, got float (1.5)"),
+        (lambda: epoch_length(4, None, True), TypeError, "global_batch must be an integer, got NoneType (None)"),
+        (lambda: epoch_length(4, 2, 1), TypeError, "drop_last must be a bool, got int (1)"),
+        (lambda: epoch_length(-1, 2, True), ValueError, "n_records must be >= 0, got -1"),
+        (lambda: epoch_length(0, 2, False), ValueError,
+         "the dataset has no records (N=0): an epoch needs at least one record"),
+        (lambda: steps_per_epoch(4, "2", True), TypeError, "global_batch must be an integer, got str ('2')"),
+        (lambda: rank_span(1.0, 0, 1, 2), TypeError, "step must be an integer, got float (1.0)"),
+        (lambda: rank_span(0, "0", 1, 2), TypeError, "rank must be an integer, got str ('0')"),
+        (lambda: rank_span(-1, 0, 1, 2), ValueError, "step must be >= 0, got -1"),
+        (lambda: resolve_rank(environ={"WORLD_SIZE": "2"}), ValueError,
+         "environment sets only one of RANK / WORLD_SIZE (RANK is missing): set both or neither"),
+    ]
+    for fn, error, text in cases:
+        with pytest.raises(error) as info:
+            fn()
+        assert str(info.value) == text
+    with pytest.raises(ValueError, match=r"give 2 steps \(0\.\.1\)"):
+        rank_positions(2, 0, 1, 4, 10, True)
+    assert rank_positions(1, 1, 2, 4, 10, True)[0].dtype == np.int64
+    assert resolve_rank(environ={"RANK": "10", "WORLD_SIZE": "16"}) == (10, 16)  # decimal, base 10
