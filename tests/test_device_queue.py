@@ -97,3 +97,25 @@ def test_copy_queue_with_token_windows(tmp_path, fake_cuda):
         for key in ("input", "target", "position_ids", "doc_ids", "labels", "cu_seqlens"):
             assert torch.equal(g[key], e[key]), key
         assert g["max_seqlen"] == e["max_seqlen"] and (g["_index"] == e["_index"]).all()
+
+
+def test_copy_queue_with_a_mixture(tmp_path, photo_arrays, fake_cuda):
+    from pageset import Mixture
+
+    paths = []
+    for k, side in enumerate((64, 48)):
+        paths.append(tmp_path / f"m{k}.pageset")
+        write_dataset(paths[-1], [(a[:side, :side], j + 100 * k) for j, a in enumerate(photo_arrays)] * 2,
+                      {"image": RGBImage(), "label": Int()}, num_workers=0, progress=False)
+    mix = Mixture(paths, [0.6, 0.4])
+    kw = dict(batch_size=4, seed=1, num_threads=2, batches_ahead=2)
+    with Loader(mix, pipelines={"image": [RandomResizedCrop(16), ToTensor()], "label": [ToTensor()]}, **kw) as ref:
+        expected = [(b["image"].clone(), b["_source"].clone(), b["_index"].clone()) for b in ref]
+    with Loader(mix, pipelines={"image": [RandomResizedCrop(16), FakeToDevice("cpu")], "label": [ToTensor()]},
+                **kw) as loader:
+        got = list(loader)
+    assert len(got) == len(expected)
+    for g, (image, source, index) in zip(got, expected):
+        assert torch.equal(g["image"], image)
+        assert (g["_source"] == source).all() and (g["_index"] == index).all()
+        assert (g["label"].numpy() == g["_index"] % len(photo_arrays) + 100 * g["_source"]).all()

@@ -75,6 +75,42 @@ def test_import_has_no_side_effects():
         "import pageset, pageset.cli;"
         "assert set(os.environ.items()) == before, 'environment changed';"
         "assert threading.active_count() == n, 'threads started';"
-        "assert 'torch' not in sys.modules, 'torch imported by the writer/reader facade'"
+        "assert 'torch' not in sys.modules, 'torch imported by the writer/reader facade';"
+        "assert 'fsspec' not in sys.modules, 'fsspec imported without a URL'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+REMOTE_PACKAGES = {"fsspec", "s3fs", "aiohttp", "gcsfs", "adlfs", "botocore", "aiobotocore"}
+# the modules that talk to fsspec (reading URLs; writing to and sharding through URLs; WebDataset shards at URLs),
+# only inside functions
+REMOTE_MODULES = {"read/remote.py", "write/filewriter.py", "write/ranges.py", "write/external.py"}
+
+
+def test_fsspec_only_lazily_in_the_url_modules():
+    """Local paths keep today's cost: fsspec and its backends are imported only by the modules that handle URLs,
+    inside the functions that open one, never at module level anywhere."""
+    bad = []
+    for path in SRC.rglob("*.py"):
+        rel = str(path.relative_to(SRC))
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n.split(".")[0] in REMOTE_PACKAGES for n in names):
+                if rel not in REMOTE_MODULES or id(node) in top:
+                    bad.append(f"{rel}:{node.lineno} imports {names}")
+    assert not bad, bad
+
+
+def test_local_loader_does_not_import_fsspec(tmp_path):
+    code = (
+        "import sys; from pageset import write_dataset, open_dataset, Int, Loader;"
+        f"p = {str(tmp_path / 'x.pageset')!r};"
+        "write_dataset(p, [(i,) for i in range(10)], {'label': Int()}, num_workers=0, progress=False);"
+        "ds = open_dataset(p); ds.verify(); ds.close();"
+        "loader = Loader(p, batch_size=2, num_threads=1); list(loader); loader.close();"
+        "assert 'fsspec' not in sys.modules, 'fsspec imported for a local path'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -24,6 +24,8 @@ from .format import (
     IndexBoundsError,
     Int,
     NDArray,
+    ObjectChangedError,
+    RemoteReadError,
     RGBImage,
     SchemaError,
     TruncatedFileError,
@@ -34,7 +36,15 @@ from .format.fields import Tokens
 from .merge import merge_datasets
 from .read import Dataset, EncodedImage, open_dataset
 from .read.tokens import TokenDataset, open_tokens
-from .write import ImageFolder, SampleError, WriteResult, write_dataset
+from .write import (
+    ImageFolder,
+    ImageList,
+    ParquetSource,
+    SampleError,
+    WebDatasetSource,
+    WriteResult,
+    write_dataset,
+)
 from .write.importers import import_llmc, import_megatron, import_nanogpt
 from .write.tokens import TokenWriteResult, write_tokens
 
@@ -42,6 +52,7 @@ _LAZY = {
     "gather_windows": "pageset.ops.tokens",
     "document_outputs": "pageset.ops.tokens",
     "Loader": "pageset.load",
+    "Mixture": "pageset.order.mixture",
     "DecodeError": "pageset.load",
     "PipelineError": "pageset.load",
     "ToDevice": "pageset.device",
@@ -89,19 +100,24 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "ImageFolder",
+    "ImageList",
     "IndexBoundsError",
     "Int",
     "IntDecoder",
     "JSON",
     "JSONDecoder",
     "Loader",
+    "Mixture",
     "NDArray",
     "NDArrayDecoder",
     "Normalize",
+    "ObjectChangedError",
+    "ParquetSource",
     "PipelineError",
     "RGBImage",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
+    "RemoteReadError",
     "SampleError",
     "SchemaError",
     "ToDevice",
@@ -114,6 +130,7 @@ __all__ = [
     "TruncatedFileError",
     "UnsupportedFeatureError",
     "UnsupportedVersionError",
+    "WebDatasetSource",
     "WriteResult",
     "document_outputs",
     "gather_windows",

@@ -57,3 +57,13 @@ class SchemaError(FormatError):
 
 class IndexBoundsError(FormatError):
     """An index row points outside the file or the page area, or breaks a required ordering."""
+
+
+class RemoteReadError(OSError):
+    """A range request to a URL failed after every retry (timeouts, resets, 5xx, 429/SlowDown, short bodies);
+    the message names the URL, the byte range and the number of attempts."""
+
+
+class ObjectChangedError(RemoteReadError):
+    """The object behind a URL changed (another ETag or version) after it was opened: pages of two files are
+    never mixed; reopen the dataset to read the new object."""

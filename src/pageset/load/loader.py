@@ -2,8 +2,8 @@
 
     loader = Loader("train.pageset", batch_size=256, order="quasi_random", seed=0,
                     pipelines={"image": [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize(),
-                                         ToTorchImage(), ToTensor(), ToDevice("cuda")],
-                               "label": [IntDecoder(), ToTensor(), ToDevice("cuda")]})
+                                         ToTorchImage(), ToDevice("cuda")],
+                               "label": [IntDecoder(), ToDevice("cuda")]})
     for epoch in range(90):
         for batch in loader:              # one epoch (or the rest of it after load_state_dict)
             batch["image"], batch["label"], batch["_index"], batch["_is_padding"]
@@ -20,7 +20,9 @@ import weakref
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from ..format import arguments as check
 from ..order import (
     ORDERS,
     EpochOrder,
@@ -33,13 +35,25 @@ from ..order import (
     resolve_rank,
     sample_keys,
 )
-from ..read import open_dataset
-from .pages import PageVerifier, PreadPages, ProcessPageCache
-from .stages import PipelineError, build_stage
+from ..order.keys import MASK64
+from ..order.mixture import (
+    Mixture,
+    MixtureOrder,
+    MixtureSchedule,
+    mixture_id,
+    mixture_state,
+    resume_mixture,
+)
+from ..order.subset import SubsetLayout, as_indices
+from ..read import Dataset
+from .source import FileSource, check_same_fields
+from .stages import PipelineError
 from .workers import Slot, ThreadPool
 
 INDEX_KEY = "_index"  # int64[B]: record ids of the batch (field names never start with "_")
 PADDING_KEY = "_is_padding"  # bool[B]: True for wrap-around samples of drop_last=False
+ARRAY_TYPES = ("torch", "numpy")  # what a batch's arrays are: torch tensors (default) or numpy arrays
+SOURCE_KEY = "_source"  # int16[B]: which file of a Mixture each sample comes from (mixtures only)
 
 
 @dataclass(frozen=True)
@@ -63,15 +77,18 @@ class Loader:
     """Batches from a pageset file.
 
     Args:
-        path: the pageset file.
+        path: the pageset file, or a :class:`~pageset.Mixture` of files read as one stream in fixed
+            proportions (see ``formats/mixture.md``): each batch then also carries ``"_source"`` (int16[B],
+            the file of each sample) and ``"_index"`` holds record ids within that file.
         batch_size: samples per batch on this rank (B); the global batch is ``G = B * world_size``.
         pipelines: ``{field: [ops]}``; a field mapped to ``None`` is not loaded; fields left out get their
             default decoder (images have none: give them a crop). See ``pageset.ops.transforms``.
         order: ``"random"`` (full shuffle), ``"quasi_random"`` (shuffle pages, then ids inside windows of
             ``window_pages`` pages: bounded memory, page-local reads) or ``"sequential"``.
         seed: u64; with the epoch it fixes the order and every augmentation.
-        drop_last: drop the last incomplete global batch (True) or complete it by wrapping to the start of the
-            epoch's order, flagging those samples in ``batch["_is_padding"]`` (False).
+        drop_last: ``True`` (default): drop the last incomplete global batch (up to ``G - 1`` samples of each
+            epoch are not seen that epoch; which ones changes with the epoch's order). ``False``: complete it by
+            wrapping to the start of the epoch's order, flagging those samples in ``batch["_is_padding"]``.
         num_threads: decode threads (default: ``os.cpu_count()``).
         batches_ahead: batches prepared ahead of the consumer (default 2 per thread, at least 2).
         rank, world_size: explicit values win; else an initialised torch.distributed; else torchrun's RANK /
@@ -81,37 +98,79 @@ class Loader:
             ``2 * window_pages + batches_ahead + 2``). Neither maps the file: a file truncated or modified in
             place under the loader raises TruncatedFileError / FileChangedError at the next batch, never SIGBUS.
         window_pages: pages per quasi-random window (M).
+        storage_options: for a URL ``path`` (``s3://``, ``http(s)://``, any fsspec protocol): options of the fsspec
+            filesystem (endpoint, credentials); see ``pageset.read.remote``. A URL is read in whole pages by range
+            requests, each page's CRC-32 checked on arrival (``page_cache`` and ``verify_pages`` do not apply).
+        cache_dir, cache_limit_bytes: URL only: an on-disk page cache shared by the processes of one host,
+            keyed by dataset id, LRU-bounded to ``cache_limit_bytes`` (default 10 GiB).
+        prefetch_bytes, max_requests: URL only: bytes of the next steps' pages requested ahead (default 64
+            MiB) and range requests running at once (default 8).
+        request_timeout, request_attempts: URL only: seconds per request and attempts per request (retries
+            with exponential backoff and jitter); then RemoteReadError names the URL, byte range and attempts.
         verify_pages: check each page's CRC-32 the first time a batch needs it (off by default: one extra pass
             over the data); a damaged page raises ChecksumMismatchError naming the page and the sample.
+        indices: load only these record ids (token files: window ids), e.g. a train/validation split: a sequence
+            or 1-D integer array of n ids in ``[0, len(file))``, any order, repeats allowed. The loader then
+            behaves like a file of n records (order, epoch length, rank slices, resume); ``"sequential"``
+            follows the given order, ``"quasi_random"`` groups the ids by page (reads stay page-local).
+            ``batch["_index"]`` holds the file's record ids. The state records a digest of the ids and
+            refuses another subset. ValueError/TypeError naming the first bad position (out of range,
+            not an integer).
+        array_type: ``"torch"`` (default): every array of a batch is a torch tensor (``ToTensor`` is implied;
+            CPU tensors over the batch buffers, no copy), as a ``torch.utils.data.DataLoader`` hands out;
+            ``"numpy"``: every array is a numpy array (``ToTensor``, ``ToTorchImage``, ``ToDevice`` and
+            bfloat16 are then refused). One batch never mixes the two.
 
-    Each batch is a dict: one entry per loaded field (a Bytes field gives ``(data, lengths)``), plus
-    ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]). Batches are numpy arrays, or torch
-    tensors for fields whose pipeline has ``ToTensor``/``ToDevice``. Buffers are reused only once nothing
-    the user holds points at them: keeping batches (``list(loader)``) is safe, and costs a fresh allocation
-    for each kept batch instead of a copy for every batch.
+    Each batch is a dict: one entry per loaded field (a Bytes field gives ``(data, lengths)``; a JSON field a
+    list of Python values), plus ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]); a Mixture
+    adds ``"_source"`` (int16[B]). All are of ``array_type``; with ``ToDevice`` the field's tensors are on that
+    device, ``_index``, ``_is_padding`` and ``_source`` stay on the CPU. Buffers are reused only once nothing the user holds points at them: keeping batches
+    (``list(loader)``) is safe, and costs a fresh allocation for each kept batch instead of a copy for every
+    batch.
 
-    Raises ValueError for bad arguments (naming the argument and the fix), PipelineError for bad pipelines,
-    FormatError for a damaged file; an exception raised while preparing a batch is re-raised by ``next()``
-    with the thread's traceback.
+    ``len(loader)`` is the number of batches per epoch on this rank (:attr:`steps_per_epoch`); the batches left
+    in the current epoch are :attr:`steps_remaining`.
+
+    Raises TypeError / ValueError for bad arguments (naming the argument and what it accepts), PipelineError
+    for bad pipelines, FormatError for a damaged file; an exception raised while preparing a batch is re-raised
+    by ``next()`` with the thread's traceback.
     """
 
     def __init__(self, path, *, batch_size: int, pipelines: dict | None = None, order: str = "random",
                  seed: int = 0, drop_last: bool = True, num_threads: int | None = None,
                  batches_ahead: int | None = None, rank: int | None = None, world_size: int | None = None,
                  page_cache: str = "os", window_pages: int = 8, cache_pages: int | None = None,
-                 verify_pages: bool = False):
-        if order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if page_cache not in ("os", "process"):
-            raise ValueError(f"page_cache must be 'os' or 'process', got {page_cache!r}")
+                 verify_pages: bool = False, indices=None, storage_options: dict | None = None, cache_dir=None,
+                 cache_limit_bytes: int | None = None, prefetch_bytes: int | None = None, max_requests: int = 8,
+                 request_timeout: float = 30.0, request_attempts: int = 5, array_type: str = "torch"):
+        if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike, Mixture)):
+            raise TypeError(f"path must be the pageset file's path or URL (str or os.PathLike) or a Mixture, got "
+                            f"{path!r}")
+        batch_size = check.integer("batch_size", batch_size, minimum=1)
+        pipelines = check.mapping("pipelines", pipelines, optional=True,
+                                  example="{'image': [RandomResizedCrop(224)], 'label': [IntDecoder()]}")
+        order = check.choice("order", order, ORDERS)
+        seed = check.integer("seed", seed, minimum=0, maximum=MASK64)
+        drop_last = check.boolean("drop_last", drop_last)
+        num_threads = check.integer("num_threads", num_threads, minimum=1, optional=True)
+        batches_ahead = check.integer("batches_ahead", batches_ahead, minimum=1, optional=True)
+        rank = check.integer("rank", rank, minimum=0, optional=True)
+        world_size = check.integer("world_size", world_size, minimum=1, optional=True)
+        page_cache = check.choice("page_cache", page_cache, ("os", "process"))
+        window_pages = check.integer("window_pages", window_pages, minimum=1)
+        cache_pages = check.integer("cache_pages", cache_pages, minimum=1, optional=True)
+        verify_pages = check.boolean("verify_pages", verify_pages)
+        storage_options = check.mapping("storage_options", storage_options, optional=True)
+        if cache_dir is not None and (isinstance(cache_dir, bytes) or not isinstance(cache_dir, (str, os.PathLike))):
+            raise TypeError(f"cache_dir must be a folder path (str or os.PathLike) or None, got {cache_dir!r}")
+        cache_limit_bytes = check.integer("cache_limit_bytes", cache_limit_bytes, minimum=1, optional=True)
+        prefetch_bytes = check.integer("prefetch_bytes", prefetch_bytes, minimum=0, optional=True)
+        max_requests = check.integer("max_requests", max_requests, minimum=1)
+        request_timeout = check.real("request_timeout", request_timeout, low=0, low_open=True)
+        request_attempts = check.integer("request_attempts", request_attempts, minimum=1)
+        self.array_type = check.choice("array_type", array_type, ARRAY_TYPES)
         num_threads = (os.cpu_count() or 1) if num_threads is None else num_threads
-        if num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         batches_ahead = max(2, 2 * num_threads) if batches_ahead is None else batches_ahead
-        if batches_ahead < 1:
-            raise ValueError(f"batches_ahead must be >= 1, got {batches_ahead}")
         self._closed = True  # until construction succeeds
         enable_kernel_cache()
         r, w = resolve_rank(rank, world_size, probe=_torch_distributed)
@@ -119,13 +178,27 @@ class Loader:
         self.batch_size, self.global_batch_size = batch_size, batch_size * w
         self.order, self.seed, self.drop_last = order, int(seed), bool(drop_last)
         self.window_pages, self.num_threads, self.batches_ahead = int(window_pages), num_threads, batches_ahead
-        self._ds = open_dataset(path)
+        self._mixture = path if isinstance(path, Mixture) else None
+        if self._mixture is not None and indices is not None:
+            raise ValueError("indices= selects records of one file; it cannot be combined with a Mixture "
+                             "(write the subsets to files of their own and mix those)")
+        self._sources: list[FileSource] = []
+        self._datasets = []
+        self._remote_options = dict(prefetch_bytes=prefetch_bytes, max_requests=max_requests, cache_dir=cache_dir,
+                                    cache_limit_bytes=cache_limit_bytes)
         try:
+            for p in (self._mixture.sources if self._mixture is not None else [path]):
+                self._datasets.append(Dataset(p, storage_options, request_timeout=request_timeout,
+                                              request_attempts=request_attempts))  # records or a token file
+            self._ds = self._datasets[0]
             self._setup(page_cache, cache_pages, pipelines, verify_pages)
+            self._setup_subset(indices)
+            self._setup_buffers()
         except BaseException:
-            if getattr(self, "_pages", None) is not None:
-                self._pages.close()
-            self._ds.close()
+            for src in self._sources:
+                src.close()
+            for ds in self._datasets:
+                ds.close()
             raise
         self._epoch, self._cursor = 0, 0
         self._active = None  # the running epoch generator, if any
@@ -133,40 +206,65 @@ class Loader:
         self._closed = False  # only now: close() and __del__ have everything to release
 
     def _setup(self, page_cache, cache_pages, pipelines, verify_pages) -> None:
-        """Page access, stages, record layout and the buffer ring (everything but the threads)."""
-        batch_size, batches_ahead = self.batch_size, self.batches_ahead
-        self.path, self.dataset_id = self._ds.path, self._ds.dataset_id
-        if page_cache == "os":
-            self._pages = PreadPages(self._ds)
-        else:
-            capacity = cache_pages if cache_pages is not None else 2 * self.window_pages + batches_ahead + 2
-            self._pages = ProcessPageCache(self._ds, capacity)
+        """Page access, stages and record layout of every file (a Mixture has several)."""
         pipelines = dict(pipelines or {})
-        unknown = set(pipelines) - set(self._ds.fields)
-        if unknown:
-            raise PipelineError(f"{self.path}: pipelines name unknown fields {sorted(unknown)}; "
-                                f"the file has {list(self._ds.fields)}")
-        self._stages = [build_stage(n, f, pipelines.get(n), self._ds, self._pages)
-                        for n, f in self._ds.fields.items() if not (n in pipelines and pipelines[n] is None)]
-        # Records are the file's records, or, for a token file, its seq_len windows.
-        windows = [s for s in self._stages if hasattr(s, "records_per_page")]
-        if windows:
-            self.n_records = windows[0].n_records
-            self._page_sizes = windows[0].records_per_page(self._ds.page_count)
-            self._spans = windows[0].spans
-        else:
-            self.n_records = len(self._ds)
-            self._page_sizes = self._ds.records_per_page()
-            rec_off = self._ds.index["_offset"].astype(np.int64)
-            rec_len = self._ds.index["_length"].astype(np.int64)
-            self._spans = lambda ids: (rec_off[ids], rec_len[ids])
-        self._verifier = PageVerifier(self._ds) if verify_pages else None
+        if cache_pages is None:
+            cache_pages = 2 * self.window_pages + self.batches_ahead + 2
+        for ds in self._datasets:
+            self._sources.append(FileSource(ds, pipelines, page_cache, cache_pages, verify_pages,
+                                            in_mixture=self._mixture is not None,
+                                            remote_options=self._remote_options, array_type=self.array_type))
+        src = self._sources[0]
+        self._pages, self._stages, self._verifier = src.pages, src.stages, src.verifier
+        self._page_sizes, self._spans, self.n_records = src.page_sizes, src.spans, src.n_records
+        self.path, self.dataset_id = src.path, src.dataset_id
+        self._plan = None  # a MixtureOrder for a mixture
+        if self._mixture is not None:
+            self._setup_mixture()
         self.epoch_length = epoch_length(self.n_records, self.global_batch_size, self.drop_last)
+
+    def _setup_mixture(self) -> None:
+        """Check that the files match, then the schedule and the mixture's epoch (samples_per_epoch)."""
+        mix = self._mixture
+        self._stages = check_same_fields(self._sources)
+        for i, (src, q) in enumerate(zip(self._sources, mix.quotas)):
+            if q > 0 and src.n_records == 0:
+                raise ValueError(f"{src.path}: source {i} of the mixture has no records but weight "
+                                 f"{mix.weights[i]}; give it weight 0 or drop it")
+        self.n_records = mix.samples_per_epoch or sum(s.n_records for s in self._sources)
+        self._plan = MixtureOrder(MixtureSchedule(mix.quotas), [s.page_sizes for s in self._sources], self.seed,
+                                  self.order, self.window_pages)
+        self.path = f"Mixture of {len(self._sources)} files ({', '.join(s.path for s in self._sources)})"
+        self.dataset_id = mixture_id([s.dataset_id for s in self._sources], mix.quotas, self.n_records)
+
+    def _setup_buffers(self) -> None:
+        """The device queue and the ring of batch buffers."""
         self._queue = self._device_queue()
         empty = self._queue.empty if self._queue is not None else (lambda shape, dt: np.empty(shape, dt))
-        self._slots = [Slot(i, [s.alloc(batch_size, empty) for s in self._stages])
-                       for i in range(batches_ahead + 2)]
+        self._slots = [Slot(i, [s.alloc(self.batch_size, empty) for s in self._stages])
+                       for i in range(self.batches_ahead + 2)]
         self._empty = empty
+
+    def _setup_subset(self, indices) -> None:
+        """Restrict the records to ``indices`` (None: the whole file); sets n_records and the epoch length."""
+        self._subset = None
+        if indices is None:
+            return
+        try:
+            ids = as_indices(indices, self.n_records)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{self.path}: {exc}") from None
+        self._subset = SubsetLayout(self._page_sizes, ids, self.order)
+        self.n_records = self._subset.n_records
+        self.epoch_length = epoch_length(self.n_records, self.global_batch_size, self.drop_last)
+
+    def _epoch_order(self, epoch: int):
+        """Epoch positions -> record ids for ``epoch``: ``.ids(start, stop)`` (a mixture: ``.lookup``)."""
+        if self._plan is not None:
+            return self._plan.epoch(epoch, self.epoch_length)
+        if self._subset is not None:
+            return self._subset.epoch_order(self.seed, epoch, self.order, self.window_pages)
+        return EpochOrder(self._page_sizes, self.seed, epoch, self.order, self.window_pages)
 
     # ---- configuration helpers -------------------------------------------------------------------------
     def _device_queue(self):
@@ -188,19 +286,36 @@ class Loader:
         return self.epoch_length // self.global_batch_size
 
     def __len__(self) -> int:
-        """Batches the next ``iter()`` yields on this rank (the same number on every rank): the rest of the
-        current epoch, or a whole epoch once the current one has been handed out completely."""
+        """Batches per epoch on this rank (the same number on every rank), like ``torch.utils.data.DataLoader``:
+        ``N // G`` with ``drop_last``, ``ceil(N / G)`` without. The rest of a started epoch is
+        :attr:`steps_remaining`."""
+        return self.steps_per_epoch
+
+    @property
+    def steps_remaining(self) -> int:
+        """Batches the next ``iter()`` yields on this rank: the rest of the current epoch (after a partial epoch
+        or ``load_state_dict``), or a whole epoch once the current one has been handed out completely."""
         left = self.steps_per_epoch - self._cursor // self.global_batch_size
         return left if left > 0 else self.steps_per_epoch
 
     def state_dict(self) -> dict:
-        """The resume state (order v1): JSON-serialisable, the same on every rank; counts delivered batches."""
+        """The resume state (order v1): JSON-serialisable, the same on every rank; counts delivered batches.
+
+        A mixture's state also holds ``"mixture"``: the weights' quotas, samples_per_epoch and every source's
+        ``dataset_id``, ``epoch`` and ``cursor`` (its own stream's position)."""
+        if self._plan is not None:
+            return self._mixture_state(self._epoch, self._cursor)
         return self._state(self._epoch, self._cursor).to_dict()
+
+    def _mixture_state(self, epoch, cursor) -> dict:
+        return mixture_state(self._plan, [s.dataset_id for s in self._sources], self.n_records,
+                             self._state(epoch, cursor), epoch * self.epoch_length + cursor)
 
     def _state(self, epoch, cursor) -> OrderState:
         return OrderState(dataset_id=self.dataset_id, seed=self.seed, epoch=epoch, cursor=cursor,
                           global_batch_size=self.global_batch_size, order=self.order,
-                          window_pages=self.window_pages, drop_last=self.drop_last)
+                          window_pages=self.window_pages, drop_last=self.drop_last,
+                          subset=self._subset.digest if self._subset is not None else "")
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (possibly saved with another world size or thread count).
@@ -208,7 +323,10 @@ class Loader:
         Raises StateError / StateMismatchError naming the field (another dataset, seed, order, global batch,
         ...). The next batch is step ``cursor / G``; skipped samples are never read.
         """
-        saved = OrderState.from_dict(state)
+        if self._plan is not None:
+            saved = resume_mixture(state, self._mixture_state(0, 0), self._plan, self.epoch_length)
+        else:
+            saved = OrderState.from_dict(state)
         check_compatible(saved, self._state(0, 0), self.dist.world_size, self.n_records)
         self._stop_active()
         self._epoch, self._cursor = normalize_cursor(saved.epoch, saved.cursor, self.epoch_length)
@@ -243,11 +361,19 @@ class Loader:
         G, epoch = self.global_batch_size, self._epoch
         steps = self.steps_per_epoch
         first = self._cursor // G
-        order = EpochOrder(self._page_sizes, self.seed, epoch, self.order, self.window_pages)
+        order = self._epoch_order(epoch)
         scheduled: list[Slot] = []
         nxt = first
+        # remote pages: fetch the next steps' pages ahead (unless only index columns are loaded: no page reads)
+        # (one file only: the files of a Mixture fetch the pages their rows ask for, on demand)
+        advance = (getattr(self._pages, "advance", None)
+                   if self._plan is None and any(hasattr(s, "pages") for s in self._stages) else None)
+        if advance is not None:
+            self._pages.plan(lambda s: self._step_pages(order, s), first, steps, min_ahead=self.batches_ahead)
         try:
             for step in range(first, steps):
+                if advance is not None:
+                    advance(step)
                 while nxt < steps and nxt - step < self.batches_ahead:
                     scheduled.append(self._schedule(order, epoch, nxt))
                     nxt += 1
@@ -263,6 +389,24 @@ class Loader:
             for slot in scheduled:  # let in-flight slices finish before their buffers are reused
                 self._wait(slot, raise_errors=False)
 
+    def _step_pages(self, order: EpochOrder, step: int) -> np.ndarray:
+        """Sorted unique pages this rank reads at ``step`` (the remote page source prefetches them)."""
+        from .remote_pages import span_pages
+
+        positions, _ = rank_positions(step, self.dist.rank, self.dist.world_size, self.global_batch_size,
+                                      self.n_records, self.drop_last)
+        ids = order.ids(int(positions[0]), int(positions[-1]) + 1)
+        starts, lens = self._spans(ids)
+        ds = self._ds
+        return span_pages(np.asarray(starts, np.int64), np.asarray(lens, np.int64), ds.data_offset, ds.page_size,
+                          ds.page_count)
+
+    def remote_stats(self) -> dict | None:
+        """For a URL: what was fetched (requests, bytes_fetched, pages_fetched, pages_used, memory_hits, waits,
+        disk_hits / disk_misses with cache_dir); None for a local file."""
+        stats = getattr(self._pages, "stats", None)
+        return stats() if stats is not None else None
+
     def _prefetch_to_device(self, slot: Slot | None) -> None:
         """Issue the next batch's host-to-device copy now, if it is ready, so it overlaps the step the consumer
         is about to run on the batch just handed out (CUDA queue only)."""
@@ -270,14 +414,18 @@ class Loader:
                 and slot.done.is_set() and slot.error is None):
             slot.prefetched = self._queue.issue(self._stages, slot, None)
 
-    def _schedule(self, order: EpochOrder, epoch: int, step: int) -> Slot:
+    def _schedule(self, order, epoch: int, step: int) -> Slot:
         slot = self._slots[step % len(self._slots)]
         self._reclaim(slot)
         positions, padding = rank_positions(step, self.dist.rank, self.dist.world_size, self.global_batch_size,
                                             self.n_records, self.drop_last)
         slot.step, slot.generation, slot.error, slot.prefetched = step, self._pool.generation, None, None
         slot.positions, slot.padding = positions, padding
-        slot.ids = order.ids(int(positions[0]), int(positions[-1]) + 1)
+        if self._plan is not None:  # a mixture: no padding, every position is a sample of the schedule
+            slot.sources, slot.ids = order.lookup(int(positions[0]), int(positions[-1]) + 1)
+            slot.padding = np.zeros_like(padding)
+        else:
+            slot.sources, slot.ids = None, order.ids(int(positions[0]), int(positions[-1]) + 1)
         slot.keys = sample_keys(self.seed, epoch, positions)
         n_slices = min(self.num_threads, self.batch_size)
         bounds = np.linspace(0, self.batch_size, n_slices + 1).astype(int)
@@ -298,11 +446,13 @@ class Loader:
         slot.handed = []
 
     def _run_slice(self, slot: Slot, lo: int, hi: int, ctx: dict) -> None:
-        ids, keys = slot.ids[lo:hi], slot.keys[lo:hi]
-        if self._verifier is not None:
-            self._verifier.check(*self._spans(ids), ids)
-        for stage, arrays in zip(self._stages, slot.arrays):
-            stage.fill(arrays, lo, hi, ids, keys, ctx)
+        if slot.sources is None:
+            self._sources[0].fill(slot.arrays, lo, hi, slot.ids[lo:hi], slot.keys[lo:hi], ctx)
+            return
+        src = slot.sources[lo:hi]  # a mixture: each file fills its rows of the slice
+        for i in np.unique(src).tolist():
+            rows = lo + np.flatnonzero(src == i)
+            self._sources[i].fill_rows(slot.arrays, rows, slot.ids[rows], slot.keys[rows], ctx)
 
     def _wait(self, slot: Slot, raise_errors: bool = True) -> None:
         t0 = time.monotonic()
@@ -323,12 +473,19 @@ class Loader:
 
         if self._queue is not None:
             pending, slot.prefetched = slot.prefetched, None
-            return self._queue.deliver(pending if pending is not None else self._queue.issue(self._stages, slot, view))
-        batch = {}
-        for stage, arrays in zip(self._stages, slot.arrays):
-            batch.update(stage.handout(arrays, view))
-        batch[INDEX_KEY] = slot.ids.copy()
-        batch[PADDING_KEY] = slot.padding.copy()
+            batch = self._queue.deliver(pending if pending is not None else self._queue.issue(self._stages, slot, view))
+        else:
+            batch = {}
+            for stage, arrays in zip(self._stages, slot.arrays):
+                batch.update(stage.handout(arrays, view))
+            batch[INDEX_KEY] = slot.ids.copy()
+            batch[PADDING_KEY] = slot.padding.copy()
+        if slot.sources is not None:
+            batch[SOURCE_KEY] = slot.sources.copy()
+        if self.array_type == "torch":  # owned copies: from_numpy shares them, costs no copy
+            for key in (INDEX_KEY, PADDING_KEY, SOURCE_KEY):
+                if isinstance(batch.get(key), np.ndarray):
+                    batch[key] = torch.from_numpy(batch[key])
         return batch
 
     # ---- lifetime --------------------------------------------------------------------------------------
@@ -339,8 +496,10 @@ class Loader:
         self._closed = True
         self._stop_active()
         self._pool.close()
-        self._pages.close()
-        self._ds.close()
+        for src in self._sources:
+            src.close()
+        for ds in self._datasets:
+            ds.close()
 
     def __enter__(self):
         return self
@@ -356,6 +515,6 @@ class Loader:
 
     def __repr__(self) -> str:
         return (f"Loader({self.path!r}, batch_size={self.batch_size}, order={self.order!r}, "
-                f"rank={self.dist.rank}/{self.dist.world_size}, epoch={self._epoch}, batches_left={len(self)})")
+                f"rank={self.dist.rank}/{self.dist.world_size}, epoch={self._epoch}, steps_remaining={self.steps_remaining})")
 
 

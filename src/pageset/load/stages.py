@@ -36,21 +36,30 @@ class DecodeError(ValueError):
     """A stored record could not be decoded while loading; names the file, sample index and field."""
 
 
-def _split_common(name, ops):
-    """(ops without ToTensor/ToDevice, to_tensor flag, ToDevice op or None)."""
-    rest, to_tensor, to_device = [], False, None
+def _numpy_refuses(name, op) -> PipelineError:
+    return PipelineError(f"field {name!r}: {type(op).__name__} hands out torch tensors, but the Loader was made "
+                         "with array_type='numpy' (one array type per batch): remove it, or use the default "
+                         "array_type='torch'")
+
+
+def _split_common(name, ops, array_type):
+    """(ops without ToTensor/ToDevice, to_tensor flag, ToDevice op or None). With ``array_type="torch"`` every
+    field is handed out as torch tensors (``ToTensor`` is then implied); with ``"numpy"``, ToTensor/ToDevice
+    are refused."""
+    rest, to_tensor, to_device = [], array_type == "torch", None
+    seen_tail = False
     for op in ops:
-        if isinstance(op, ToTensor):
-            to_tensor = True
-        elif getattr(op, "is_to_device", False):
-            to_device = op
+        if isinstance(op, ToTensor) or getattr(op, "is_to_device", False):
+            if array_type == "numpy":
+                raise _numpy_refuses(name, op)
+            seen_tail = True
+            if not isinstance(op, ToTensor):
+                to_device = op
         else:
-            if to_tensor or to_device is not None:
+            if seen_tail:
                 raise PipelineError(f"field {name!r}: {type(op).__name__} comes after ToTensor/ToDevice; "
                                     "put ToTensor and ToDevice last")
             rest.append(op)
-    if to_device is not None:
-        to_tensor = True
     return rest, to_tensor, to_device
 
 
@@ -85,9 +94,9 @@ def _to_torch(arr: np.ndarray, torch_dtype):
 class ImageStage(Stage):
     """RGBImage -> [B, H, W, 3] / [B, 3, H, W] via the fused kernel ``ops.image_batch.image_slice``."""
 
-    def __init__(self, name, ops, ds, pages):
+    def __init__(self, name, ops, ds, pages, array_type):
         self.name, self.path, self.pages = name, ds.path, pages
-        rest, self.to_tensor, self.to_device = _split_common(name, ops)
+        rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
         if not rest or not isinstance(rest[0], (RandomResizedCrop, CenterCrop)):
             raise PipelineError(
                 f"field {name!r} is an image: its pipeline must start with RandomResizedCrop(size) or "
@@ -118,9 +127,9 @@ class ImageStage(Stage):
             self.table = image_ops.normalize_table(normalize.dtype, normalize.mean, normalize.std)
             torch_dtype = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[normalize.dtype]
             if normalize.dtype == "bfloat16" and not self.to_tensor:
-                raise PipelineError(f"field {name!r}: numpy has no bfloat16; add ToTensor() to the pipeline")
-        if layout is not None:
-            self.to_tensor = True  # ToTorchImage hands out torch tensors by definition (NCHW-shaped views)
+                raise PipelineError(f"field {name!r}: numpy has no bfloat16; use the default array_type='torch'")
+        if layout is not None and not self.to_tensor:  # ToTorchImage hands out torch tensors (NCHW-shaped views)
+            raise _numpy_refuses(name, layout)
         # NHWC buffer unless ToTorchImage(channels_last=False) asks for a contiguous NCHW one.
         self.channels_last = layout is None or layout.channels_last
         self.permute = layout is not None and layout.channels_last
@@ -186,9 +195,9 @@ class ImageStage(Stage):
 class ScalarStage(Stage):
     """Int / Float -> [B] of the decoder's dtype (a vectorised gather from the index column)."""
 
-    def __init__(self, name, ops, ds, default):
+    def __init__(self, name, ops, ds, default, array_type):
         self.name = name
-        rest, self.to_tensor, self.to_device = _split_common(name, ops)
+        rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
         dec = rest[0] if rest else default
         if len(rest) > 1 or not isinstance(dec, type(default)):
             raise PipelineError(f"field {name!r}: expected [{type(default).__name__}(), ToTensor?, ToDevice?]")
@@ -202,9 +211,9 @@ class ScalarStage(Stage):
 class ArrayStage(Stage):
     """NDArray -> [B, *shape] (one vectorised byte gather per slice)."""
 
-    def __init__(self, name, ops, ds, field: NDArray, pages):
+    def __init__(self, name, ops, ds, field: NDArray, pages, array_type):
         self.name, self.pages = name, pages
-        rest, self.to_tensor, self.to_device = _split_common(name, ops)
+        rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
         if rest and (len(rest) > 1 or not isinstance(rest[0], NDArrayDecoder)):
             raise PipelineError(f"field {name!r}: expected [NDArrayDecoder(), ToTensor?, ToDevice?]")
         self.dtype = np.dtype(field.dtype)
@@ -224,9 +233,9 @@ class ArrayStage(Stage):
 class BytesStage(Stage):
     """Bytes -> (uint8[B, max_len] zero-padded, int64[B] lengths); max_len = the longest value in the file."""
 
-    def __init__(self, name, ops, ds, pages):
+    def __init__(self, name, ops, ds, pages, array_type):
         self.name, self.pages = name, pages
-        rest, self.to_tensor, self.to_device = _split_common(name, ops)
+        rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
         if rest and (len(rest) > 1 or not isinstance(rest[0], BytesDecoder)):
             raise PipelineError(f"field {name!r}: expected [BytesDecoder(), ToTensor?, ToDevice?]")
         self.offs = ds.index[f"{name}.offset"].astype(np.int64)
@@ -282,9 +291,9 @@ class TokenStage(Stage):
     windows starting in each page, so the quasi-random order shuffles windows page-locally.
     """
 
-    def __init__(self, name, ops, ds, pages):
+    def __init__(self, name, ops, ds, pages, array_type):
         self.name, self.pages, self.path = name, pages, ds.path
-        rest, self.to_tensor, self.to_device = _split_common(name, ops)
+        rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
         if len(rest) != 1 or not isinstance(rest[0], TokenWindows):
             raise PipelineError(f"{ds.path} is a token file: give pipelines={{{name!r}: [TokenWindows(seq_len), "
                                 "ToTensor?, ToDevice?]}}")
@@ -353,8 +362,9 @@ class TokenStage(Stage):
         return vals
 
 
-def build_stage(name, field, ops, ds, pages) -> Stage:
-    """The stage for one field and its pipeline (``None``/missing ops: the field's default decoder)."""
+def build_stage(name, field, ops, ds, pages, array_type: str = "torch") -> Stage:
+    """The stage for one field and its pipeline (``None``/missing ops: the field's default decoder); its arrays
+    are handed out as ``array_type`` ("torch" tensors or "numpy" arrays)."""
     if ops is not None and not isinstance(ops, (list, tuple)):
         raise PipelineError(f"field {name!r}: a pipeline is a list of ops, e.g. [RandomResizedCrop(224)], "
                             f"got {ops!r}")
@@ -363,17 +373,17 @@ def build_stage(name, field, ops, ds, pages) -> Stage:
         if isinstance(op, type):
             raise PipelineError(f"field {name!r}: {op.__name__} is a class; pass an instance, e.g. {op.__name__}()")
     if isinstance(field, Tokens):
-        return TokenStage(name, ops, ds, pages)
+        return TokenStage(name, ops, ds, pages, array_type)
     if isinstance(field, RGBImage):
-        return ImageStage(name, ops, ds, pages)
+        return ImageStage(name, ops, ds, pages, array_type)
     if isinstance(field, Int):
-        return ScalarStage(name, ops, ds, IntDecoder())
+        return ScalarStage(name, ops, ds, IntDecoder(), array_type)
     if isinstance(field, Float):
-        return ScalarStage(name, ops, ds, FloatDecoder())
+        return ScalarStage(name, ops, ds, FloatDecoder(), array_type)
     if isinstance(field, NDArray):
-        return ArrayStage(name, ops, ds, field, pages)
+        return ArrayStage(name, ops, ds, field, pages, array_type)
     if isinstance(field, Bytes):
-        return BytesStage(name, ops, ds, pages)
+        return BytesStage(name, ops, ds, pages, array_type)
     if isinstance(field, JSON):
         return JSONStage(name, ops, ds, pages)
     raise PipelineError(f"field {name!r}: the loader does not handle {type(field).__name__} fields")

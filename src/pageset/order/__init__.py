@@ -65,11 +65,11 @@ def enable_kernel_cache() -> None:
     writable cache directory, or under NUMBA_DISABLE_JIT). Saves ~1.4 s of compilation per new process."""
     import numba
 
-    from . import keys, shuffle
+    from . import keys, mixture, shuffle
 
     if numba.config.DISABLE_JIT:
         return
-    for module in (keys, shuffle):
+    for module in (keys, mixture, shuffle):
         for obj in vars(module).values():
             if isinstance(obj, numba.core.registry.CPUDispatcher):
                 try:

@@ -22,6 +22,7 @@ TAG_PERMUTATION = 1  # the full-shuffle permutation of ids (order="random")
 TAG_PAGES = 2  # the permutation of pages (order="quasi_random")
 TAG_WINDOW = 3  # the permutation of ids inside one window of pages (i = window index)
 TAG_AUG = 4  # augmentation randomness of the sample at epoch position i
+TAG_MIXTURE_SOURCE = 5  # the order seed of source i of a mixture (epoch 0)
 
 
 def splitmix64_py(x: int) -> int:

@@ -33,6 +33,8 @@ FIELDS = (
     "window_pages",
     "drop_last",
 )
+# Keys present only when they differ from their default (so whole-file states keep the layout above).
+OPTIONAL_FIELDS = {"subset": ""}
 
 
 class StateError(ValueError):
@@ -61,7 +63,8 @@ class OrderState:
     version: int, STATE_VERSION. order_algo: int, ORDER_ALGO. dataset_id: str, the file's content hash.
     seed: int in [0, 2**64). epoch: int >= 0. cursor: int >= 0, global samples consumed in this epoch
     (a multiple of global_batch_size). global_batch_size: int >= 1, G. order: one of ORDERS. window_pages:
-    int >= 1, M. drop_last: bool. Construction validates each field (StateError naming it).
+    int >= 1, M. drop_last: bool. subset: str, ``""`` for a whole file, else the subset's digest
+    (``"<n>:<sha256>"``, see ``subset.py``). Construction validates each field (StateError naming it).
     """
 
     version: int = STATE_VERSION
@@ -74,6 +77,7 @@ class OrderState:
     order: str
     window_pages: int = 1
     drop_last: bool
+    subset: str = ""
 
     def __post_init__(self) -> None:
         _expect(
@@ -101,6 +105,7 @@ class OrderState:
         _expect(self.seed <= MASK64, "seed", f"must be < 2**64, got {self.seed}")
         _expect(self.order in ORDERS, "order", f"must be one of {ORDERS}, got {self.order!r}")
         _expect(type(self.drop_last) is bool, "drop_last", f"must be a bool, got {self.drop_last!r}")
+        _expect(isinstance(self.subset, str), "subset", f"must be a str, got {self.subset!r}")
         _expect(
             self.cursor % self.global_batch_size == 0,
             "cursor",
@@ -109,8 +114,12 @@ class OrderState:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain JSON-serialisable dict (str, int, bool values) with the keys of FIELDS, in that order."""
-        return {name: getattr(self, name) for name in FIELDS}
+        """A plain JSON-serialisable dict (str, int, bool values) with the keys of FIELDS, in that order, then
+        the OPTIONAL_FIELDS that differ from their defaults (``subset`` for a loader on a subset)."""
+        d = {name: getattr(self, name) for name in FIELDS}
+        d.update({name: getattr(self, name) for name, default in OPTIONAL_FIELDS.items()
+                  if getattr(self, name) != default})
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> OrderState:
@@ -128,12 +137,13 @@ class OrderState:
                 name,
                 f"unsupported value {d[name]!r}: this pageset reads {name} {supported}",
             )
-        unknown = sorted(set(d) - set(FIELDS))
+        unknown = sorted(set(d) - set(FIELDS) - set(OPTIONAL_FIELDS))
         if unknown:
             raise StateError(unknown[0], f"unknown key(s) {unknown} for state version {STATE_VERSION}")
         for name in FIELDS:
             _expect(name in d, name, "missing")
-        return cls(**{name: d[name] for name in FIELDS})
+        optional = {name: d.get(name, default) for name, default in OPTIONAL_FIELDS.items()}
+        return cls(**{name: d[name] for name in FIELDS}, **optional)
 
     def replace(self, **changes: Any) -> OrderState:
         """A copy with ``changes`` applied (validated), e.g. ``state.replace(cursor=state.cursor + G)``."""
@@ -153,6 +163,8 @@ _HINTS = {
     "window_pages": "Construct the loader with the saved window_pages, or start fresh.",
     "global_batch_size": "Keep the global batch (change the per-rank batch with the world size instead).",
     "drop_last": "Construct the loader with the saved drop_last: it changes the epoch length.",
+    "subset": "The state was saved on another subset of records (indices=, '' = the whole file): construct "
+              "the loader with the same indices, in the same order.",
 }
 
 
@@ -161,15 +173,15 @@ def check_compatible(
 ) -> None:
     """Raise unless the loader described by ``current`` can resume ``saved`` on ``world_size`` ranks.
 
-    Compares dataset_id, order_algo, seed, order, window_pages (only for ``"quasi_random"``, the one order it
-    changes), global_batch_size and drop_last: StateMismatchError naming the first differing field with both
+    Compares dataset_id, subset, order_algo, seed, order, window_pages (only for ``"quasi_random"``, the one
+    order it changes), global_batch_size and drop_last: StateMismatchError naming the first differing field with both
     values. ``current.epoch`` and ``current.cursor`` are ignored (the saved ones win). Then requires
     ``G % world_size == 0`` (StateError on ``global_batch_size``) and, when ``n_records`` is given,
     ``cursor <= L`` (StateError on ``cursor``). ``cursor % G == 0`` holds by construction of OrderState.
     """
-    fields = ["dataset_id", "order_algo", "seed", "order", "global_batch_size", "drop_last"]
+    fields = ["dataset_id", "subset", "order_algo", "seed", "order", "global_batch_size", "drop_last"]
     if saved.order == "quasi_random":
-        fields.insert(4, "window_pages")
+        fields.insert(5, "window_pages")
     for name in fields:
         a, b = getattr(saved, name), getattr(current, name)
         if a != b:

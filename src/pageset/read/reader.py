@@ -18,6 +18,7 @@ map the file, on first use, for callers that want zero-copy views and own the fi
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import io
 import json
@@ -29,6 +30,7 @@ from dataclasses import field as dataclass_field
 
 import numpy as np
 
+from ..format import arguments as check
 from ..format import constants as C
 from ..format.checksum import crc32
 from ..format.errors import (
@@ -44,6 +46,7 @@ from ..format.errors import (
 )
 from ..format.fields import JSON, Bytes, Field, Float, Int, NDArray, RGBImage
 from ..format.layout import HEADER, PAGE_CHECKSUM, SECTION_ENTRY
+from .remote import local_path, url_scheme
 
 MAX_SECTIONS = 1024
 MAX_IMAGE_SIDE = (1 << 31) - 1  # keeps height * width * 3 inside uint64 arithmetic
@@ -52,6 +55,8 @@ MAX_IMAGE_SIDE = (1 << 31) - 1  # keeps height * width * 3 inside uint64 arithme
 # ``image.height`` made the loader allocate height * width * 3 bytes).
 MAX_JPEG_SIDE = 65535
 READ_CHUNK = 1 << 22  # bytes per pread when checksumming a page or checking padding (page_size is up to 1 GiB)
+REMOTE_HEAD = 1 << 16  # a URL's first request at open: the header and the zero padding up to data_offset
+REMOTE_RUN = 8 << 20  # bytes per range request of verify() on a URL
 
 
 @dataclass(frozen=True)
@@ -85,27 +90,59 @@ class Dataset:
     Reads use ``pread``: if the file is truncated or modified in place while it is open, reads raise
     TruncatedFileError / FileChangedError (never SIGBUS); a file replaced by a rename keeps being read whole.
     Page sources build on ``ds.read_into(offset, out)`` and ``ds.check_unchanged()``.
+
+    ``path`` may be a URL (``s3://bucket/key``, ``http(s)://...``, any fsspec protocol; see
+    :mod:`pageset.read.remote`): the header, section table and sections are fetched at open (three requests)
+    and validated exactly like a local file's; records and pages are then read by range requests, each page's
+    CRC-32 checked on arrival, every request pinned to the object's ETag (ObjectChangedError otherwise).
+    ``storage_options`` go to the fsspec filesystem (endpoint, credentials); ``request_timeout`` (seconds) and
+    ``request_attempts`` bound every request. ``ds.remote`` is the pinned
+    :class:`~pageset.read.remote.RemoteFile` (None for a local file).
     """
 
-    def __init__(self, path):
-        self.path = os.fspath(path)
-        self._mm = None
+    def __init__(self, path, storage_options: dict | None = None, *, request_timeout: float = 30.0,
+                 request_attempts: int = 5):
+        path = local_path(path)
+        self._mm, self._file, self.remote = None, None, None
         self._mm_lock = threading.Lock()
-        self._file = open(self.path, "rb")
+        if url_scheme(path) is not None:
+            from .remote import RemoteFile, RetryPolicy
+
+            self.path = path
+            self.remote = RemoteFile(path, storage_options, RetryPolicy(request_timeout, request_attempts))
+        else:
+            if storage_options:
+                raise ValueError(f"{os.fspath(path)}: storage_options apply to URLs (s3://, http://, ...), "
+                                 "not to local paths")
+            self.path = os.fspath(path)
+            self._file = open(self.path, "rb")
         try:
-            self._open()
+            try:
+                self._open()
+            except ChecksumMismatchError:
+                if self.remote is None:
+                    raise
+                self.remote.drop_cached()
+                self._open()  # a flipped bit on the wire: read the metadata once more before calling it damaged
         except BaseException:
-            self._file.close()
+            self._release()
             raise
+        finally:
+            if self.remote is not None:
+                self.remote.drop_cached()
 
     # ---- validation ------------------------------------------------------------------------------------
     def _err(self, cls, section, offset, detail):
         return cls(self.path, section, offset, detail)
 
     def _open(self) -> None:
-        st = os.fstat(self._file.fileno())
-        size = st.st_size
-        self.file_size, self._mtime_ns = size, st.st_mtime_ns
+        if self.remote is not None:
+            size, self._mtime_ns = self.remote.size, None
+            self.remote.load_range(0, min(size, REMOTE_HEAD))  # header + padding: one request
+        else:
+            st = os.fstat(self._file.fileno())
+            size, self._mtime_ns = st.st_size, st.st_mtime_ns
+        self.file_size = size
         head = self._pread(0, min(size, C.HEADER_SIZE))
         if len(head) < len(C.MAGIC):
             raise self._err(TruncatedFileError, "header", 0, f"file is {size} bytes, too short for a pageset header")
@@ -155,6 +192,14 @@ class Dataset:
             from .tokens import validate_token_sections
 
             self.tokens_info, self.doc_offsets = validate_token_sections(self, sections)
+        self.page_reader = None
+        if self.remote is not None:
+            from .remote import PageReader
+
+            self.page_reader = PageReader(self.remote, self.data_offset, self.data_length, self.page_size,
+                                          self._page_crcs)
+            self._recent: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+            self._recent_lock = threading.Lock()
 
     def _check_geometry(self, h, size) -> None:
         if int(h["file_size"]) != size:
@@ -174,6 +219,8 @@ class Dataset:
         off, count = int(h["section_table_offset"]), int(h["section_count"])
         if count > MAX_SECTIONS or off < self.data_offset + self.data_length or off > size - count * SECTION_ENTRY.itemsize:
             raise self._err(TruncatedFileError, "section table", off, f"{count} entries do not fit in the file")
+        if self.remote is not None:  # the table and every section follow the data: one request for all
+            self.remote.load_range(self.data_offset + self.data_length, size)
         raw = self._pread(off, count * SECTION_ENTRY.itemsize)
         if crc32(raw) != int(h["section_table_crc"]):
             raise self._err(ChecksumMismatchError, "section table", off, "section table CRC-32 mismatch")
@@ -308,9 +355,37 @@ class Dataset:
 
     # ---- access ----------------------------------------------------------------------------------------
     def _pread(self, offset: int, length: int) -> bytes:
+        if self.remote is not None:
+            data = self.remote.pread(offset, length)
+            if len(data) != length:
+                raise self._err(TruncatedFileError, "file", offset, f"short read: {len(data)} of {length} bytes")
+            return data
         out = bytearray(length)
         self.read_into(offset, out)
         return bytes(out)
+
+    def _span(self, off: int, length: int) -> np.ndarray:
+        """URL only: uint8[length], bytes ``[off, off + length)`` of the data area from CRC-checked pages (the
+        last few pages are kept, so reading records in order costs one request per page)."""
+        if length == 0:
+            return np.empty(0, np.uint8)
+        ps, rel = self.page_size, off - self.data_offset
+        k0, k1 = rel // ps, (rel + length - 1) // ps + 1
+        with self._recent_lock:
+            have = {k: self._recent[k] for k in range(k0, k1) if k in self._recent}
+        missing = [k for k in range(k0, k1) if k not in have]
+        if missing:
+            have.update(zip(range(missing[0], missing[-1] + 1), self.page_reader.read_run(missing[0], missing[-1] + 1)))
+        pages = [have[k] for k in range(k0, k1)]
+        with self._recent_lock:
+            for k in range(k0, k1):
+                self._recent[k] = pages[k - k0]
+                self._recent.move_to_end(k)
+            while len(self._recent) > 8:
+                self._recent.popitem(last=False)
+        data = pages[0] if len(pages) == 1 else np.concatenate(pages)
+        lo = rel - k0 * ps
+        return data[lo : lo + length]
 
     def read_into(self, offset: int, out) -> None:
         """Fill ``out`` (a writable contiguous buffer: bytearray, uint8 numpy array) with the file's bytes
@@ -320,6 +395,9 @@ class Dataset:
         or rewritten in place after it was opened).
         """
         view = memoryview(out).cast("B")
+        if self.remote is not None:
+            view[:] = self._span(offset, len(view)).tobytes()
+            return
         length, done, fd = len(view), 0, self._file.fileno()
         while done < length:  # a single read returns at most ~2 GiB on Linux
             n = os.preadv(fd, [view[done:]], offset + done)
@@ -339,6 +417,8 @@ class Dataset:
         the file's mtime before its data). Raises TruncatedFileError (the file shrank) or FileChangedError
         (another size, or a new modification time: rewritten, overwritten or touched).
         """
+        if self.remote is not None:
+            return  # a URL: every request carries the pinned ETag (ObjectChangedError)
         st = os.fstat(self._file.fileno())
         if st.st_size == self.file_size and st.st_mtime_ns == self._mtime_ns:
             return
@@ -355,6 +435,8 @@ class Dataset:
             "renaming a new one over them, as write_dataset does, and open the new file")
 
     def _read_checked(self, offset: int, length: int) -> bytes:
+        if self.remote is not None:
+            return self._span(offset, length).tobytes()
         data = self._pread(offset, length)
         self.check_unchanged()
         return data
@@ -414,7 +496,10 @@ class Dataset:
         ``close()``). Zero-copy, but unguarded: if the file is truncated or rewritten in place while the map is
         in use, touching a page past its new end kills the process with SIGBUS (like SQLite with
         ``mmap_size``). Only use it on files nobody modifies in place; ``ds[i]``, ``read``, ``verify`` and the
-        Loader never use it."""
+        Loader never use it. Raises ValueError for a URL (no whole-file buffer)."""
+        if self.remote is not None:
+            raise ValueError(f"{self.path}: a remote dataset has no whole-file buffer; read records with ds[i] / "
+                             "ds.read(i, field) or load it with Loader")
         with self._mm_lock:
             if self._mm is None:
                 if self._file.closed:
@@ -423,7 +508,9 @@ class Dataset:
             return np.frombuffer(self._mm, dtype=np.uint8)
 
     def fileno(self) -> int:
-        """The open file's descriptor (valid until ``close()``)."""
+        """The open file's descriptor (valid until ``close()``). Raises ValueError for a URL."""
+        if self.remote is not None:
+            raise ValueError(f"{self.path}: a remote dataset has no file descriptor")
         return self._file.fileno()
 
     @property
@@ -445,6 +532,8 @@ class Dataset:
         """CRC-32 of page ``k``'s stored bytes, read with pread in chunks of at most READ_CHUNK bytes."""
         start = self.data_offset + k * self.page_size
         length = min(self.page_size, self.data_offset + self.data_length - start)
+        if self.remote is not None:  # the stored bytes as they are (not through the CRC-checking page reader)
+            return crc32(np.frombuffer(self.remote.read(start, start + length), dtype=np.uint8))
         if scratch is None:
             scratch = np.empty(min(length, READ_CHUNK), dtype=np.uint8)
         crc = 0
@@ -453,6 +542,23 @@ class Dataset:
             self.read_into(start + pos, chunk)
             crc = crc32(chunk, crc)
         return crc
+
+    def _stored_page_crcs(self, scratch: np.ndarray):
+        """Yield ``(k, CRC-32 of page k as stored)`` for every page: pread chunks, or for a URL range requests of
+        up to REMOTE_RUN bytes (many pages each)."""
+        if self.remote is None:
+            for k in range(self.page_count):
+                yield k, self._page_crc(k, scratch)
+            return
+        ps, end = self.page_size, self.data_offset + self.data_length
+        step = max(1, REMOTE_RUN // ps)
+        for a in range(0, self.page_count, step):
+            b = min(self.page_count, a + step)
+            lo = self.data_offset + a * ps
+            run = np.frombuffer(self.remote.read(lo, min(end, self.data_offset + b * ps)), dtype=np.uint8)
+            for k in range(a, b):
+                rel = k * ps - a * ps
+                yield k, crc32(run[rel : rel + ps])
 
     def record_pages(self) -> np.ndarray:
         """int64[N]: the page holding each record's first byte (zero-length records: the page of their offset,
@@ -475,12 +581,20 @@ class Dataset:
         """
         if self._page_crcs is None:
             raise self._err(FormatError, "page_checksums", None, "this file has no page checksums to verify")
-        self._check_padding()
+        if self.remote is not None:  # the padding lies in the head and the tail: two requests, as at open
+            try:
+                self.remote.load_range(0, min(self.file_size, REMOTE_HEAD))
+                self.remote.load_range(self.data_offset + self.data_length, self.file_size)
+                self._check_padding()
+            finally:
+                self.remote.drop_cached()
+        else:
+            self._check_padding()
         ps = self.page_size
         scratch = np.empty(min(ps, READ_CHUNK), dtype=np.uint8)
-        for k in range(self.page_count):
+        for k, crc in self._stored_page_crcs(scratch):
             start = self.data_offset + k * ps
-            if self._page_crc(k, scratch) != int(self._page_crcs[k]):
+            if crc != int(self._page_crcs[k]):
                 self.check_unchanged()  # a change under the reader, not damage at rest
                 pages = self.record_pages()
                 ends = (self.index["_offset"] + self.index["_length"]).astype(np.int64)
@@ -506,7 +620,13 @@ class Dataset:
             except BufferError:  # a caller still holds a view; the mapping is freed with the last view
                 pass
             self._mm = None
-        self._file.close()
+        self._release()
+
+    def _release(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self.remote is not None:
+            self.remote.close()
 
     def __enter__(self):
         return self
@@ -525,6 +645,35 @@ def _canonical(doc) -> bytes:
     return canonical_json(doc)
 
 
-def open_dataset(path) -> Dataset:
-    """Open and validate a pageset file; see :class:`Dataset`. Raises FormatError subclasses, OSError."""
-    return Dataset(path)
+def check_path(path) -> None:
+    """TypeError unless ``path`` is a str or os.PathLike (an int would be taken as an open file descriptor)."""
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be the pageset file's path or URL (str or os.PathLike), got {path!r} "
+                        f"({type(path).__name__})")
+
+
+def check_open_arguments(path, storage_options, request_timeout, request_attempts) -> None:
+    """The checks shared by open_dataset and open_tokens: TypeError / ValueError naming the argument."""
+    check_path(path)
+    check.mapping("storage_options", storage_options, optional=True)
+    check.real("request_timeout", request_timeout, low=0, low_open=True)
+    check.integer("request_attempts", request_attempts, minimum=1)
+
+
+def open_dataset(path, storage_options: dict | None = None, *, request_timeout: float = 30.0,
+                 request_attempts: int = 5) -> Dataset:
+    """Open and validate a pageset file of records, local or at a URL (``s3://``, ``http(s)://``, any fsspec
+    protocol); see :class:`Dataset`. Raises FormatError subclasses (BadMagicError for an object that is not a
+    pageset file), FileNotFoundError (naming the path or URL), ImportError (no backend for the URL's scheme: the
+    message names the package), RemoteReadError, OSError; ValueError for a token file (it has no records: open
+    it with :func:`pageset.open_tokens`; ``Dataset(path)`` opens either kind for header, schema and
+    ``verify()``); TypeError for a path that is not a str or os.PathLike."""
+    check_open_arguments(path, storage_options, request_timeout, request_attempts)
+    ds = Dataset(path, storage_options, request_timeout=request_timeout, request_attempts=request_attempts)
+    if ds.tokens_info is not None:
+        ds.close()
+        raise ValueError(f"{ds.path} is a token file ({ds.tokens_info['count']} tokens in "
+                         f"{ds.tokens_info['documents']} documents, no records): open it with "
+                         "pageset.open_tokens(path), or load it with Loader(path, ..., pipelines={'tokens': "
+                         "[TokenWindows(seq_len)]})")
+    return ds

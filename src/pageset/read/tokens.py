@@ -22,7 +22,7 @@ import numpy as np
 
 from ..format import constants as C
 from ..format.errors import FormatError, SchemaError
-from .reader import Dataset
+from .reader import Dataset, check_open_arguments
 
 DOC_OFFSET = np.dtype("<u8")
 
@@ -100,8 +100,8 @@ class TokenDataset:
     ``len(td)`` is the token count ``T``. Use as a context manager or call ``close()``.
     """
 
-    def __init__(self, path):
-        self.dataset = Dataset(path)
+    def __init__(self, path, storage_options: dict | None = None, **remote):
+        self.dataset = Dataset(path, storage_options, **remote)
         try:
             if self.dataset.tokens_info is None:
                 raise self.dataset._err(FormatError, "header", 24,
@@ -124,6 +124,8 @@ class TokenDataset:
 
     @property
     def tokens(self) -> np.ndarray:
+        if self._tokens is None and self.dataset.remote is not None:
+            self._tokens = RemoteTokens(self)
         if self._tokens is None:
             start = self.dataset.data_offset
             self._tokens = self.dataset.buffer[start : start + self.dataset.data_length].view(self.dtype)
@@ -189,6 +191,44 @@ class TokenDataset:
                 f"id={self.dataset_id[:12]})")
 
 
-def open_tokens(path: str | os.PathLike) -> TokenDataset:
-    """Open and validate a token file; see :class:`TokenDataset`. Raises FormatError subclasses, OSError."""
-    return TokenDataset(path)
+class RemoteTokens:
+    """``TokenDataset.tokens`` of a file opened from a URL: ``len``, ``shape``, ``dtype``, ``tokens[i]`` and
+    ``tokens[a:b:step]`` (a new array) fetch the pages they cover (CRC-checked); no whole-corpus download."""
+
+    ndim = 1
+
+    def __init__(self, td: TokenDataset):
+        self._td, self.dtype, self.shape = td, td.dtype, (len(td),)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key):
+        n = self.shape[0]
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            if not -n <= key < n:
+                raise IndexError(f"{self._td.path}: token {key} is out of range for {n} tokens")
+            key = int(key) % n
+            return self._td.read(key, key + 1)[0]
+        if not isinstance(key, slice):
+            raise TypeError(f"remote token arrays take an int or a slice, got {type(key).__name__}")
+        start, stop, step = key.indices(n)
+        if step == 1:
+            return self._td.read(start, stop)
+        idx = np.arange(start, stop, step, dtype=np.int64)
+        if not idx.size:
+            return np.empty(0, self.dtype)
+        lo = int(idx.min())
+        return self._td.read(lo, int(idx.max()) + 1)[idx - lo]
+
+
+def open_tokens(path: str | os.PathLike, storage_options: dict | None = None, **remote) -> TokenDataset:
+    """Open and validate a token file, local or at a URL (``storage_options``, ``request_timeout``,
+    ``request_attempts``: see :func:`~pageset.read.open_dataset`); see :class:`TokenDataset`. Raises FormatError
+    subclasses (a record file is refused, naming open_dataset), FileNotFoundError, ImportError, RemoteReadError,
+    OSError, TypeError (a path that is not a str or os.PathLike)."""
+    unknown = set(remote) - {"request_timeout", "request_attempts"}
+    if unknown:
+        raise TypeError(f"open_tokens() got unexpected keyword arguments {sorted(unknown)}")
+    check_open_arguments(path, storage_options, remote.get("request_timeout", 30.0), remote.get("request_attempts", 5))
+    return TokenDataset(path, storage_options, **remote)

@@ -1,0 +1,149 @@
+"""One opened pageset file as the loader reads it: page access, one stage per loaded field, and its records.
+
+A Loader reads one ``FileSource`` (a file, or a subset of it) or several (a ``Mixture``); the threads fill
+batch rows from whichever source a row's sample comes from.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .pages import PageVerifier, PreadPages, ProcessPageCache
+from .stages import BytesStage, PipelineError, TokenStage, build_stage
+
+# Rows of a mixture slice that come from one file but are not contiguous are filled in place, one call per run of
+# rows, when a row's outputs are at least this large (images: the copy would cost more than the call), else in
+# one call into scratch buffers and copied to their rows (token windows, scalars: the call costs more). A
+# 224x224 float32 image is 602 KB a row, a 1024-token window 16 KB.
+IN_PLACE_ROW_BYTES = 1 << 18
+
+
+class FileSource:
+    """Page access, stages and record layout of one open dataset ``ds`` (the caller owns ``ds``).
+
+    Attributes: ``ds``, ``path``, ``dataset_id``; ``pages`` (PreadPages, ProcessPageCache, or RemotePages for a URL); ``stages`` (one
+    per loaded field, file order); ``n_records`` (records, or seq_len windows for a token file);
+    ``page_sizes`` int64[K] records per page; ``spans(ids) -> (starts, lengths)`` absolute byte spans;
+    ``verifier`` (PageVerifier or None). Raises PipelineError for pipelines naming fields the file lacks or
+    invalid for its fields (``in_mixture``: fields mapped to None may be missing); ``array_type`` ("torch" or
+    "numpy") is what the stages hand out; ``close()`` releases the page access (not ``ds``).
+    """
+
+    def __init__(self, ds, pipelines: dict, page_cache: str, cache_pages: int, verify_pages: bool,
+                 in_mixture: bool = False, remote_options: dict | None = None, array_type: str = "torch"):
+        self.ds, self.path, self.dataset_id = ds, ds.path, ds.dataset_id
+        if ds.remote is not None:  # a URL: whole pages by range request, each CRC-checked on arrival
+            from .remote_pages import RemotePages
+
+            self.pages = RemotePages(ds, **(remote_options or {}))
+            verify_pages = False
+        elif page_cache == "os":
+            self.pages = PreadPages(ds)
+        else:
+            self.pages = ProcessPageCache(ds, cache_pages)
+        try:
+            # In a mixture, a field switched off with None may be missing from some of the files.
+            unknown = {n for n in pipelines if n not in ds.fields and not (in_mixture and pipelines[n] is None)}
+            if unknown:
+                raise PipelineError(f"{self.path}: pipelines name unknown fields {sorted(unknown)}; "
+                                    f"the file has {list(ds.fields)}")
+            self.stages = [build_stage(n, f, pipelines.get(n), ds, self.pages, array_type)
+                           for n, f in ds.fields.items() if not (n in pipelines and pipelines[n] is None)]
+            # Records are the file's records, or, for a token file, its seq_len windows.
+            windows = [s for s in self.stages if hasattr(s, "records_per_page")]
+            if windows:
+                self.n_records = windows[0].n_records
+                self.page_sizes = windows[0].records_per_page(ds.page_count)
+                self.spans = windows[0].spans
+            else:
+                self.n_records = len(ds)
+                self.page_sizes = ds.records_per_page()
+                rec_off = ds.index["_offset"].astype(np.int64)
+                rec_len = ds.index["_length"].astype(np.int64)
+                self.spans = lambda ids: (rec_off[ids], rec_len[ids])
+            self.verifier = PageVerifier(ds) if verify_pages else None
+            self.row_bytes = sum(int(np.prod(shape)) * np.dtype(dt).itemsize
+                                 for st in self.stages for shape, dt, _ in st.outputs.values())
+        except BaseException:
+            self.pages.close()
+            raise
+
+    def fill(self, arrays: list, lo: int, hi: int, ids: np.ndarray, keys: np.ndarray, ctx: dict) -> None:
+        """Fill rows ``[lo, hi)`` of a slot's ``arrays`` (one dict per stage) with records ``ids`` of this file."""
+        if self.verifier is not None:
+            self.verifier.check(*self.spans(ids), ids)
+        for stage, out in zip(self.stages, arrays):
+            stage.fill(out, lo, hi, ids, keys, ctx)
+
+    def fill_rows(self, arrays: list, rows: np.ndarray, ids: np.ndarray, keys: np.ndarray, ctx: dict) -> None:
+        """Fill the (sorted, possibly scattered) rows ``rows`` of a slot's ``arrays`` with records ``ids``.
+
+        Contiguous rows are filled in place; so are scattered rows with large outputs (one call per run of
+        rows, see IN_PLACE_ROW_BYTES); others are filled into the thread's scratch buffers in one call per stage
+        and copied to their rows.
+        """
+        m = rows.shape[0]
+        if int(rows[-1]) - int(rows[0]) == m - 1:
+            self.fill(arrays, int(rows[0]), int(rows[0]) + m, ids, keys, ctx)
+            return
+        if self.row_bytes >= IN_PLACE_ROW_BYTES:
+            cuts = [0, *(np.flatnonzero(np.diff(rows) != 1) + 1).tolist(), m]
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                self.fill(arrays, int(rows[a]), int(rows[a]) + b - a, ids[a:b], keys[a:b], ctx)
+            return
+        scratch = ctx.get(("rows", id(self)))
+        if scratch is None or scratch[0] < m:
+            scratch = ctx[("rows", id(self))] = (m, [st.alloc(m, np.empty) for st in self.stages])
+        self.fill(scratch[1], 0, m, ids, keys, ctx)
+        for stage, src, dst in zip(self.stages, scratch[1], arrays):
+            for key, value in src.items():
+                out = dst[key]
+                if isinstance(value, list):  # JSON: Python objects
+                    for j, r in enumerate(rows.tolist()):
+                        out[r] = value[j]
+                elif key in stage.outputs:
+                    if out.shape[1:] == value.shape[1:]:
+                        out[rows] = value[:m]
+                    else:  # Bytes: this file's values are narrower than the widest file's buffer
+                        out[rows] = 0
+                        out[rows, : value.shape[1]] = value[:m]
+
+    def close(self) -> None:
+        self.pages.close()
+
+
+def check_same_fields(sources: list[FileSource]) -> list:
+    """The stages to allocate and hand out batches with, one per loaded field, for sources that must agree.
+
+    Every source must load the same fields (names and order), of the same kinds, with the same output shapes
+    and dtypes; a Bytes field may differ in its longest value (the widest source's buffer is used); token
+    files with document outputs must share the EOS id. ValueError naming the file and the field otherwise.
+    """
+    ref = sources[0]
+    ref_fields = [s.name for s in ref.stages]
+    chosen = list(ref.stages)
+    for src in sources[1:]:
+        fields = [s.name for s in src.stages]
+        if fields != ref_fields:
+            raise ValueError(f"{src.path}: loads fields {fields}, but {ref.path} loads {ref_fields}; the files "
+                             f"of a mixture must load the same fields (map extra ones to None in pipelines)")
+        for j, (a, b) in enumerate(zip(ref.stages, src.stages)):
+            fa, fb = ref.ds.fields[a.name], src.ds.fields[b.name]
+            if type(fa) is not type(fb):
+                raise ValueError(f"{src.path}: field {b.name!r} is {fb!r}, but {ref.path} has {fa!r}; the files "
+                                 f"of a mixture must have matching fields")
+            for key, (shape, dtype, _) in a.outputs.items():
+                other = b.outputs.get(key)
+                same = other is not None and np.dtype(other[1]) == np.dtype(dtype) and (
+                    isinstance(a, BytesStage) or tuple(other[0]) == tuple(shape))
+                if not same:
+                    got = None if other is None else (tuple(other[0]), str(np.dtype(other[1])))
+                    raise ValueError(f"{src.path}: field {b.name!r} loads {key!r} as {got}, but {ref.path} "
+                                     f"loads it as {(tuple(shape), str(np.dtype(dtype)))}; the files of a mixture "
+                                     f"must have matching fields")
+            if isinstance(a, TokenStage) and a.docs and a.eos_id != b.eos_id:
+                raise ValueError(f"{src.path}: field {b.name!r} has eos_id {b.eos_id}, but {ref.path} has "
+                                 f"{a.eos_id}; document outputs need one EOS id across the mixture")
+            if isinstance(b, BytesStage) and b.max_len > chosen[j].max_len:
+                chosen[j] = b
+    return chosen

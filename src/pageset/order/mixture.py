@@ -1,0 +1,428 @@
+"""Mixtures (``mixture_algo = 1``): a deterministic weighted interleaving of several sources, exact resume.
+
+The maths is written in ``formats/mixture.md``; in short:
+
+- Weights become integer quotas ``q_i`` (:func:`quotas`), period ``D = sum(q_i)``, shares ``p_i = q_i / D``.
+- The schedule assigns every global position ``g = 0, 1, 2, ...`` of the mixture stream (all epochs
+  together) to one source. Over one period it is built by earliest-deadline-first on Tijdeman's windows
+  (the chairman assignment problem): the k-th sample of source i may be taken from slot ``(k - d) / p_i``
+  on and must be taken by slot ``(k - 1 + d) / p_i`` with ``d = 1 - 1 / (2S - 2)`` (S = sources with a positive
+  quota). Result: after every prefix of n samples, ``|count_i(n) - n * p_i| <= d < 1`` for every source,
+  and ``count_i(D) = q_i`` exactly, so the schedule repeats with period D (it depends on the slot only
+  through ``g mod D``).
+- ``count_i(g) = (g // D) * q_i + c_i(g mod D)`` in O(log D): no replay, any step of any epoch.
+- The sample at g, from source i, is that source's ``k = count_i(g)``-th sample: its own epoch
+  ``k // N_i`` and position ``k % N_i`` in its own order v1 (seed :func:`source_seed`). A source that runs
+  out starts its next epoch; nothing is read past its end and no source ever waits for another.
+
+Pure functions of integers and numpy arrays: no file, no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import numbers
+import os
+from collections import OrderedDict
+from collections.abc import Mapping
+from fractions import Fraction
+
+import numba
+import numpy as np
+
+from .keys import TAG_MIXTURE_SOURCE, key_py
+from .shuffle import EpochOrder
+from .state import OrderState, StateError, StateMismatchError
+
+MIXTURE_ALGO = 1  # quotas + EDF schedule + per-source order rules; a new algorithm gets a new number
+RESOLUTION = 10**6  # float weights are resolved to integer quotas summing to (a divisor of) this
+MAX_SOURCES = 32767  # the batch's "_source" is int16
+
+
+def quotas(weights) -> tuple[int, ...]:
+    """Integer quotas with the shares of ``weights``, reduced by their gcd: a tuple of ints >= 0.
+
+    Python / numpy integers summing to at most RESOLUTION are kept exactly (``[999, 1]`` -> ``(999, 1)``).
+    Otherwise shares within 1e-9 of simple fractions (denominators <= 1000, summing to 1) are taken as those
+    fractions (``[0.5, 0.3, 0.2]`` -> ``(5, 3, 2)``, ``[1/3, 1/3, 1/3]`` -> ``(1, 1, 1)``); any other weights are
+    apportioned to RESOLUTION by largest remainder on their exact values (ties to the lower index).
+    ValueError naming the weight: not a real number, NaN, infinite, negative, all zero, or a positive weight
+    below ``1 / RESOLUTION`` of the total (it would never be scheduled).
+    """
+    ws = list(weights)
+    if not ws:
+        raise ValueError("weights is empty: give one weight per source")
+    exact = []
+    for i, w in enumerate(ws):
+        if isinstance(w, (bool, np.bool_)) or not isinstance(w, numbers.Real):
+            raise TypeError(f"weights[{i}] = {w!r} is not a number")
+        if isinstance(w, numbers.Integral):
+            exact.append(Fraction(int(w)))
+            continue
+        f = float(w)
+        if math.isnan(f) or math.isinf(f):
+            raise ValueError(f"weights[{i}] = {f} is not finite: weights are finite numbers >= 0")
+        exact.append(Fraction(f))
+    for i, w in enumerate(exact):
+        if w < 0:
+            raise ValueError(f"weights[{i}] = {float(w)} is negative: weights are finite numbers >= 0")
+    total = sum(exact)
+    if total == 0:
+        raise ValueError(f"all weights are zero ({ws}): give at least one source a positive weight")
+    if all(w.denominator == 1 for w in exact) and total <= RESOLUTION:
+        q = [int(w) for w in exact]
+    else:
+        q = _simple_shares(exact, total) or _largest_remainder(exact, total)
+    for i, (w, qi) in enumerate(zip(exact, q)):
+        if w > 0 and qi == 0:
+            raise ValueError(f"weights[{i}] = {float(w)} is below 1/{RESOLUTION} of the total {float(total)}: "
+                             f"it would never be scheduled; raise it or drop the source")
+    g = math.gcd(*q)
+    return tuple(qi // g for qi in q)
+
+
+def _simple_shares(exact: list[Fraction], total: Fraction) -> list[int] | None:
+    """Quotas when every share is within 1e-9 of a fraction with denominator <= 1000 and those fractions sum
+    to 1 (``[1/3, 1/3, 1/3]`` -> ``[1, 1, 1]``, ``[0.5, 0.3, 0.2]`` -> ``[5, 3, 2]``); else None."""
+    shares = [w / total for w in exact]
+    simple = [s.limit_denominator(1000) for s in shares]
+    if sum(simple) != 1 or any(abs(a - b) > Fraction(1, 10**9) for a, b in zip(simple, shares)):
+        return None
+    d = math.lcm(*(f.denominator for f in simple))
+    if d > RESOLUTION:
+        return None
+    return [int(f * d) for f in simple]
+
+
+def _largest_remainder(exact: list[Fraction], total: Fraction) -> list[int]:
+    """Quotas summing to RESOLUTION by largest remainder on the exact shares (ties to the lower index)."""
+    scaled = [w * RESOLUTION / total for w in exact]
+    q = [math.floor(s) for s in scaled]
+    short = RESOLUTION - sum(q)
+    for i in sorted(range(len(q)), key=lambda i: (-(scaled[i] - q[i]), i))[:short]:
+        q[i] += 1
+    return q
+
+
+def source_seed(seed: int, source: int) -> int:
+    """The order v1 seed of source ``source`` of a mixture with seed ``seed`` (``key(seed, 0, TAG, i)``):
+    sources never share a permutation, even when two are the same file."""
+    return key_py(seed, 0, TAG_MIXTURE_SOURCE, source)
+
+
+@numba.njit(nogil=True)
+def _edf_period(q, out):
+    """Fill ``out`` (int16[D], D = sum(q)) with the source of each slot of one period (EDF, see module doc).
+
+    Integer arithmetic only: with a = 2S' - 2 and b = 2S' - 3 (S' positive quotas, d = b / a), the k-th
+    (1-based) sample of source i is released at slot t (1-based) when ``k * D * a <= t * q_i * a + b * D`` and
+    its deadline is slot ``D * ((k - 1) * a + b) / (q_i * a)``; the released sample with the earliest deadline
+    is taken, ties to the lower index. Returns the
+    number of slots where no sample was released (0: the bound holds; the caller checks).
+    """
+    s = q.shape[0]
+    d = 0
+    positive = 0
+    for i in range(s):
+        d += q[i]
+        if q[i] > 0:
+            positive += 1
+    a = np.int64(2 * positive - 2)
+    b = np.int64(2 * positive - 3)
+    counts = np.zeros(s, dtype=np.int64)
+    idle = 0
+    for t in range(1, d + 1):
+        best = -1
+        for i in range(s):
+            if q[i] == 0:
+                continue
+            k = counts[i] + 1
+            if positive > 1 and k * d * a > t * q[i] * a + b * d:
+                continue  # not released yet: taking it now would put source i more than d ahead
+            if best < 0:
+                best = i
+            elif ((k - 1) * a + b) * q[best] < (counts[best] * a + b) * q[i]:
+                best = i  # earlier deadline: ((k - 1) a + b) / q_i < ((k_best - 1) a + b) / q_best
+        if best < 0:  # never happens for EDF on Tijdeman's windows; fall back to the largest deficit
+            idle += 1
+            best = 0
+            for i in range(s):
+                if t * q[i] - counts[i] * d > t * q[best] - counts[best] * d:
+                    best = i
+        out[t - 1] = best
+        counts[best] += 1
+    return idle
+
+
+class MixtureSchedule:
+    """The source of every global position of a mixture stream, and per-source counts, in closed form.
+
+    ``MixtureSchedule(quotas)``: quotas as from :func:`quotas` (ints >= 0, at least one positive, at most
+    MAX_SOURCES). Attributes: ``quotas``, ``period`` (D), ``slots`` (read-only int16[D], the source of each
+    slot of a period).
+    """
+
+    def __init__(self, quota_values):
+        q = np.asarray([int(x) for x in quota_values], dtype=np.int64)
+        if q.ndim != 1 or q.size == 0 or q.size > MAX_SOURCES or (q < 0).any() or q.sum() == 0:
+            raise ValueError(f"quotas must be 1 to {MAX_SOURCES} ints >= 0, not all zero; got {quota_values}")
+        self.quotas = tuple(int(x) for x in q)
+        self.period = int(q.sum())
+        self.slots = np.empty(self.period, dtype=np.int16)
+        if _edf_period(q, self.slots):
+            raise AssertionError(f"mixture schedule for quotas {self.quotas} left a slot without a released "
+                                 "sample (the EDF bound failed); please report it")
+        self.slots.flags.writeable = False
+        # _slot_positions[i]: the slots of source i in one period, sorted (c_i(r) = searchsorted(..., r)).
+        self._slot_positions = [np.flatnonzero(self.slots == i) for i in range(q.size)]
+
+    @property
+    def n_sources(self) -> int:
+        return len(self.quotas)
+
+    def counts(self, g: int) -> np.ndarray:
+        """int64[S]: samples taken from each source among global positions ``[0, g)``."""
+        periods, r = divmod(int(g), self.period)
+        return np.array([periods * qi + int(np.searchsorted(pos, r)) for qi, pos in
+                         zip(self.quotas, self._slot_positions)], dtype=np.int64)
+
+    def sources(self, start: int, stop: int) -> np.ndarray:
+        """int16[stop - start]: the source of global positions ``[start, stop)``."""
+        return self.slots[np.arange(start, stop, dtype=np.int64) % self.period]
+
+    def lookup(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(sources int16[n], k int64[n])`` for global positions ``[start, stop)``: ``k[j]`` is the index of
+        that sample within its source's own stream (``count_source(start + j)``)."""
+        src, k, _, _ = self.grouped(start, stop)
+        return src, k
+
+    def grouped(self, start: int, stop: int):
+        """``(sources, k, rows, bounds)`` for global positions ``[start, stop)``: sources int16[n] and k
+        int64[n] as :meth:`lookup`; rows int64[n], the positions (relative to start) sorted by source, stable;
+        bounds int64[S + 1], source i's rows are ``rows[bounds[i]:bounds[i + 1]]`` (its k are consecutive)."""
+        n = int(stop) - int(start)
+        src = np.empty(n, dtype=np.int16)
+        k = np.empty(n, dtype=np.int64)
+        rows = np.empty(n, dtype=np.int64)
+        bounds = np.zeros(self.n_sources + 1, dtype=np.int64)
+        _lookup(self.slots, np.int64(start), self.counts(start), src, k, rows, bounds)
+        return src, k, rows, bounds
+
+
+@numba.njit(nogil=True)
+def _lookup(slots, start, base, src, k, rows, bounds):
+    """Kernel of :meth:`MixtureSchedule.grouped`: one pass to count per source, one to place the rows."""
+    period = slots.shape[0]
+    n = src.shape[0]
+    s_count = base.shape[0]
+    taken = np.zeros(s_count, dtype=np.int64)
+    for j in range(n):
+        s = slots[(start + j) % period]
+        src[j] = s
+        k[j] = base[s] + taken[s]
+        taken[s] += 1
+    for i in range(s_count):
+        bounds[i + 1] = bounds[i] + taken[i]
+    fill = bounds[:-1].copy()
+    for j in range(n):
+        s = src[j]
+        rows[fill[s]] = j
+        fill[s] += 1
+
+
+class MixtureOrder:
+    """Global mixture positions -> (source, record id), each source in its own order v1 and epoch counter.
+
+    ``MixtureOrder(schedule, page_sizes, seed, order, window_pages)``: page_sizes is one int64[K_i] per
+    source (records per page; N_i = sum). Source i's k-th sample is position ``k % N_i`` of its epoch
+    ``k // N_i`` under ``EpochOrder(page_sizes[i], source_seed(seed, i), k // N_i, order, window_pages)``.
+    Keeps the orders of the last two epochs of each source (a tiny source wraps often).
+    """
+
+    def __init__(self, schedule: MixtureSchedule, page_sizes, seed: int, order: str, window_pages: int = 1):
+        if len(page_sizes) != schedule.n_sources:
+            raise ValueError(f"{len(page_sizes)} page layouts for {schedule.n_sources} sources")
+        self.schedule, self.order, self.window_pages = schedule, order, int(window_pages)
+        self.page_sizes = [np.asarray(p, dtype=np.int64) for p in page_sizes]
+        self.n_records = [int(p.sum()) for p in self.page_sizes]
+        for i, (n, q) in enumerate(zip(self.n_records, schedule.quotas)):
+            if n == 0 and q > 0:
+                raise ValueError(f"source {i} has no records but a positive weight")
+        self.seeds = [source_seed(seed, i) for i in range(schedule.n_sources)]
+        self._orders: OrderedDict[tuple[int, int], EpochOrder] = OrderedDict()
+
+    def _epoch_order(self, source: int, epoch: int) -> EpochOrder:
+        key = (source, epoch)
+        order = self._orders.get(key)
+        if order is None:
+            order = EpochOrder(self.page_sizes[source], self.seeds[source], epoch, self.order, self.window_pages)
+            self._orders[key] = order
+            mine = [k for k in self._orders if k[0] == source]
+            for k in mine[:-2]:
+                del self._orders[k]
+        return order
+
+    def lookup(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(sources int16[n], ids int64[n])`` for global positions ``[start, stop)``: record ids within
+        each sample's source file."""
+        src, k, rows, bounds = self.schedule.grouped(start, stop)
+        ids = np.empty(src.shape[0], dtype=np.int64)
+        for i in range(self.schedule.n_sources):
+            lo, hi = int(bounds[i]), int(bounds[i + 1])
+            if lo == hi:
+                continue
+            n, first = self.n_records[i], int(k[rows[lo]])  # the k of source i are first, first + 1, ...
+            done = 0
+            while done < hi - lo:
+                epoch, pos = divmod(first + done, n)
+                take = min(hi - lo - done, n - pos)
+                ids[rows[lo + done : lo + done + take]] = self._epoch_order(i, epoch).ids(pos, pos + take)
+                done += take
+        return src, ids
+
+    def epoch(self, epoch: int, epoch_length: int) -> MixtureEpoch:
+        """The view of mixture epoch ``epoch`` (of ``epoch_length`` positions): ``lookup(start, stop)``."""
+        return MixtureEpoch(self, int(epoch) * int(epoch_length))
+
+    def cursors(self, g: int) -> list[tuple[int, int]]:
+        """``[(epoch_i, cursor_i)]``: where each source's own stream stands after global positions
+        ``[0, g)`` (its epoch and the samples of that epoch already taken)."""
+        return [divmod(int(c), n) if n else (0, 0) for c, n in zip(self.schedule.counts(g), self.n_records)]
+
+
+class MixtureEpoch:
+    """Epoch positions of one mixture epoch -> (sources, ids): global position = ``origin + position``."""
+
+    def __init__(self, order: MixtureOrder, origin: int):
+        self.order, self.origin = order, origin
+
+    def lookup(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.order.lookup(self.origin + start, self.origin + stop)
+
+
+# --- the resume state --------------------------------------------------------------------------------------
+
+
+def mixture_id(dataset_ids, quota_values, samples_per_epoch: int) -> str:
+    """``"mixture:<sha256, 32 hex digits>"`` of the sources' dataset ids, the quotas and samples_per_epoch: the
+    mixture's ``dataset_id`` in the state (another file, weight or epoch size gives another id)."""
+    text = json.dumps({"mixture_algo": MIXTURE_ALGO, "sources": list(dataset_ids),
+                       "quotas": [int(q) for q in quota_values], "samples_per_epoch": int(samples_per_epoch)},
+                      sort_keys=True)
+    return "mixture:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def mixture_state(order: MixtureOrder, dataset_ids, samples_per_epoch: int, state: OrderState, g: int) -> dict:
+    """The state dict of a mixture loader: ``state`` (order v1 fields; its dataset_id is replaced by
+    :func:`mixture_id`) plus ``"mixture"``: ``{"mixture_algo", "quotas", "samples_per_epoch", "sources":
+    [{"dataset_id", "epoch", "cursor"}, ...]}``, each source's own epoch and samples taken in it after global
+    position ``g`` (informative and cross-checked on resume: the positions follow from epoch and cursor)."""
+    quota_values = order.schedule.quotas
+    d = state.replace(dataset_id=mixture_id(dataset_ids, quota_values, samples_per_epoch)).to_dict()
+    d["mixture"] = {
+        "mixture_algo": MIXTURE_ALGO,
+        "quotas": list(quota_values),
+        "samples_per_epoch": int(samples_per_epoch),
+        "sources": [{"dataset_id": i, "epoch": e, "cursor": c}
+                    for i, (e, c) in zip(dataset_ids, order.cursors(g))],
+    }
+    return d
+
+
+def resume_mixture(state, current: dict, order: MixtureOrder, epoch_length: int) -> OrderState:
+    """Validate a saved mixture state against the ``current`` loader's (:func:`mixture_state` at 0); returns
+    the saved OrderState (for ``check_compatible``).
+
+    StateError / StateMismatchError naming the field: not a mixture state, another mixture_algo, another number
+    of sources, a source that is another file (``mixture.sources[i].dataset_id``), other weights
+    (``mixture.quotas``), another samples_per_epoch, or source cursors that disagree with the schedule.
+    """
+    if not isinstance(state, Mapping):
+        raise StateError("version", f"a state must be a mapping, got {type(state).__name__}")
+    saved_mix = state.get("mixture")
+    if not isinstance(saved_mix, Mapping):
+        raise StateMismatchError("mixture", None, "a Mixture", "The state was saved by a loader on one file: "
+                                 "resume it with a Loader on that file.")
+    saved = OrderState.from_dict({k: v for k, v in state.items() if k != "mixture"})
+    cur = current["mixture"]
+    for name in ("mixture_algo", "quotas", "samples_per_epoch", "sources"):
+        if name not in saved_mix:
+            raise StateError(f"mixture.{name}", "missing")
+    if saved_mix["mixture_algo"] != MIXTURE_ALGO:
+        raise StateError("mixture.mixture_algo", f"unsupported value {saved_mix['mixture_algo']!r}: this pageset "
+                         f"implements mixture_algo {MIXTURE_ALGO}; resume with the version that wrote the state")
+    sources = saved_mix["sources"]
+    if not isinstance(sources, list) or len(sources) != len(cur["sources"]):
+        n = len(sources) if isinstance(sources, list) else sources
+        raise StateMismatchError("mixture.sources", n, len(cur["sources"]),
+                                 "The mixture has another number of files: construct it with the saved sources.")
+    for i, (a, b) in enumerate(zip(sources, cur["sources"])):
+        if not isinstance(a, Mapping) or a.get("dataset_id") != b["dataset_id"]:
+            got = a.get("dataset_id") if isinstance(a, Mapping) else a
+            raise StateMismatchError(f"mixture.sources[{i}].dataset_id", got, b["dataset_id"],
+                                     f"Source {i} is another file: pass the saved files in the saved order.")
+    if list(saved_mix["quotas"]) != list(cur["quotas"]):
+        raise StateMismatchError("mixture.quotas", list(saved_mix["quotas"]), list(cur["quotas"]),
+                                 "The weights resolve to other shares: construct the Mixture with the saved weights.")
+    if saved_mix["samples_per_epoch"] != cur["samples_per_epoch"]:
+        raise StateMismatchError("mixture.samples_per_epoch", saved_mix["samples_per_epoch"],
+                                 cur["samples_per_epoch"], "Construct the Mixture with the saved samples_per_epoch.")
+    g = saved.epoch * int(epoch_length) + saved.cursor
+    expected = order.cursors(g)
+    got = [(a.get("epoch"), a.get("cursor")) for a in sources]
+    if got != [tuple(e) for e in expected]:
+        raise StateError("mixture.sources", f"the saved source positions {got} disagree with the schedule at "
+                         f"epoch {saved.epoch}, cursor {saved.cursor} ({expected}): the state was edited or "
+                         f"damaged")
+    return saved
+
+
+class Mixture:
+    """Several pageset files read as one stream, in fixed proportions.
+
+    ``Mixture(sources, weights, *, samples_per_epoch=None)``: sources, a sequence of S >= 1 paths (str or
+    os.PathLike) of pageset files with the same loaded fields; weights, S finite numbers >= 0, not all zero
+    (only the ratios matter; resolved by :func:`quotas`); samples_per_epoch, int >= 1 samples in one epoch of
+    the mixture (default: the sum of the sources' sizes, set by the loader).
+
+    Pass it to ``Loader`` instead of a path. Raises TypeError / ValueError naming the argument: an empty
+    source list, a source that is not a path, a weight count that differs from the source count, or a bad
+    weight (see :func:`quotas`), or samples_per_epoch < 1.
+    """
+
+    def __init__(self, sources, weights, *, samples_per_epoch: int | None = None):
+        if isinstance(sources, (str, bytes, os.PathLike)):
+            raise TypeError("sources must be a list of paths, e.g. Mixture(['a.pageset', 'b.pageset'], [0.7, 0.3])")
+        self.sources = tuple(sources)
+        if not self.sources:
+            raise ValueError("sources is empty: a mixture needs at least one file")
+        if len(self.sources) > MAX_SOURCES:
+            raise ValueError(f"{len(self.sources)} sources: at most {MAX_SOURCES}")
+        for i, s in enumerate(self.sources):
+            if not isinstance(s, (str, os.PathLike)):
+                raise TypeError(f"sources[{i}] = {s!r} is not a path (str or os.PathLike)")
+        if isinstance(weights, (str, bytes)) or not hasattr(weights, "__len__"):
+            raise TypeError(f"weights must be a sequence of numbers, one per source, got {weights!r}")
+        if len(weights) != len(self.sources):
+            raise ValueError(f"{len(weights)} weights for {len(self.sources)} sources: give one weight per source")
+        self.quotas = quotas(weights)
+        self.weights = tuple(float(w) for w in weights)
+        if samples_per_epoch is not None:
+            if isinstance(samples_per_epoch, bool) or not isinstance(samples_per_epoch, numbers.Integral) \
+                    or samples_per_epoch < 1:
+                raise ValueError(f"samples_per_epoch must be an int >= 1 (or None: the sum of the sources' "
+                                 f"sizes), got {samples_per_epoch!r}")
+            samples_per_epoch = int(samples_per_epoch)
+        self.samples_per_epoch = samples_per_epoch
+
+    @property
+    def shares(self) -> tuple[float, ...]:
+        """The resolved share of each source, ``q_i / sum(q)``."""
+        d = sum(self.quotas)
+        return tuple(q / d for q in self.quotas)
+
+    def __repr__(self) -> str:
+        return (f"Mixture({[os.fspath(s) for s in self.sources]!r}, weights={list(self.weights)!r}, "
+                f"samples_per_epoch={self.samples_per_epoch!r})")

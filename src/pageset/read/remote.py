@@ -1,0 +1,356 @@
+"""Reading a pageset file from object storage: range requests through fsspec, pinned to one object version.
+
+A URL (``s3://bucket/key``, ``http(s)://host/path``, ``gs://``, ``az://``, any fsspec protocol) is opened by
+:class:`RemoteFile`: one metadata request (size, ETag, version id) pins the object; every later range request
+carries the pin (``If-Match`` on S3 and HTTP; the response's ETag is compared as well), so pages of two
+different objects are never mixed: a replaced object raises :class:`~pageset.format.errors.ObjectChangedError`
+naming the URL. Credentials and endpoints come from ``storage_options`` (passed to the fsspec filesystem, e.g.
+``{"client_kwargs": {"endpoint_url": ...}}``) or the backend's standard environment (``AWS_*``); pageset has
+no authentication code of its own.
+
+Every request has a timeout and is retried with exponential backoff and jitter on timeouts, connection
+errors, 5xx, 429/SlowDown and short bodies, at most ``RetryPolicy.attempts`` times; then
+:class:`~pageset.format.errors.RemoteReadError` names the URL, byte range and attempts. fsspec is imported here
+only, and only when a URL is opened: local paths never import it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import random
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..format.checksum import crc32
+from ..format.errors import ChecksumMismatchError, ObjectChangedError, RemoteReadError
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+# Which package serves which scheme (fsspec's own registry names them too; this makes the message exact).
+PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
+            "abfss": "adlfs", "http": "aiohttp", "https": "aiohttp"}
+
+
+def url_scheme(path) -> str | None:
+    """The scheme of a URL string (``"s3"``, ``"http"``, ...), or None for a local path (``file://`` too)."""
+    if not isinstance(path, str):
+        return None
+    m = _URL.match(path)
+    if m is None or m.group(1).lower() == "file":
+        return None
+    return m.group(1).lower()
+
+
+def local_path(path):
+    """``file://`` URLs as plain paths; anything else unchanged."""
+    if isinstance(path, str) and path.lower().startswith("file://"):
+        return path[len("file://"):]
+    return path
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Per-request ``timeout`` (seconds), ``attempts`` (>= 1, the first try included) and the backoff between
+    attempts: ``min(backoff_max, backoff * 2**i)`` seconds times a random factor in [0.5, 1] (jitter)."""
+
+    timeout: float = 30.0
+    attempts: int = 5
+    backoff: float = 0.1
+    backoff_max: float = 5.0
+
+    def __post_init__(self):
+        if not self.timeout > 0:
+            raise ValueError(f"request_timeout must be > 0 seconds, got {self.timeout!r}")
+        if not isinstance(self.attempts, int) or self.attempts < 1:
+            raise ValueError(f"request_attempts must be an int >= 1, got {self.attempts!r}")
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return min(self.backoff_max, self.backoff * (2 ** attempt)) * rng.uniform(0.5, 1.0)
+
+
+class _Retry(Exception):
+    """A transient failure worth another attempt (timeout, reset, 5xx, 429, short body)."""
+
+
+def _chain(exc):
+    seen = 0
+    while exc is not None and seen < 16:  # bounded walk of __cause__ / __context__
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+
+
+def _status(exc) -> tuple[int | None, str]:
+    """(HTTP status, error code) found anywhere in the exception chain (botocore ClientError, aiohttp)."""
+    for e in _chain(exc):
+        resp = getattr(e, "response", None)
+        if isinstance(resp, dict):
+            err = resp.get("Error", {}) or {}
+            status = (resp.get("ResponseMetadata", {}) or {}).get("HTTPStatusCode")
+            code = str(err.get("Code", ""))
+            if status is None and code.isdigit():
+                status = int(code)
+            return status, code
+        status = getattr(e, "status", None)
+        if isinstance(status, int):
+            return status, ""
+    return None, ""
+
+
+class RemoteFile:
+    """One object in a store, opened and pinned (size, ETag, version id).
+
+    ``read(start, end)`` -> bytes of ``[start, end)``; thread-safe. ``requests`` and ``bytes_read`` count what
+    went over the network (retries included). Raises FileNotFoundError (no such object or bucket) and
+    ImportError / ValueError (no backend for the scheme: the message names the package to install).
+    """
+
+    def __init__(self, url: str, storage_options: dict | None = None, retry: RetryPolicy | None = None):
+        self.url = url
+        self.retry = retry or RetryPolicy()
+        self.scheme = url_scheme(url) or "file"
+        try:
+            import fsspec
+        except ImportError:  # pragma: no cover - fsspec is in the remote and test extras
+            raise ImportError(f"{url}: reading URLs needs fsspec and {PACKAGES.get(self.scheme, 'its backend')}: "
+                              "pip install 'pageset[remote]'") from None
+        pkg = PACKAGES.get(self.scheme)
+        try:
+            self.fs, self.path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        except ImportError as exc:
+            hint = f"pip install {pkg}" if pkg else f"install the fsspec backend for {self.scheme}://"
+            raise ImportError(f"{url}: reading {self.scheme}:// URLs needs the {pkg or 'fsspec backend'} "
+                              f"package ({exc}); {hint}") from None
+        except ValueError as exc:
+            if "protocol" in str(exc).lower():
+                raise ValueError(f"{url}: unknown URL scheme {self.scheme!r} ({exc}); pageset reads local paths "
+                                 "and fsspec URLs such as s3://, gs://, az://, http(s)://") from None
+            raise
+        self._kind = ("s3" if type(self.fs).__name__ == "S3FileSystem" else
+                      "http" if type(self.fs).__name__ == "HTTPFileSystem" else "generic")
+        self._async = bool(getattr(self.fs, "async_impl", False))
+        self._lock = threading.Lock()
+        self._rng = random.Random()
+        self._sync_pool = None
+        self.requests = 0
+        self.bytes_read = 0
+        self._cached: list[tuple[int, bytes]] = []  # (start, bytes) served to pread during validation at open
+        info = self._with_retries(self._info, "metadata")
+        if info.get("type") == "directory" or info.get("size") is None:
+            raise FileNotFoundError(f"{url}: no such object (a directory or an object of unknown size)")
+        self.size = int(info["size"])
+        self.etag = info.get("ETag") or info.get("etag")
+        self.version_id = info.get("VersionId") if self._kind == "s3" else None
+
+    # ---- requests ---------------------------------------------------------------------------------------
+    def _run(self, make_coro, sync_call):
+        """Run one request with the policy's timeout; a timed-out coroutine is cancelled."""
+        t = self.retry.timeout
+        with self._lock:
+            self.requests += 1
+        if self._async:
+            fut = asyncio.run_coroutine_threadsafe(asyncio.wait_for(make_coro(), t), self.fs.loop)
+            try:
+                return fut.result(t + 5)
+            except (asyncio.TimeoutError, concurrent.futures.TimeoutError):
+                fut.cancel()
+                raise _Retry(f"no answer within {t} s") from None
+        if self._sync_pool is None:
+            with self._lock:
+                if self._sync_pool is None:
+                    self._sync_pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="pageset-fs")
+        fut = self._sync_pool.submit(sync_call)
+        try:
+            return fut.result(t)
+        except concurrent.futures.TimeoutError:
+            raise _Retry(f"no answer within {t} s") from None
+
+    def _info(self):
+        if self._kind == "s3":
+            return self._run(lambda: self.fs._info(self.path, refresh=True), None)
+        if self._async:
+            return self._run(lambda: self.fs._info(self.path), None)
+        return self._run(None, lambda: self.fs.info(self.path))
+
+    def _classify(self, exc, what: str):
+        """Turn a failed request into FileNotFoundError / PermissionError / ObjectChangedError, or _Retry."""
+        if isinstance(exc, (_Retry, RemoteReadError, FileNotFoundError, PermissionError)):
+            if isinstance(exc, FileNotFoundError):
+                return FileNotFoundError(f"{self.url}: no such object or bucket ({exc})")
+            if isinstance(exc, PermissionError):
+                return PermissionError(f"{self.url}: access denied ({exc}); check credentials "
+                                       "(storage_options or the AWS_* environment)")
+            return exc
+        if any(type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError") for e in _chain(exc)):
+            return PermissionError(f"{self.url}: {exc}; give credentials in storage_options or the AWS_* "
+                                   "environment (anon=True for public buckets)")
+        status, code = _status(exc)
+        if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "404"):
+            return FileNotFoundError(f"{self.url}: no such object or bucket ({exc})")
+        if status in (401, 403) or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            return PermissionError(f"{self.url}: access denied ({exc}); check credentials "
+                                   "(storage_options or the AWS_* environment)")
+        if status == 412 or code == "PreconditionFailed" or type(exc).__name__ == "FileExpired":
+            return self._changed(f"the store refused the pinned ETag {self.etag} ({what})")
+        if isinstance(exc, (TypeError, AttributeError, NameError)):
+            return exc  # a bug, not a transient failure
+        return _Retry(f"{type(exc).__name__}: {exc}")
+
+    def _changed(self, detail: str) -> ObjectChangedError:
+        return ObjectChangedError(f"{self.url}: the object changed after it was opened ({detail}); pages of two "
+                                  "versions are never mixed: reopen the dataset (a new Loader) to read the new one")
+
+    def _with_retries(self, call, what: str):
+        last = None
+        for attempt in range(self.retry.attempts):
+            if attempt:
+                time.sleep(self.retry.delay(attempt - 1, self._rng))
+            try:
+                return call()
+            except Exception as exc:
+                err = self._classify(exc, what)
+                if not isinstance(err, _Retry):
+                    if err is exc:
+                        raise
+                    raise err from exc
+                last = err
+        raise RemoteReadError(f"{self.url}: {what} failed after {self.retry.attempts} attempts "
+                              f"(timeout {self.retry.timeout} s each); last error: {last}")
+
+    async def _get_s3(self, start: int, end: int) -> bytes:
+        bucket, key, _ = self.fs.split_path(self.path)
+        kw = {"Range": f"bytes={start}-{end - 1}"}
+        if self.etag:
+            kw["IfMatch"] = self.etag
+        if self.version_id:
+            kw["VersionId"] = self.version_id
+        resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, **kw)
+        try:
+            if self.etag and resp.get("ETag") and resp["ETag"] != self.etag:
+                raise self._changed(f"ETag {resp['ETag']} != pinned {self.etag}")
+            return await resp["Body"].read()
+        finally:
+            resp["Body"].close()
+
+    async def _get_http(self, start: int, end: int) -> bytes:
+        headers = {"Range": f"bytes={start}-{end - 1}"}
+        if self.etag:
+            headers["If-Match"] = self.etag
+        kw = dict(self.fs.kwargs)
+        headers.update(kw.pop("headers", {}) or {})
+        session = await self.fs.set_session()
+        async with session.get(self.fs.encode_url(self.path), headers=headers, **kw) as r:
+            if r.status == 404:
+                raise FileNotFoundError(self.url)
+            if r.status == 412:
+                raise self._changed("HTTP 412 on If-Match")
+            if r.status == 200 and not (start == 0 and end == self.size):
+                raise RemoteReadError(f"{self.url}: the server ignores Range requests (HTTP 200 for bytes "
+                                      f"{start}-{end - 1}); serve the file from a server that supports ranges")
+            r.raise_for_status()
+            got = r.headers.get("ETag")
+            if self.etag and got and got != self.etag:
+                raise self._changed(f"ETag {got} != pinned {self.etag}")
+            total = r.headers.get("Content-Range", "").rpartition("/")[2]
+            if total.isdigit() and int(total) != self.size:  # servers without ETags: the size still pins
+                raise self._changed(f"size {total} != {self.size} bytes at open")
+            return await r.read()
+
+    def _get_once(self, start: int, end: int) -> bytes:
+        if self._kind == "s3":
+            data = self._run(lambda: self._get_s3(start, end), None)
+        elif self._kind == "http":
+            data = self._run(lambda: self._get_http(start, end), None)
+        elif self._async:
+            data = self._run(lambda: self.fs._cat_file(self.path, start=start, end=end), None)
+        else:
+            data = self._run(None, lambda: self.fs.cat_file(self.path, start=start, end=end))
+        with self._lock:
+            self.bytes_read += len(data)
+        if len(data) != end - start:
+            raise _Retry(f"short body: {len(data)} of {end - start} bytes")
+        return data
+
+    def read(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the pinned object (retried per the policy). Raises RemoteReadError
+        (naming URL, range and attempts), ObjectChangedError, FileNotFoundError, PermissionError."""
+        if not 0 <= start <= end <= self.size:
+            raise ValueError(f"{self.url}: byte range [{start}, {end}) outside the object ({self.size} bytes)")
+        if start == end:
+            return b""
+        return self._with_retries(lambda: self._get_once(start, end), f"GET bytes {start}-{end - 1}")
+
+    # ---- validation at open -----------------------------------------------------------------------------
+    def load_range(self, start: int, end: int) -> None:
+        """Fetch ``[start, end)`` in one request; ``pread`` serves reads inside it from memory until
+        ``drop_cached()`` (validation at open: the head, then the tail with the section table and sections)."""
+        start, end = max(0, start), min(self.size, end)
+        if start < end:
+            self._cached.append((start, self.read(start, end)))
+
+    def drop_cached(self) -> None:
+        self._cached = []
+
+    def pread(self, offset: int, length: int) -> bytes:
+        """Like ``os.pread`` on the object: fewer bytes only at its end."""
+        end = min(self.size, offset + length)
+        if end <= offset:
+            return b""
+        for start, data in self._cached:
+            if start <= offset and end <= start + len(data):
+                return data[offset - start : end - start]
+        return self.read(offset, end)
+
+    def close(self) -> None:
+        if self._sync_pool is not None:
+            self._sync_pool.shutdown(wait=False)
+            self._sync_pool = None
+
+    def __repr__(self) -> str:
+        return f"RemoteFile({self.url!r}, size={self.size}, etag={self.etag!r})"
+
+
+class PageReader:
+    """Whole pages of a remote pageset file, each CRC-32-checked on arrival.
+
+    ``read_run(k0, k1)`` -> list of uint8 arrays, pages ``k0 .. k1 - 1`` fetched with ONE range request; a
+    page whose CRC-32 differs is fetched again once (alone), then ChecksumMismatchError names the URL, page
+    and byte offset. Files without page checksums are returned unchecked.
+    """
+
+    def __init__(self, remote: RemoteFile, data_offset: int, data_length: int, page_size: int,
+                 page_crcs: np.ndarray | None):
+        self.remote = remote
+        self.data_offset, self.data_length, self.page_size = data_offset, data_length, page_size
+        self.page_crcs = page_crcs
+        self.page_count = -(-data_length // page_size) if page_size else 0
+
+    def page_span(self, k: int) -> tuple[int, int]:
+        """Absolute byte range ``[start, end)`` of page ``k`` (the last page may be short)."""
+        start = self.data_offset + k * self.page_size
+        return start, min(start + self.page_size, self.data_offset + self.data_length)
+
+    def _ok(self, k: int, page) -> bool:
+        return self.page_crcs is None or crc32(page) == int(self.page_crcs[k])
+
+    def read_run(self, k0: int, k1: int) -> list[np.ndarray]:
+        if not 0 <= k0 < k1 <= self.page_count:
+            raise ValueError(f"{self.remote.url}: pages [{k0}, {k1}) outside [0, {self.page_count})")
+        start, end = self.page_span(k0)[0], self.page_span(k1 - 1)[1]
+        data = np.frombuffer(self.remote.read(start, end), dtype=np.uint8)
+        pages = []
+        for k in range(k0, k1):
+            lo, hi = self.page_span(k)
+            page = data[lo - start : hi - start]
+            if not self._ok(k, page):  # a flipped bit on the wire: fetch this page once more
+                page = np.frombuffer(self.remote.read(lo, hi), dtype=np.uint8)
+                if not self._ok(k, page):
+                    raise ChecksumMismatchError(
+                        self.remote.url, f"page {k}", lo, "page CRC-32 mismatch after fetching it twice; the "
+                        "object is damaged (or changed without a new ETag): rewrite or re-upload it")
+            pages.append(page)
+        return pages

@@ -1,0 +1,272 @@
+"""Real servers on 127.0.0.1 for the remote-read tests, the demo and the benchmark: moto's S3 server, aiohttp's
+static file server (Range, ETag, If-Match) and a fault-injecting HTTP proxy in front of either.
+
+Each class starts in its constructor and stops in ``stop()`` (or as a context manager); every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import http.client
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+S3_CREDENTIALS = {"key": "testing", "secret": "testing"}
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
+
+
+class MotoS3:
+    """moto's S3 server (``moto.server.ThreadedMotoServer``) on a free port; ``url`` is its endpoint."""
+
+    def __init__(self):
+        import logging
+
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        host, port = self.server.get_host_and_port()
+        self.url = f"http://{host}:{port}"
+
+    def client(self, endpoint: str | None = None):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=endpoint or self.url, region_name="us-east-1",
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    def stop(self):
+        self.server.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def s3_options(endpoint: str, **client_config) -> dict:
+    """s3fs storage_options for a local endpoint (path-style, fixed test credentials)."""
+    return {**S3_CREDENTIALS, "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+            "config_kwargs": {"retries": {"max_attempts": 1}, **client_config}}
+
+
+class StaticHTTP:
+    """aiohttp's static file handler serving ``root`` (Range requests, ETag, If-Match) on a free port."""
+
+    def __init__(self, root):
+        from aiohttp import web
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="static-http", daemon=True)
+        self.thread.start()
+        app = web.Application()
+        app.router.add_static("/", str(root))
+        self.runner = web.AppRunner(app)
+
+        async def start():
+            await self.runner.setup()
+            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            await site.start()
+            return site._server.sockets[0].getsockname()[1]
+
+        port = asyncio.run_coroutine_threadsafe(start(), self.loop).result(30)
+        self.url = f"http://127.0.0.1:{port}"
+
+    def stop(self):
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+        self.loop.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class FaultProxy:
+    """An HTTP reverse proxy to ``upstream`` (``http://host:port``) that injects faults into range GETs.
+
+    Settings (change them any time): ``latency`` (seconds before each request is forwarded), ``fail_every``
+    (every k-th range GET answers 503 SlowDown), ``drop_every`` (every k-th range GET is cut off mid-body and the
+    connection closed), ``truncate_every`` (every k-th range GET answers a complete-looking response with half
+    the body), ``corrupt_every`` (every k-th range GET has one byte of its body flipped), ``hang`` (requests are read and never answered, until ``stop()``). ``counts`` maps
+    ``(method, path)`` to requests seen; ``ranges`` lists ``(path, Range header)`` of every range GET.
+    """
+
+    def __init__(self, upstream: str):
+        host, port = upstream.removeprefix("http://").rstrip("/").split(":")
+        self.upstream = (host, int(port))
+        self.latency = 0.0
+        self.fail_every = self.drop_every = self.truncate_every = self.corrupt_every = 0
+        self.hang = False
+        self.counts: collections.Counter = collections.Counter()
+        self.ranges: list[tuple[str, str]] = []
+        self.faults: collections.Counter = collections.Counter()
+        self._n = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _handle(self):
+                proxy._serve(self)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _handle
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                                       name="fault-proxy", daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def reset(self):
+        with self._lock:
+            self.latency = 0.0
+            self.fail_every = self.drop_every = self.truncate_every = self.corrupt_every = 0
+            self.hang = False
+            self.counts.clear()
+            self.ranges.clear()
+            self.faults.clear()
+            self._n = 0
+
+    def range_gets(self, path_suffix: str = "") -> list[str]:
+        with self._lock:
+            return [r for p, r in self.ranges if p.endswith(path_suffix)]
+
+    def _serve(self, h: BaseHTTPRequestHandler):
+        length = int(h.headers.get("Content-Length") or 0)
+        body = h.rfile.read(length) if length else None
+        path = h.path.split("?")[0]
+        rng = h.headers.get("Range")
+        with self._lock:
+            self.counts[(h.command, path)] += 1
+            is_range = h.command == "GET" and rng is not None
+            if is_range:
+                self.ranges.append((path, rng))
+                self._n += 1
+            n, hang, latency = self._n, self.hang, self.latency
+            fault = None
+            if is_range:
+                for name, every in (("fail", self.fail_every), ("drop", self.drop_every),
+                                    ("truncate", self.truncate_every), ("corrupt", self.corrupt_every)):
+                    if every and n % every == 0:
+                        fault = name
+                        self.faults[name] += 1
+                        break
+        if hang:
+            for _ in range(2400):  # bounded: 120 s, or until stop()
+                if self._stop.wait(0.05):
+                    break
+            h.close_connection = True
+            return
+        if latency:
+            time.sleep(latency)
+        if fault == "fail":
+            msg = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                   b"<Message>Please reduce your request rate.</Message></Error>")
+            h.send_response(503)
+            h.send_header("Content-Type", "application/xml")
+            h.send_header("Content-Length", str(len(msg)))
+            h.end_headers()
+            h.wfile.write(msg)
+            return
+        conn = http.client.HTTPConnection(*self.upstream, timeout=30)
+        try:
+            headers = {k: v for k, v in h.headers.items() if k.lower() not in HOP_BY_HOP}
+            conn.request(h.command, h.path, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read() if h.command != "HEAD" else b""
+            out_headers = [(k, v) for k, v in resp.getheaders()
+                           if k.lower() not in HOP_BY_HOP and k.lower() != "content-length"]
+            status, reason = resp.status, resp.reason
+            head_length = resp.getheader("Content-Length")
+        finally:
+            conn.close()
+        send = data
+        declared = len(data) if h.command != "HEAD" else int(head_length or 0)
+        if fault == "corrupt" and status == 206 and data:
+            mid = len(data) // 2
+            send = data[:mid] + bytes([data[mid] ^ 0x40]) + data[mid + 1 :]
+        if fault == "truncate" and status == 206 and len(data) > 1:
+            send = data[: len(data) // 2]
+            declared = len(send)
+        h.send_response(status, reason)
+        for k, v in out_headers:
+            h.send_header(k, v)
+        h.send_header("Content-Length", str(declared))
+        h.end_headers()
+        if fault == "drop" and status == 206 and len(data) > 1:
+            h.wfile.write(data[: len(data) // 2])
+            h.wfile.flush()
+            h.close_connection = True
+            try:
+                h.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
+        if send:
+            h.wfile.write(send)
+
+    def stop(self):
+        self._stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def main(argv=None) -> None:
+    """Serve one file in a separate process (benchmarks: the servers' Python threads then do not share the
+    loader's GIL). ``python tests/remote_servers.py FILE... [--latency-ms X]`` uploads the FILEs (one folder) to
+    a fresh moto S3 server and serves their folder over HTTP, each behind a proxy adding X ms per request; prints
+    one JSON line (``s3_prefix``, ``s3_endpoint``, ``http_prefix``: append a file name) and serves until stdin is
+    closed."""
+    import argparse
+    import json
+    import sys
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--latency-ms", type=float, default=0.0)
+    ap.add_argument("--bucket", default="pageset-bench")
+    args = ap.parse_args(argv)
+    paths = [Path(f).resolve() for f in args.files]
+    s3, http = MotoS3(), StaticHTTP(paths[0].parent)
+    proxies = [FaultProxy(s3.url), FaultProxy(http.url)]
+    try:
+        client = s3.client()
+        client.create_bucket(Bucket=args.bucket)
+        for path in paths:
+            client.upload_file(str(path), args.bucket, path.name)
+        for p in proxies:
+            p.latency = args.latency_ms / 1e3
+        print(json.dumps({"s3_prefix": f"s3://{args.bucket}/", "s3_endpoint": proxies[0].url,
+                          "http_prefix": f"{proxies[1].url}/"}), flush=True)
+        sys.stdin.read()  # until the parent closes our stdin (or exits)
+    finally:
+        for p in proxies:
+            p.stop()
+        http.stop()
+        s3.stop()
+
+
+if __name__ == "__main__":
+    main()

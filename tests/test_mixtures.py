@@ -1,0 +1,464 @@
+"""Mixture: a deterministic weighted schedule (proportions within one sample), per-source epochs, exact and
+elastic resume, images and tokens, in-process and with real processes killed by SIGKILL."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from resume_contract import batch_digest, check_resume
+
+from pageset import (
+    JSON,
+    Bytes,
+    Float,
+    Int,
+    Loader,
+    Mixture,
+    Normalize,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    RGBImage,
+    TokenWindows,
+    ToTensor,
+    write_dataset,
+    write_tokens,
+)
+from pageset.order import StateError, StateMismatchError
+from pageset.order.mixture import MixtureOrder, MixtureSchedule, quotas, source_seed
+
+# --- the schedule: pure functions -------------------------------------------------------------------------
+
+
+def _counts(sources, n_sources):
+    """int64[n + 1, S]: samples of each source among the first n positions."""
+    onehot = np.zeros((sources.shape[0], n_sources), dtype=np.int64)
+    onehot[np.arange(sources.shape[0]), sources] = 1
+    return np.vstack([np.zeros((1, n_sources), dtype=np.int64), np.cumsum(onehot, axis=0)])
+
+
+@pytest.mark.parametrize("weights", [[0.999, 0.001], [0.5, 0.3, 0.2], [0.7, 0.2, 0.1]])
+def test_proportions_within_one_sample_over_every_window(weights):
+    sched = MixtureSchedule(quotas(weights))
+    p = np.array(sched.quotas) / sched.period
+    n = 3 * sched.period + 17
+    c = _counts(sched.sources(0, n).astype(np.int64), len(weights))
+    # every prefix: |count_i(n) - n * p_i| <= 1 - 1/(2S - 2) < 1
+    bound = 1 - 1 / (2 * len(weights) - 2)
+    assert np.abs(c - np.arange(n + 1)[:, None] * p).max() <= bound + 1e-12
+    # every window of every length (a global step of any size G): within 1 sample of its target
+    for length in range(1, min(n, 1200)):
+        window = c[length:] - c[:-length]
+        assert np.abs(window - length * p).max() <= 1 + 1e-9, length
+
+
+def test_prefix_bound_for_random_weights():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        q = [int(x) for x in rng.integers(0, 40, size=int(rng.integers(2, 8)))]
+        if sum(q) == 0:
+            continue
+        sched = MixtureSchedule(q)
+        s = sum(1 for x in q if x)
+        p = np.array(q) / sched.period
+        c = _counts(sched.sources(0, 2 * sched.period).astype(np.int64), len(q))
+        dev = np.abs(c - np.arange(c.shape[0])[:, None] * p)
+        assert dev.max() <= (1 - 1 / (2 * s - 2) if s > 1 else 0) + 1e-9, q
+        assert (c[sched.period] == q).all()  # one period holds exactly the quotas: the schedule repeats
+
+
+def test_counts_in_closed_form_equal_a_replay():
+    sched = MixtureSchedule(quotas([0.6, 0.25, 0.15]))
+    n = 5 * sched.period + 3
+    c = _counts(sched.sources(0, n).astype(np.int64), 3)
+    for g in [0, 1, 7, sched.period, sched.period + 1, 3 * sched.period - 1, n]:
+        np.testing.assert_array_equal(sched.counts(g), c[g])
+    src, k = sched.lookup(11, 11 + 40)
+    for j in range(40):
+        assert k[j] == c[11 + j, src[j]]
+
+
+def test_golden_vectors():
+    """Pinned outputs of mixture_algo 1: any change to the schedule, the source seeds or the lookup shows up."""
+    assert MixtureSchedule((5, 3, 2)).slots.tolist() == [0, 1, 0, 2, 0, 1, 0, 2, 1, 0]
+    assert MixtureSchedule((7, 2, 1)).slots.tolist() == [0, 0, 1, 0, 0, 2, 0, 0, 1, 0]
+    assert int(np.flatnonzero(MixtureSchedule((999, 1)).slots == 1)[0]) == 500
+    assert source_seed(7, 0) == 1376248881940584641 and source_seed(7, 1) == 17112811334948500749
+    order = MixtureOrder(MixtureSchedule((5, 3, 2)), [[3, 4, 5], [2, 2], [1, 1, 1]], 7, "quasi_random", 2)
+    sources, ids = order.lookup(0, 24)
+    assert sources.tolist() == [0, 1, 0, 2, 0, 1, 0, 2, 1, 0, 0, 1, 0, 2, 0, 1, 0, 2, 1, 0, 0, 1, 0, 2]
+    assert ids.tolist() == [6, 3, 5, 2, 1, 2, 4, 0, 0, 2, 3, 1, 0, 1, 8, 2, 10, 0, 3, 7, 9, 1, 11, 1]
+    assert order.cursors(24) == [(1, 0), (1, 3), (1, 2)]  # 12 of 12, 7 of 4, 5 of 3 records taken
+
+
+def test_quotas_resolve_weights():
+    assert quotas([0.5, 0.3, 0.2]) == (5, 3, 2)
+    assert quotas([0.999, 0.001]) == (999, 1)
+    assert quotas([1 / 3, 1 / 3, 1 / 3]) == (1, 1, 1)
+    assert quotas([6, 2, 0]) == (3, 1, 0)
+    q = quotas([math.pi, math.e, 1.0])
+    assert sum(q) == 10**6 and abs(q[0] / 10**6 - math.pi / (math.pi + math.e + 1)) < 1e-6
+
+
+@pytest.mark.parametrize(("weights", "exc", "match"), [
+    ([1.0, -0.5], ValueError, r"weights\[1\] = -0.5 is negative"),
+    ([0, 0.0], ValueError, "all weights are zero"),
+    ([1.0, float("nan")], ValueError, r"weights\[1\] = nan is not finite"),
+    ([float("inf"), 1.0], ValueError, r"weights\[0\] = inf is not finite"),
+    ([1.0], ValueError, "1 weights for 2 sources"),
+    ([1.0, 2.0, 3.0], ValueError, "3 weights for 2 sources"),
+    ([1.0, "2"], TypeError, r"weights\[1\] = '2' is not a number"),
+    ([1.0, 1e-9], ValueError, r"weights\[1\] = 1e-09 is below"),
+    (0.5, TypeError, "sequence of numbers"),
+])
+def test_bad_weights_are_refused(weights, exc, match):
+    with pytest.raises(exc, match=match):
+        Mixture(["a.pageset", "b.pageset"], weights)
+
+
+def test_bad_mixture_arguments():
+    with pytest.raises(TypeError, match="list of paths"):
+        Mixture("a.pageset", [1.0])
+    with pytest.raises(ValueError, match="empty"):
+        Mixture([], [])
+    with pytest.raises(ValueError, match="samples_per_epoch"):
+        Mixture(["a.pageset"], [1.0], samples_per_epoch=0)
+
+
+# --- the loader ----------------------------------------------------------------------------------------------
+
+
+def _write(path, n, source, payload_kind=Bytes):
+    """n records: label = record id + 1000 * source, a payload of 1..50 bytes."""
+    records = [(i + 1000 * source, bytes([source]) * (i % 50 + 1)) for i in range(n)]
+    write_dataset(path, records, {"label": Int(), "payload": payload_kind()}, num_workers=0, page_size=4096,
+                  progress=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mix")
+    return [_write(d / "a.pageset", 300, 0), _write(d / "b.pageset", 10, 1), _write(d / "c.pageset", 120, 2)]
+
+
+def _run(loader, steps=None):
+    out = {"src": [], "idx": [], "label": []}
+    for b in itertools.islice(loader, steps):
+        assert b["_source"].dtype == torch.int16 and not b["_is_padding"].any()
+        out["src"] += b["_source"].tolist()
+        out["idx"] += b["_index"].tolist()
+        out["label"] += np.asarray(b["label"]).tolist()
+    return {k: np.array(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("order", ["random", "quasi_random", "sequential"])
+def test_loader_follows_the_schedule_and_reads_the_right_records(files, order):
+    mix = Mixture(files, [0.5, 0.3, 0.2])
+    with Loader(mix, batch_size=16, order=order, seed=4, num_threads=2, window_pages=2) as ld:
+        assert ld.n_records == 430 and len(ld) == 430 // 16
+        run = _run(ld)
+        run2 = _run(ld)  # the next epoch continues the stream
+    np.testing.assert_array_equal(run["label"], run["idx"] + 1000 * run["src"])  # the sample's own data
+    sched = MixtureSchedule(quotas([0.5, 0.3, 0.2]))
+    np.testing.assert_array_equal(run["src"], sched.sources(0, run["src"].size))
+    np.testing.assert_array_equal(run2["src"], sched.sources(run["src"].size, 2 * run["src"].size))
+    c = _counts(run["src"].astype(np.int64), 3)
+    for step in range(run["src"].size // 16):  # every global step within one sample of its target
+        got = c[(step + 1) * 16] - c[step * 16]
+        assert np.abs(got - 16 * np.array([0.5, 0.3, 0.2])).max() <= 1
+
+
+def test_tiny_source_with_a_large_weight_wraps_cleanly(files):
+    """10 records at weight 0.9: its own epochs follow one another, each a full permutation of its 10 ids, never
+    past its end; the large source is read without repeats inside its epoch."""
+    mix = Mixture([files[0], files[1]], [0.1, 0.9], samples_per_epoch=200)
+    with Loader(mix, batch_size=20, order="random", seed=1, num_threads=2) as ld:
+        runs = [_run(ld) for _ in range(2)]
+        state = ld.state_dict()
+    src = np.concatenate([r["src"] for r in runs])
+    idx = np.concatenate([r["idx"] for r in runs])
+    tiny, big = idx[src == 1], idx[src == 0]
+    assert tiny.size == 360 and big.size == 40
+    blocks = tiny.reshape(-1, 10)
+    assert all(sorted(b.tolist()) == list(range(10)) for b in blocks)  # 36 complete epochs of the tiny source
+    assert len({tuple(b) for b in blocks}) > 30  # its own epoch counter reshuffles it
+    assert np.unique(big).size == big.size  # the big source is still in its first epoch
+    assert state["mixture"]["sources"][1] == {"dataset_id": state["mixture"]["sources"][1]["dataset_id"],
+                                              "epoch": 36, "cursor": 0}
+    assert (state["mixture"]["sources"][0]["epoch"], state["mixture"]["sources"][0]["cursor"]) == (0, 40)
+
+
+def test_zero_weight_source_is_never_read(files):
+    with Loader(Mixture(files, [1, 0, 1]), batch_size=10, seed=0, num_threads=1) as ld:
+        run = _run(ld)
+    assert set(run["src"].tolist()) == {0, 2}
+
+
+def test_state_round_trip_and_refusals(files):
+    mix = Mixture(files, [0.5, 0.3, 0.2])
+    with Loader(mix, batch_size=8, seed=3, num_threads=2) as ld:
+        first = _run(ld, steps=5)
+        state = json.loads(json.dumps(ld.state_dict()))
+        rest = _run(ld)
+    counts = _counts(first["src"].astype(np.int64), 3)[-1]
+    sizes = [300, 10, 120]
+    assert [(s["epoch"], s["cursor"]) for s in state["mixture"]["sources"]] == [divmod(int(c), n) for c, n in
+                                                                                 zip(counts, sizes)]
+    with Loader(mix, batch_size=4, rank=1, world_size=2, seed=3, num_threads=1) as other:
+        other.load_state_dict(state)
+        assert other.steps_remaining == len(rest["src"]) // 8 and len(other) == 430 // 8
+    with Loader(Mixture(files, [0.4, 0.4, 0.2]), batch_size=8, seed=3, num_threads=1) as ld:
+        with pytest.raises(StateMismatchError, match="mixture.quotas"):
+            ld.load_state_dict(state)
+    with Loader(Mixture([files[0], files[2], files[1]], [0.5, 0.3, 0.2]), batch_size=8, seed=3,
+                num_threads=1) as ld:
+        with pytest.raises(StateMismatchError, match=r"mixture.sources\[1\].dataset_id"):
+            ld.load_state_dict(state)
+    with Loader(Mixture(files, [0.5, 0.3, 0.2], samples_per_epoch=100), batch_size=8, seed=3,
+                num_threads=1) as ld:
+        with pytest.raises(StateMismatchError, match="samples_per_epoch"):
+            ld.load_state_dict(state)
+    with Loader(mix, batch_size=8, seed=4, num_threads=1) as ld:
+        with pytest.raises(StateMismatchError, match="seed"):
+            ld.load_state_dict(state)
+        whole = Loader(files[0], batch_size=8, num_threads=1)
+        with whole, pytest.raises(StateMismatchError, match="mixture"):
+            ld.load_state_dict(whole.state_dict())
+        bad = json.loads(json.dumps(state))
+        bad["mixture"]["sources"][0]["cursor"] += 1
+        with pytest.raises(StateError, match="disagree with the schedule"):
+            ld.load_state_dict(bad)
+
+
+def test_samples_per_epoch_sets_the_epoch(files):
+    with Loader(Mixture(files, [1, 1, 1], samples_per_epoch=95), batch_size=10, drop_last=False,
+                num_threads=1) as ld:
+        assert ld.steps_per_epoch == 10 and len(_run(ld)["src"]) == 100  # rounded up, no padding flags
+    with Loader(Mixture(files, [1, 1, 1], samples_per_epoch=95), batch_size=10, num_threads=1) as ld:
+        assert ld.steps_per_epoch == 9
+
+
+def test_files_whose_fields_differ_are_refused(files, tmp_path):
+    other = tmp_path / "float.pageset"
+    write_dataset(other, [(float(i), b"x") for i in range(20)], {"label": Float(), "payload": Bytes()},
+                  num_workers=0, progress=False)
+    with pytest.raises(ValueError, match=rf"{other}: field 'label' is Float.*but {files[0]} has Int"):
+        Loader(Mixture([files[0], other], [1, 1]), batch_size=4)
+    fewer = tmp_path / "fewer.pageset"
+    write_dataset(fewer, [(i,) for i in range(20)], {"label": Int()}, num_workers=0, progress=False)
+    with pytest.raises(ValueError, match=rf"{fewer}: loads fields \['label'\], but .* loads \['label', 'payload'\]"):
+        Loader(Mixture([files[0], fewer], [1, 1]), batch_size=4)
+    with Loader(Mixture([files[0], fewer], [1, 1]), batch_size=4, pipelines={"payload": None}) as ld:
+        assert set(next(iter(ld))) == {"label", "_index", "_is_padding", "_source"}
+    with pytest.raises(ValueError, match="cannot be combined with a Mixture"):
+        Loader(Mixture(files, [1, 1, 1]), batch_size=4, indices=[0, 1])
+
+
+def test_a_missing_file_is_named_and_nothing_stays_open(files, tmp_path):
+    missing = tmp_path / "missing.pageset"
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    with pytest.raises(FileNotFoundError, match="missing.pageset"):
+        Loader(Mixture([files[0], missing], [1, 1]), batch_size=4)
+    if fds is not None:
+        assert len(os.listdir("/proc/self/fd")) == fds  # the first file was closed again
+    empty_weight = Mixture([files[0], files[1]], [1, 0])
+    with Loader(empty_weight, batch_size=4, num_threads=1) as ld:
+        assert set(_run(ld)["src"].tolist()) == {0}
+
+
+def test_bytes_of_different_widths_are_mixed(files, tmp_path):
+    wide = tmp_path / "wide.pageset"
+    write_dataset(wide, [(5000 + i, bytes([7]) * (100 + i)) for i in range(30)], {"label": Int(), "payload": Bytes()},
+                  num_workers=0, progress=False)
+    with Loader(Mixture([files[1], wide], [1, 1]), batch_size=8, num_threads=2, seed=2) as ld:
+        for b in ld:
+            data, lengths = b["payload"]
+            assert data.shape[1] == 129
+            for j in range(8):
+                fill = 7 if b["_source"][j] == 1 else 1
+                assert (data[j, : lengths[j]] == fill).all() and (data[j, lengths[j] :] == 0).all()
+
+
+def test_json_fields_are_mixed(tmp_path):
+    paths = []
+    for k, n in enumerate([13, 29]):
+        paths.append(tmp_path / f"j{k}.pageset")
+        write_dataset(paths[-1], [({"source": k, "id": i, "pad": "x" * (i % 7)},) for i in range(n)],
+                      {"meta": JSON()}, num_workers=0, progress=False)
+    with Loader(Mixture(paths, [0.4, 0.6]), batch_size=7, seed=5, num_threads=2) as ld:
+        for b in ld:
+            assert [(m["source"], m["id"]) for m in b["meta"]] == list(zip(b["_source"].tolist(),
+                                                                            b["_index"].tolist()))
+
+
+# --- resume: the shared contract on images and tokens ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def image_files(tmp_path_factory, imagenet_like):
+    d = tmp_path_factory.mktemp("miximg")
+    out = []
+    for k, (size, page) in enumerate([(80, 1 << 14), (64, 1 << 13)]):
+        path = d / f"img{k}.pageset"
+        write_dataset(path, imagenet_like, {"image": RGBImage(max_resolution=size), "label": Int()},
+                      num_workers=0, page_size=page, progress=False)
+        out.append(path)
+    return out
+
+
+@pytest.mark.parametrize("order", ["random", "quasi_random"])
+def test_image_mixture_resume_contract(image_files, order):
+    mix = Mixture(image_files, [0.7, 0.3], samples_per_epoch=60)
+
+    def make(rank, world, batch, threads):
+        return Loader(mix, batch_size=batch, rank=rank, world_size=world, num_threads=threads, order=order,
+                      seed=17, window_pages=2,
+                      pipelines={"image": [RandomResizedCrop(24), RandomHorizontalFlip(), Normalize(), ToTensor()]})
+
+    check_resume(make, global_batch=8, world_sizes=[1, 2, 4], cuts=[0, 3, 7, 11])
+
+
+def test_in_place_and_scatter_fills_agree(image_files, monkeypatch):
+    """Scattered rows of one file are filled in place run by run (large rows) or through scratch buffers
+    (small rows): both give the same batches."""
+    import pageset.load.source as source_mod
+
+    def digests():
+        with Loader(Mixture(image_files, [0.5, 0.5]), batch_size=8, seed=2, num_threads=2,
+                    pipelines={"image": [RandomResizedCrop(20), RandomHorizontalFlip(), Normalize(), ToTensor()]}) as ld:
+            return [batch_digest(b) for b in ld]
+
+    monkeypatch.setattr(source_mod, "IN_PLACE_ROW_BYTES", 0)
+    in_place = digests()
+    monkeypatch.setattr(source_mod, "IN_PLACE_ROW_BYTES", 1 << 60)
+    assert digests() == in_place and len(in_place) == 96 // 8
+
+
+@pytest.fixture(scope="module")
+def token_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mixtok")
+    out = []
+    for k, n_docs in enumerate([300, 40]):
+        rng = np.random.default_rng(10 + k)
+        docs = [rng.integers(0, 1000, size=int(rng.integers(1, 90))) for _ in range(n_docs)]
+        path = d / f"tok{k}.pageset"
+        write_tokens(path, docs, eos_id=1000, num_workers=0, page_size=4096, progress=False)
+        stream = np.concatenate([np.append(x, 1000) for x in docs])
+        out.append((path, stream))
+    return out
+
+
+def test_token_mixture_windows_and_resume_contract(token_files):
+    paths = [p for p, _ in token_files]
+    mix = Mixture(paths, [0.25, 0.75])
+
+    def make(rank, world, batch, threads):
+        return Loader(mix, batch_size=batch, rank=rank, world_size=world, num_threads=threads, order="quasi_random",
+                      seed=3, window_pages=3,
+                      pipelines={"tokens": [TokenWindows(32, document_outputs=True), ToTensor()]})
+
+    with make(0, 1, 12, 2) as ld:
+        b = next(iter(ld))
+        for j in range(12):
+            stream = token_files[int(b["_source"][j])][1]
+            w = int(b["_index"][j])
+            np.testing.assert_array_equal(b["input"][j].numpy(), stream[w * 32 : w * 32 + 32])
+            np.testing.assert_array_equal(b["target"][j].numpy(), stream[w * 32 + 1 : w * 32 + 33])
+    check_resume(make, global_batch=12, world_sizes=[1, 3, 2], cuts=[0, 5, 17])
+
+
+# --- a real run: ranks in processes, SIGKILL with prefetch in flight, resume on another world size ----------
+
+RUN_SCRIPT = textwrap.dedent(
+    """
+    import hashlib, json, sys, time
+    from pageset import Loader, Mixture, RandomResizedCrop, RandomHorizontalFlip, Normalize, ToTensor
+    paths, rank, world, batch, threads, state_in, log, save_at = sys.argv[1:9]
+    rank, world, batch, threads, save_at = int(rank), int(world), int(batch), int(threads), int(save_at)
+    pipe = {"image": [RandomResizedCrop(32), RandomHorizontalFlip(), Normalize(), ToTensor()]}
+    loader = Loader(Mixture(json.loads(paths), [0.6, 0.4], samples_per_epoch=64), batch_size=batch, pipelines=pipe,
+                    order="quasi_random", seed=21, window_pages=2, rank=rank, world_size=world, num_threads=threads,
+                    batches_ahead=4)
+    if state_in != "-":
+        loader.load_state_dict(json.load(open(state_in)))
+    with open(log, "a") as f:
+        for step, b in enumerate(loader):
+            for j, (s, rid) in enumerate(zip(b["_source"].tolist(), b["_index"].tolist())):
+                h = hashlib.sha256(b["image"][j].numpy().tobytes()).hexdigest()[:16]
+                f.write(f"{s} {rid} {h}\\n")
+            f.flush()
+            if step == save_at:
+                json.dump(loader.state_dict(), open(log + ".state", "w"))
+                time.sleep(1.0)  # let the prefetch queue fill up, then wait to be killed
+                open(log + ".ready", "w").close()
+                time.sleep(600)
+    """
+)
+
+
+def _env():
+    env = dict(os.environ)
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def _read_log(path):
+    return [tuple(line.split()) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_sigkill_mixture_then_resume_on_another_world_size(tmp_path, image_files):
+    paths = json.dumps([str(p) for p in image_files])
+    control_log = tmp_path / "control.log"
+    subprocess.run([sys.executable, "-c", RUN_SCRIPT, paths, "0", "1", "8", "2", "-", str(control_log), "-1"],
+                   check=True, env=_env(), timeout=300)
+    control = _read_log(control_log)
+    assert len(control) == 64 and {s for s, _, _ in control} == {"0", "1"}
+    logs = [tmp_path / f"r{r}.log" for r in range(4)]
+    procs = [subprocess.Popen([sys.executable, "-c", RUN_SCRIPT, paths, str(r), "4", "2", "1", "-", str(logs[r]),
+                               "2"], env=_env(), start_new_session=True) for r in range(4)]
+    try:
+        deadline = time.monotonic() + 300
+        while not all(os.path.exists(str(lg) + ".ready") for lg in logs):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
+    states = [json.loads(open(str(lg) + ".state").read()) for lg in logs]
+    assert all(s == states[0] for s in states) and states[0]["cursor"] == 24
+    before = [_read_log(lg) for lg in logs]
+    assert [x for s in range(3) for r in range(4) for x in before[r][2 * s : 2 * s + 2]] == control[:24]
+    resumed_log = tmp_path / "resumed.log"
+    subprocess.run([sys.executable, "-c", RUN_SCRIPT, paths, "0", "2", "4", "2", str(logs[0]) + ".state",
+                    str(resumed_log) + "0", "-1"], check=True, env=_env(), timeout=300)
+    subprocess.run([sys.executable, "-c", RUN_SCRIPT, paths, "1", "2", "4", "1", str(logs[0]) + ".state",
+                    str(resumed_log) + "1", "-1"], check=True, env=_env(), timeout=300)
+    rest = [_read_log(tmp_path / f"resumed.log{r}") for r in range(2)]
+    merged = [x for s in range(5) for r in range(2) for x in rest[r][4 * s : 4 * s + 4]]
+    assert merged == control[24:]  # same sources, ids and augmented pixels
+
+
+@pytest.mark.parametrize("heading", ["### Subsets and splits", "### Mixing datasets"])
+def test_readme_examples_run(tmp_path, heading):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", readme[readme.index(heading):], re.S).group(1)
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]

@@ -1,0 +1,388 @@
+"""Training from object storage: real servers on 127.0.0.1 (moto's S3 server spoken to by s3fs/botocore,
+aiohttp's static file server) behind a fault-injecting proxy, all started and stopped here.
+
+Proves: a URL opens and validates like a local file (few requests), batches from ``s3://`` and ``http://`` are
+identical to the local file's for every order, rank layout and a resume point; faults on the wire (503
+SlowDown, connections cut mid-body, truncated and corrupted bodies, latency) change nothing; a replaced object,
+a damaged page, a missing object, a foreign object and a store that never answers end in clear errors; ranks
+sharing a cache_dir fetch each page once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from remote_servers import FaultProxy, MotoS3, StaticHTTP, s3_options
+
+from pageset import (
+    BadMagicError,
+    ChecksumMismatchError,
+    Int,
+    Loader,
+    ObjectChangedError,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    RemoteReadError,
+    RGBImage,
+    TokenWindows,
+    open_dataset,
+    open_tokens,
+    write_dataset,
+    write_tokens,
+)
+
+BUCKET = "pageset-test"
+PIPE = {"image": [RandomResizedCrop(32), RandomHorizontalFlip()]}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, imagenet_like, photos):
+    root = tmp_path_factory.mktemp("remote")
+    write_dataset(root / "train.pageset", imagenet_like, {"image": RGBImage(jpeg_quality=90), "label": Int()},
+                  num_workers=0, page_size=1 << 16, progress=False)
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(0, 60000, size=int(rng.integers(1, 300))) for _ in range(200)]
+    write_tokens(root / "tokens.pageset", docs, eos_id=60001, num_workers=0, page_size=4096, progress=False)
+    Path(root / "photo.jpg").write_bytes(Path(photos[0]).read_bytes())  # an object that is not a pageset file
+    return root
+
+
+@pytest.fixture(scope="module")
+def servers(files):
+    s3 = MotoS3()
+    http = StaticHTTP(files)
+    s3_proxy, http_proxy = FaultProxy(s3.url), FaultProxy(http.url)
+    try:
+        client = s3.client()
+        client.create_bucket(Bucket=BUCKET)
+        for name in ("train.pageset", "tokens.pageset", "photo.jpg"):
+            client.upload_file(str(files / name), BUCKET, name)
+        yield {"s3": s3, "http": http, "s3_proxy": s3_proxy, "http_proxy": http_proxy, "client": client,
+               "opts": s3_options(s3_proxy.url)}
+    finally:
+        s3_proxy.stop()
+        http_proxy.stop()
+        http.stop()
+        s3.stop()
+
+
+@pytest.fixture(autouse=True)
+def clean_proxies(request):
+    if "servers" in request.fixturenames:
+        srv = request.getfixturevalue("servers")
+        srv["s3_proxy"].reset()
+        srv["http_proxy"].reset()
+
+
+def _urls(servers, name):
+    """(url, storage_options) for the same file through S3 and through HTTP (each behind its proxy)."""
+    return [(f"s3://{BUCKET}/{name}", servers["opts"]), (f"{servers['http_proxy'].url}/{name}", None)]
+
+
+def _digest(batch) -> tuple:
+    img = np.ascontiguousarray(np.asarray(batch["image"]))
+    return tuple(batch["_index"].tolist()), hashlib.sha256(img.tobytes()).hexdigest()
+
+
+def _run(path, steps=None, state=None, **kw):
+    """Batches (digests) of one epoch (or ``steps`` of it) and the state after them."""
+    out = []
+    with Loader(path, **kw) as loader:
+        if state is not None:
+            loader.load_state_dict(state)
+        for b in loader:
+            out.append(_digest(b))
+            if steps is not None and len(out) == steps:
+                break
+        return out, loader.state_dict(), loader.remote_stats()
+
+
+def test_open_validates_like_local_in_three_requests(files, servers):
+    with open_dataset(files / "train.pageset") as local:
+        for url, opts in _urls(servers, "train.pageset"):
+            proxy = servers["s3_proxy" if url.startswith("s3") else "http_proxy"]
+            proxy.reset()
+            with open_dataset(url, opts) as ds:
+                opened = sum(proxy.counts.values())
+                assert opened <= 3, proxy.counts  # metadata, header, section table + sections
+                assert (ds.dataset_id, ds.page_count, ds.schema) == (local.dataset_id, local.page_count, local.schema)
+                assert ds.index.tobytes() == local.index.tobytes()
+                for i in (0, 17, len(local) - 1):
+                    assert ds[i]["label"] == local[i]["label"]
+                    assert ds[i]["image"].data == local[i]["image"].data
+                before = ds.remote.requests
+                ds.verify()
+                assert ds.remote.requests - before == 3  # head and tail (padding), all pages (< 8 MiB)
+                with pytest.raises(ValueError, match="no whole-file buffer"):
+                    ds.buffer  # noqa: B018
+    with open_dataset(f"file://{files / 'train.pageset'}") as ds:  # file:// is a local path: no fsspec
+        assert ds.remote is None and ds.dataset_id == local.dataset_id
+    with open_tokens(files / "tokens.pageset") as lt, open_tokens(*_urls(servers, "tokens.pageset")[0]) as rt:
+        assert len(rt) == len(lt) and rt.documents == lt.documents
+        for d in (0, 77, lt.documents - 1):
+            np.testing.assert_array_equal(rt.document(d), lt.document(d))
+        np.testing.assert_array_equal(rt.tokens[5000:9000:3], lt.tokens[5000:9000:3])
+
+
+def test_bad_urls_are_clear_errors(servers):
+    with pytest.raises(ValueError, match="unknown URL scheme 'nosuch'"):
+        open_dataset("nosuch://bucket/x.pageset")
+    with pytest.raises(ImportError, match="pip install gcsfs"):
+        open_dataset("gs://bucket/x.pageset")
+    missing = f"s3://{BUCKET}/missing.pageset"
+    with pytest.raises(FileNotFoundError, match=re.escape(missing)):
+        open_dataset(missing, servers["opts"])
+    with pytest.raises(FileNotFoundError, match="s3://no-such-bucket-here/x.pageset"):
+        open_dataset("s3://no-such-bucket-here/x.pageset", servers["opts"])
+    http_missing = f"{servers['http_proxy'].url}/missing.pageset"
+    with pytest.raises(FileNotFoundError, match=re.escape(http_missing)):
+        open_dataset(http_missing)
+    for url, opts in _urls(servers, "photo.jpg"):
+        with pytest.raises(BadMagicError, match=re.escape(url)):
+            open_dataset(url, opts)
+    with pytest.raises(ValueError, match="storage_options apply to URLs"):
+        open_dataset("train.pageset", {"anon": True})
+
+
+def test_no_credentials_is_the_clients_error_with_the_url(servers, monkeypatch):
+    for k in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(k)
+    for k in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+        monkeypatch.setenv(k, "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    url = f"s3://{BUCKET}/train.pageset"
+    with pytest.raises(PermissionError, match=re.escape(url) + ": Unable to locate credentials"):
+        open_dataset(url, {"client_kwargs": {"endpoint_url": servers["s3_proxy"].url, "region_name": "us-east-1"}})
+
+
+def test_damaged_page_is_fetched_again_then_named(files, servers):
+    url, opts = _urls(servers, "train.pageset")[0]
+    proxy = servers["s3_proxy"]
+    with open_dataset(files / "train.pageset") as local, open_dataset(url, opts) as ds:
+        proxy.reset()
+        proxy.corrupt_every = 2  # every other page read arrives with a flipped byte; its second fetch is clean
+        for i in range(len(local)):
+            assert ds[i]["image"].data == local[i]["image"].data
+        assert proxy.faults["corrupt"] >= 2
+        proxy.reset()
+        proxy.corrupt_every = 1
+        with pytest.raises(ChecksumMismatchError, match=re.escape(url) + r": .*CRC-32 mismatch"):
+            open_dataset(url, opts)  # metadata damaged on both reads (the one below: only once)
+        proxy.reset()
+        proxy.corrupt_every, proxy._n = 3, 1  # requests 2 (head), 3 (tail: damaged), 4, 5: read again once
+        with open_dataset(url, opts) as again:
+            assert again.dataset_id == ds.dataset_id
+    with open_dataset(url, opts) as ds:
+        proxy.reset()
+        proxy.corrupt_every = 1
+        with pytest.raises(ChecksumMismatchError, match=re.escape(url) + r": page \d+ at byte \d+: .*fetching it twice"):
+            ds[0]
+
+
+ORDERS = ["sequential", "random", "quasi_random"]
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("order", ORDERS)
+def test_batches_identical_local_s3_http_with_resume(files, servers, order, world_size):
+    kw = dict(batch_size=8 // world_size, pipelines=PIPE, order=order, seed=11, num_threads=2, window_pages=2,
+              world_size=world_size, drop_last=False)
+    rng = np.random.default_rng(ORDERS.index(order) * 10 + world_size)
+    for rank in range(world_size):
+        local, _, stats = _run(files / "train.pageset", rank=rank, **kw)
+        assert stats is None
+        resume_at = int(rng.integers(1, len(local)))
+        for url, opts in _urls(servers, "train.pageset"):
+            first, state, _ = _run(url, steps=resume_at, storage_options=opts, rank=rank, prefetch_bytes=1 << 17,
+                                   **kw)
+            rest, _, stats = _run(url, state=state, storage_options=opts, rank=rank, max_requests=2, **kw)
+            assert first + rest == local, (url, rank, resume_at)
+            assert stats["pages_fetched"] > 0
+
+
+def test_token_batches_identical_over_s3(files, servers):
+    kw = dict(batch_size=4, order="quasi_random", seed=3, num_threads=2, window_pages=2, world_size=2,
+              pipelines={"tokens": [TokenWindows(seq_len=100, document_outputs=True)]})
+
+    def run(path, rank, **extra):
+        with Loader(path, rank=rank, **kw, **extra) as loader:
+            return [[np.asarray(v).tobytes() for k, v in sorted(b.items()) if k != "max_seqlen"] for b in loader]
+
+    url, opts = _urls(servers, "tokens.pageset")[0]
+    for rank in range(2):
+        assert run(url, rank, storage_options=opts, prefetch_bytes=3 * 4096) == run(files / "tokens.pageset", rank)
+
+
+def test_two_epochs_through_faults_are_identical(files, servers):
+    kw = dict(batch_size=6, pipelines=PIPE, order="quasi_random", seed=5, num_threads=2, window_pages=2)
+
+    def two_epochs(path, **extra):
+        with Loader(path, **kw, **extra) as loader:
+            return [[_digest(b) for b in loader] for _ in range(2)]
+
+    local = two_epochs(files / "train.pageset")
+    for url, opts in _urls(servers, "train.pageset"):
+        proxy = servers["s3_proxy" if url.startswith("s3") else "http_proxy"]
+        proxy.reset()
+        with Loader(url, storage_options=opts, **kw):
+            pass  # opened before the faults start: they hit the page reads
+        proxy.latency, proxy.fail_every, proxy.drop_every, proxy.truncate_every = 0.005, 3, 5, 7
+        got = two_epochs(url, storage_options=opts, prefetch_bytes=1 << 16, max_requests=3, request_timeout=10,
+                         request_attempts=6)
+        assert got == local
+        assert proxy.faults["fail"] and proxy.faults["drop"] and proxy.faults["truncate"], proxy.faults
+
+
+def test_replaced_object_is_a_clear_error(files, servers, tmp_path):
+    client = servers["client"]
+    client.upload_file(str(files / "train.pageset"), BUCKET, "replaced.pageset")
+    url = f"s3://{BUCKET}/replaced.pageset"
+    kw = dict(batch_size=4, pipelines=PIPE, order="sequential", num_threads=1, prefetch_bytes=1 << 16,
+              storage_options=servers["opts"])
+    with Loader(url, **kw) as loader:
+        it = iter(loader)
+        next(it)
+        client.upload_file(str(files / "tokens.pageset"), BUCKET, "replaced.pageset")
+        with pytest.raises(ObjectChangedError, match=re.escape(url) + ": the object changed after it was opened"):
+            for _ in it:
+                pass
+    # HTTP: the served file is replaced by a rename (a new ETag)
+    served = files / "replaced.pageset"
+    served.write_bytes((files / "train.pageset").read_bytes())
+    http_url = f"{servers['http_proxy'].url}/replaced.pageset"
+    try:
+        with open_dataset(http_url) as ds:
+            ds[0]
+            tmp = files / "replaced.tmp"
+            tmp.write_bytes((files / "tokens.pageset").read_bytes())
+            os.replace(tmp, served)
+            with pytest.raises(ObjectChangedError, match=re.escape(http_url)):
+                ds[len(ds) - 1]
+    finally:
+        served.unlink()
+
+
+def test_never_answering_store_ends_in_a_clear_error(servers):
+    proxy = servers["http_proxy"]
+    url = f"{proxy.url}/train.pageset"
+    proxy.hang = True
+    t0 = time.monotonic()
+    with pytest.raises(RemoteReadError, match=re.escape(url) + r": metadata failed after 2 attempts"):
+        open_dataset(url, request_timeout=0.5, request_attempts=2)
+    assert time.monotonic() - t0 < 10
+    proxy.hang = False
+    with Loader(url, batch_size=4, pipelines=PIPE, num_threads=2, request_timeout=0.5, request_attempts=2) as loader:
+        proxy.hang = True
+        t0 = time.monotonic()
+        with pytest.raises(RemoteReadError, match=re.escape(url) + r": GET bytes \d+-\d+ failed after 2 attempts"):
+            next(iter(loader))
+        assert time.monotonic() - t0 < 10
+
+
+RANK_SCRIPT = textwrap.dedent(
+    """
+    import hashlib, json, sys
+    import numpy as np
+    from pageset import Loader, RandomResizedCrop, RandomHorizontalFlip
+    url, rank, world, cache_dir, opts, out = sys.argv[1:7]
+    with Loader(url, batch_size=3, pipelines={"image": [RandomResizedCrop(32), RandomHorizontalFlip()]},
+                order="quasi_random", seed=4, window_pages=2, rank=int(rank), world_size=int(world),
+                num_threads=1, storage_options=json.loads(opts), cache_dir=cache_dir, prefetch_bytes=1 << 17) as L:
+        got = [[b["_index"].tolist(), hashlib.sha256(np.asarray(b["image"]).tobytes()).hexdigest()] for b in L]
+        json.dump({"batches": got, "stats": L.remote_stats()}, open(out, "w"))
+    """
+)
+
+
+def _data_pages(ranges, data_offset, page_size, data_end):
+    pages = []
+    for r in ranges:
+        a, b = map(int, r.removeprefix("bytes=").split("-"))
+        if a >= data_offset and b < data_end:
+            pages.extend(range((a - data_offset) // page_size, (b - data_offset) // page_size + 1))
+    return pages
+
+
+@pytest.mark.slow  # four fresh Python processes (torch + numba imports): ~10-50 s on 2 busy cores
+def test_four_ranks_sharing_a_cache_dir_fetch_each_page_once(files, servers, tmp_path):
+    url, opts = _urls(servers, "train.pageset")[0]
+    proxy = servers["s3_proxy"]
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+
+    with open_dataset(files / "train.pageset") as ds:
+        geometry = (ds.data_offset, ds.page_size, ds.data_offset + ds.data_length)
+        page_count = ds.page_count
+    procs = [subprocess.Popen([sys.executable, str(script), url, str(r), "4", str(cache), json.dumps(opts),
+                               str(tmp_path / f"out{r}.json")], env=env) for r in range(4)]
+    for p in procs:
+        assert p.wait(timeout=300) == 0
+    results = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(4)]
+    fetched = _data_pages(proxy.range_gets("/train.pageset"), *geometry)
+    assert sorted(fetched) == sorted(set(fetched)), "a page was downloaded twice"
+    assert set(fetched) == set(range(page_count))
+    for r, res in enumerate(results):
+        local, _, _ = _run(files / "train.pageset", batch_size=3, pipelines=PIPE, order="quasi_random", seed=4,
+                           window_pages=2, rank=r, world_size=4, num_threads=1)
+        assert [(tuple(ids), digest) for ids, digest in res["batches"]] == local
+    assert sum(res["stats"]["disk_misses"] for res in results) == page_count
+    proxy.reset()  # a restarted job reuses what is on disk: no page is downloaded again
+    for r in range(4):
+        again, _, stats = _run(url, batch_size=3, pipelines=PIPE, order="quasi_random", seed=4, window_pages=2,
+                               rank=r, world_size=4, num_threads=1, storage_options=opts, cache_dir=cache)
+        assert [tuple(x[0]) for x in results[r]["batches"]] == [b[0] for b in again]
+        assert stats["disk_misses"] == 0 and stats["disk_hits"] > 0
+    assert _data_pages(proxy.range_gets("/train.pageset"), *geometry) == []
+
+
+def test_cli_inspect_and_verify_a_url(servers, capsys):
+    from pageset.cli import main
+
+    url, opts = _urls(servers, "train.pageset")[0]
+    assert main(["verify", url, "--storage-options", json.dumps(opts)]) == 0
+    assert f"{url}: OK (48 records" in capsys.readouterr().out
+    assert main(["inspect", url, "--json", "--storage-options", json.dumps(opts)]) == 0
+    assert json.loads(capsys.readouterr().out)["path"] == url
+    http_url = f"{servers['http_proxy'].url}/photo.jpg"
+    assert main(["verify", http_url]) == 1
+    assert f"{http_url}: header at byte 0: bad magic" in capsys.readouterr().err
+
+
+def test_cache_dir_is_size_bounded_lru(files, servers, tmp_path):
+    url, opts = _urls(servers, "train.pageset")[0]
+    cache = tmp_path / "cache"
+    with open_dataset(files / "train.pageset") as ds:
+        limit, page_count, dataset_id = 3 * ds.page_size, ds.page_count, ds.dataset_id
+    kw = dict(batch_size=8, pipelines=PIPE, order="sequential", num_threads=1, storage_options=opts,
+              cache_dir=cache, cache_limit_bytes=limit, prefetch_bytes=1 << 16,
+              max_requests=1)  # one fetch at a time: pages reach the disk in step order (LRU order is known)
+    local, _, _ = _run(files / "train.pageset", batch_size=8, pipelines=PIPE, order="sequential", num_threads=1)
+    got, _, stats = _run(url, **kw)
+    assert got == local
+    pages = sorted((cache / dataset_id).glob("*.page"), key=lambda p: p.stat().st_mtime_ns)
+    assert sum(p.stat().st_size for p in pages) <= limit
+    assert stats["disk_evicted"] >= page_count - 3 and stats["disk_misses"] == page_count
+    # the most recently used pages stayed: the last pages of the sequential epoch
+    assert {int(p.stem) for p in pages} <= set(range(page_count - 3, page_count))
+
+
+def test_labels_only_fetch_no_pages(files, servers):
+    url, opts = _urls(servers, "train.pageset")[0]
+    kw = dict(batch_size=8, pipelines={"image": None}, order="random", seed=2, num_threads=1)
+    with Loader(files / "train.pageset", **kw) as loader:
+        local = [(b["_index"].tolist(), b["label"].tolist()) for b in loader]
+    with Loader(url, storage_options=opts, **kw) as loader:
+        assert [(b["_index"].tolist(), b["label"].tolist()) for b in loader] == local
+        assert loader.remote_stats()["pages_fetched"] == 0
