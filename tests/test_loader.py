@@ -459,15 +459,15 @@ def test_verify_pages_checks_every_page_of_a_record_spanning_pages(tmp_path, pho
 def test_verify_pages_checks_both_pages_of_a_token_window(tmp_path):
     """A token window crossing a page boundary, damaged in its second page: the batch holding it must not be
     handed out (the window starting in that page comes later; checking only first pages would report there)."""
-    from pageset import ChecksumMismatchError, TokenWindows, write_tokens
+    from pageset import ChecksumMismatchError, TokenWindows, open_tokens, write_tokens
 
     rng = np.random.default_rng(3)
     path = tmp_path / "t.pageset"
     write_tokens(path, [rng.integers(1, 60000, size=300) for _ in range(40)], eos_id=0, num_workers=0,
                  page_size=4096, progress=False)
     seq_len, itemsize = 100, 2
-    with open_dataset(path) as ds:
-        page, base = ds.page_size, ds.data_offset
+    with open_tokens(path) as td:
+        page, base = td.dataset.page_size, td.dataset.data_offset
     stride, span = seq_len * itemsize, (seq_len + 1) * itemsize
     w = next(w for w in range(1, 1000) if (w * stride) // page != (w * stride + span - 1) // page)
     off = base + w * stride + span - 1  # the high byte of window w's last target, in the next page
