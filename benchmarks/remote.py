@@ -1,7 +1,9 @@
 """Training from object storage: the same file read locally, from a local S3 server and from an HTTP server,
-with 0, 10 and 50 ms injected per request.
+with 0, 10 and 50 ms injected per request; Mosaic Streaming and litdata reading the same photos from the same S3
+server; the MLPerf Storage framing (an emulated accelerator, AU >= 90%).
 
-    .venv/bin/python -m benchmarks.remote [--images 600] [--threads 2] [--latencies 0,10,50] [--json out/bench_remote.json]
+    .venv/bin/python -m benchmarks.remote [--images 1200] [--threads 2] [--latencies 0,10,50] [--repeats 3]
+        [--peers mds,litdata] [--au-probes 5] [--json out/bench_remote.json] [--chart out/remote.png]
 
 Servers (all on 127.0.0.1, started here in a separate process per latency, so their Python threads do not share
 the loader's GIL): moto's S3 server (``moto[server]``) spoken to by s3fs/botocore, and aiohttp's static file
@@ -13,7 +15,18 @@ Rows per (source, latency, order): images/s after the first batch and as a ratio
 same run; time to first batch (open included); range requests and bytes fetched per epoch; read amplification
 (bytes fetched / bytes of the records the epoch used); the emulated accelerator's utilisation (AU: a consumer that
 sleeps ``--compute-ms`` per batch; AU = compute time / wall time). First the server's own floor: serial
-page-sized GETs per second and MB/s, so rates can be read against what the server can give at all.
+page-sized GETs per second and MB/s, so rates can be read against what the server can give at all. Every row runs
+``--repeats`` times (interleaved); tables give the median (min-max).
+
+Peers (``--peers``, in their own venv from ``benchmarks/peers/setup_streaming.sh``): the JPEG bytes pageset stored
+are written as an ImageFolder, converted to MDS shards / litdata chunks of ``--peer-shard-mb`` and uploaded to
+the same moto server behind the same proxy; each reads them with its own S3 client (MDS: boto3 with
+``S3_ENDPOINT_URL``; litdata: ``storage_options={"endpoint_url": ...}``, obstore for chunks) through a DataLoader
+with ``--threads`` workers, Pillow decode + RandomResizedCrop(160) + flip + normalize (their way), one epoch per
+fresh dataset and empty local cache (``benchmarks/peers/streaming_bench.py remote``).
+
+AU search (``--au-probes``): for the local file and ``s3://`` at each latency, a bisection over the compute time
+per batch (one epoch per probe on an open Loader) for the shortest at which AU >= 90%.
 """
 
 from __future__ import annotations
@@ -138,14 +151,26 @@ def run_tokens(path, order, threads, **kw):
 
 
 def write_chart(result: dict, path) -> None:
-    """PNG: images/s and read amplification by latency, one line per (source, order), from a saved result."""
+    """PNG from a saved result: images/s by latency (pageset s3/http per order, the peers from s3), read
+    amplification, and the emulated accelerator's utilisation at the run's fixed compute time; medians of the
+    runs, bars from min to max."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = result["rows"]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    rows, peer_rows = result["rows"], result.get("peer_rows", [])
+    fig, axes = plt.subplots(1, 3 if peer_rows or "AU" in rows[0] else 2, figsize=(16, 4.8))
+    ax, ax2 = axes[0], axes[1]
+
+    def line(a, sub, key, style, color, label, scale=1.0):
+        lat = [r["latency_ms"] for r in sub]
+        med = [r[key] * scale for r in sub]
+        err = None
+        if all(key + "_min" in r for r in sub):
+            err = [[(r[key] - r[key + "_min"]) * scale for r in sub], [(r[key + "_max"] - r[key]) * scale for r in sub]]
+        a.errorbar(lat, med, yerr=err, fmt=style, color=color, marker="o", capsize=3, label=label)
+
     for order, style in (("quasi_random", "-"), ("random", "--")):
         local = next((r for r in rows if r["source"] == "local" and r["order"] == order), None)
         for source, color in (("s3", "tab:blue"), ("http", "tab:orange")):
@@ -153,20 +178,38 @@ def write_chart(result: dict, path) -> None:
                          key=lambda r: r["latency_ms"])
             if not sub:
                 continue
-            lat = [r["latency_ms"] for r in sub]
-            ax.plot(lat, [r["images_per_s"] for r in sub], style, color=color, marker="o", label=f"{source} {order}")
-            ax2.plot(lat, [r["read_amplification"] for r in sub], style, color=color, marker="o",
-                     label=f"{source} {order}")
+            line(ax, sub, "images_per_s", style, color, f"pageset {source} {order}")
+            line(ax2, sub, "read_amplification", style, color, f"pageset {source} {order}")
+            if len(axes) > 2 and order == "quasi_random" and "AU" in sub[0]:
+                line(axes[2], sub, "AU", style, color, f"pageset {source} {order}", 100)
         if local is not None:
-            ax.axhline(local["images_per_s"], linestyle=style, color="gray", label=f"local file {order}")
-    ax.set(xlabel="injected latency per request (ms)", ylabel="images/s (2 threads)",
-           title=f"images/s, pages of {result['page_size'] >> 10} KiB")
+            ax.axhline(local["images_per_s"], linestyle=style, color="gray", label=f"pageset local file {order}")
+            if len(axes) > 2 and order == "quasi_random":
+                axes[2].axhline(local["AU"] * 100, linestyle=style, color="gray", label="pageset local file")
+    for peer, color in (("mds", "tab:green"), ("litdata", "tab:purple")):
+        sub = sorted((r for r in peer_rows if r["peer"] == peer and r["source"].endswith("s3")),
+                     key=lambda r: r["latency_ms"])
+        local = next((r for r in peer_rows if r["peer"] == peer and r["source"].endswith("local")), None)
+        name = {"mds": "Mosaic Streaming", "litdata": "litdata"}[peer]
+        if sub:
+            line(ax, sub, "images_per_s", ":", color, f"{name} s3")
+            line(ax2, sub, "read_amplification", ":", color, f"{name} s3")
+            line(axes[2], sub, "AU", ":", color, f"{name} s3", 100)
+        if local is not None:
+            ax.axhline(local["images_per_s"], linestyle=":", color=color, alpha=0.5, label=f"{name} local")
+    n = result.get("repeats", 1)
+    ax.set(xlabel="injected latency per request (ms)", ylabel="images/s (2 threads / 2 workers)",
+           title=f"images/s, pages of {result['page_size'] >> 10} KiB" + (f", median of {n}" if n > 1 else ""))
     ax2.set(xlabel="injected latency per request (ms)", ylabel="bytes fetched / bytes used",
             title="read amplification (first epoch)")
-    ax.set_ylim(bottom=0)
-    ax2.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
-    ax2.legend(fontsize=8)
+    for a in axes:
+        a.set_ylim(bottom=0)
+        a.legend(fontsize=7)
+    if len(axes) > 2:
+        axes[2].set(xlabel="injected latency per request (ms)", ylabel="AU (%)",
+                    title=f"accelerator utilisation, {result['compute_s'] * 1e3:.0f} ms compute per batch")
+        axes[2].axhline(90, color="red", linewidth=0.8)
+        axes[2].set_ylim(0, 105)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -340,6 +383,7 @@ def main() -> None:
                    else 1.2 * BATCH / local0[orders[0]]["images_per_s"])
         runs: dict = {}
         peer_runs: dict = {}
+        peer_failures: list = []
         au_runs: dict = {}
         for rep in range(args.repeats):
             for order in orders:
@@ -361,11 +405,21 @@ def main() -> None:
                     env = None if lat is None else {
                         "S3_ENDPOINT_URL": servers[lat].info["s3_endpoint"], "AWS_ACCESS_KEY_ID": "testing",
                         "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-                    row = peer_call(["remote", "--peer", peer, "--path", where, "--workers", args.threads,
-                                     "--compute-ms", compute * 1e3], env=env)
-                    base = base or row["images_per_s"]
+                    row = None
+                    for attempt in range(2):  # a peer's own failure is recorded (peer_failures), not fatal
+                        try:
+                            row = peer_call(["remote", "--peer", peer, "--path", where, "--workers", args.threads,
+                                             "--compute-ms", compute * 1e3], env=env)
+                            break
+                        except (RuntimeError, subprocess.TimeoutExpired) as e:
+                            msg = str(e).strip().splitlines()[-1][:300]
+                            peer_failures.append({"peer": peer, "latency_ms": lat, "run": rep, "error": msg})
+                            print(f"{peer} at {lat} ms failed (attempt {attempt + 1}): {msg}", flush=True)
+                    if row is None:
+                        continue
+                    base = base or (row["images_per_s"] if lat is None else None)
                     row.update(source=f"{peer} {'local' if lat is None else 's3'}", peer=peer,
-                               latency_ms=lat or 0, vs_local=row["images_per_s"] / base,
+                               latency_ms=lat or 0, vs_local=row["images_per_s"] / base if base else None,
                                read_amplification=(row["bytes_downloaded"] / used if lat is not None else None))
                     peer_runs.setdefault((peer, lat), []).append(row)
             if args.au_probes:
@@ -450,7 +504,10 @@ def main() -> None:
                       f"{_mm(r, 'first_batch_s', '{:.2f}', unit=' s')} | {req} | {amp} |")
         wall = time.perf_counter() - t_start
         print(f"\nbenchmark wall time: {wall / 60:.1f} min")
-        result = {"floors": floors, "rows": rows, "peer_rows": peer_rows, "au_rows": au_rows,
+        for f in peer_failures:
+            print(f"peer failure: {f}")
+        result = {"floors": floors, "rows": rows, "peer_rows": peer_rows, "peer_failures": peer_failures,
+                  "au_rows": au_rows,
                   "token_rows": tok_rows, "compute_s": compute, "images": res.records, "file_bytes": size,
                   "page_size": args.page_size, "repeats": args.repeats, "wall_s": wall}
         if args.json:

@@ -5,6 +5,9 @@
     benchmarks/.envs/streaming/bin/python benchmarks/peers/streaming_bench.py load --peer mds|litdata \
         --path DIR --workers 2 [--batch-size 64]
     benchmarks/.envs/streaming/bin/python benchmarks/peers/streaming_bench.py tokens --out DIR [--tokens N]
+    S3_ENDPOINT_URL=http://... AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... \
+    benchmarks/.envs/streaming/bin/python benchmarks/peers/streaming_bench.py remote --peer mds|litdata \
+        --path s3://bucket/prefix|DIR --compute-ms MS [--workers 2] [--size 160]   (benchmarks/remote.py runs it)
 
 Both store the JPEG files' bytes unchanged (a `bytes` column), so they read the very bytes the DataLoader
 baseline reads from the folder; samples are decoded and augmented in the DataLoader workers with Pillow:
