@@ -69,7 +69,7 @@ def small_resnet(n_classes):
 
 def make_loader(path, threads):
     pipe = {"image": [RandomResizedCrop(64), RandomHorizontalFlip(), Normalize(), ToTorchImage(channels_last=False),
-                      ToTensor()]}  # "label" left out: its default decoder, int64[B] numpy
+                      ToTensor()]}  # "label" left out: its default decoder, int64[B] tensor
     return Loader(path, batch_size=B, pipelines=pipe, order="quasi_random", seed=0, num_threads=threads)
 
 
@@ -101,7 +101,7 @@ def main() -> None:
 
         def step(batch):
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(batch["image"]), torch.from_numpy(batch["label"]))
+            loss = loss_fn(model(batch["image"]), batch["label"])
             loss.backward()
             opt.step()
 

@@ -55,6 +55,7 @@ from pageset import (  # noqa: E402
     RGBImage,
     TokenWindows,
     open_dataset,
+    open_tokens,
     write_dataset,
     write_tokens,
 )
@@ -355,8 +356,8 @@ def main() -> None:
         rng = np.random.default_rng(0)  # ids only: the loader's cost does not depend on which ids
         docs = (rng.integers(0, 50000, int(n)) for n in rng.integers(50, 4000, args.tokens // 2000))
         write_tokens(tok_path, docs, eos_id=50256, page_size=args.page_size, num_workers=0, progress=False)
-        with open_dataset(tok_path) as ds:
-            tok_bytes = ds.data_length  # an epoch of windows reads every token once
+        with open_tokens(tok_path) as td:
+            tok_bytes = td.dataset.data_length  # an epoch of windows reads every token once
         with open_dataset(path) as ds:
             used = int(ds.index["_length"].astype(np.int64).sum())  # bytes of the records one epoch reads
         latencies = [float(x) for x in args.latencies.split(",")]

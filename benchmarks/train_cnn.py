@@ -112,7 +112,7 @@ def evaluate(model, path) -> float:
     with torch.no_grad(), Loader(path, batch_size=256, order="sequential", drop_last=False,
                                  pipelines=pipelines(), num_threads=1) as loader:
         for b in loader:
-            keep = ~torch.from_numpy(b["_is_padding"])
+            keep = ~b["_is_padding"]
             pred = model(to_input(b)).argmax(1)
             correct += int((pred == b["label"])[keep].sum())
             total += int(keep.sum())

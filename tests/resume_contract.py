@@ -59,7 +59,7 @@ def run_epochs(make_loader, world_size, batch_size, threads, epochs):
     try:
         stream = []
         for _ in range(epochs):
-            stream += global_stream(loaders, len(loaders[0]))
+            stream += global_stream(loaders, loaders[0].steps_remaining)
         return stream
     finally:
         for ld in loaders:
@@ -79,7 +79,7 @@ def check_resume(make_loader, global_batch, world_sizes, cuts, epochs=2):
             done = []
             remaining = cut
             while remaining:
-                k = min(remaining, len(loaders[0]))
+                k = min(remaining, loaders[0].steps_remaining)
                 done += global_stream(loaders, k)
                 remaining -= k
             states = [ld.state_dict() for ld in loaders]
@@ -94,7 +94,7 @@ def check_resume(make_loader, global_batch, world_sizes, cuts, epochs=2):
             rest = []
             left = total - cut
             while left:
-                k = len(resumed[0])
+                k = resumed[0].steps_remaining
                 rest += global_stream(resumed, k)
                 left -= k
             for ld in resumed:

@@ -76,7 +76,7 @@ def test_chaos_resume(files):
         loaders = [make(r, w1, G // w1, t1) for r in range(w1)]
         done, remaining = [], cut
         while remaining:
-            k = min(remaining, len(loaders[0]))
+            k = min(remaining, loaders[0].steps_remaining)
             done += global_stream(loaders, k)
             remaining -= k
         state = loaders[0].state_dict()
@@ -88,7 +88,7 @@ def test_chaos_resume(files):
             ld.load_state_dict(state)
         rest, left = [], total - cut
         while left:
-            k = min(left, len(resumed[0]))
+            k = min(left, resumed[0].steps_remaining)
             rest += global_stream(resumed, k)
             left -= k
         for ld in resumed:

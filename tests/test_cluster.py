@@ -160,7 +160,8 @@ def test_bad_sample_on_dask_names_index_and_keeps_old_file(tmp_path, photos, clu
     with pytest.raises(SampleError) as ei:
         write_dataset(out, src, {"image": RGBImage(max_resolution=64)}, progress=False,
                       executor=cluster.get_executor(), chunk_size=4)
-    assert ei.value.index == 6 and ei.value.field == "image" and "Worker traceback" in str(ei.value)
+    assert ei.value.index == 6 and ei.value.field == "image" and "on_error='skip'" in str(ei.value)
+    assert "Traceback (most recent call last)" in str(ei.value.__cause__)  # the worker's, as the cause
     assert out.read_bytes() == before and _only(tmp_path) == ["out.pageset"]
     res = write_dataset(out, src, {"image": RGBImage(max_resolution=64)}, progress=False, on_error="skip",
                         executor=cluster.get_executor(), chunk_size=4, lineage=False)

@@ -108,7 +108,7 @@ def test_copy_queue_with_a_mixture(tmp_path, photo_arrays, fake_cuda):
     mix = Mixture(paths, [0.6, 0.4])
     kw = dict(batch_size=4, seed=1, num_threads=2, batches_ahead=2)
     with Loader(mix, pipelines={"image": [RandomResizedCrop(16), ToTensor()], "label": [ToTensor()]}, **kw) as ref:
-        expected = [(b["image"].clone(), b["_source"].copy(), b["_index"].copy()) for b in ref]
+        expected = [(b["image"].clone(), b["_source"].clone(), b["_index"].clone()) for b in ref]
     with Loader(mix, pipelines={"image": [RandomResizedCrop(16), FakeToDevice("cpu")], "label": [ToTensor()]},
                 **kw) as loader:
         got = list(loader)

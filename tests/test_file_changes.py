@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from pageset import (
+    Dataset,
     FileChangedError,
     Int,
     Loader,
@@ -70,7 +71,7 @@ def _loader(path, kind, cache, **kw):
 def test_truncated_under_a_loader_names_file_and_bytes(tmp_path, files, kind, cache):
     path = tmp_path / "live.pageset"
     shutil.copyfile(files[kind][0], path)
-    with open_dataset(path) as ds:
+    with Dataset(path) as ds:  # either kind of file
         cut = ds.data_offset + 100  # keeps the header and a little of page 0
     with _loader(path, kind, cache, order="sequential") as loader:
         it = iter(loader)

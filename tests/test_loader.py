@@ -74,7 +74,8 @@ def test_random_resized_crop_matches_pillow_reference(image_file):
     seed = 7
     pipe = [RandomResizedCrop(64), RandomHorizontalFlip(p=0.0)]
     with open_dataset(image_file) as ds, Loader(image_file, batch_size=16, seed=seed, num_threads=2,
-                                                 pipelines={"image": pipe, "label": None}) as loader:
+                                                 pipelines={"image": pipe, "label": None},
+                                                 array_type="numpy") as loader:
         errors, exact = [], 0
         for step, batch in enumerate(loader):
             for j, rid in enumerate(batch["_index"]):
@@ -103,7 +104,7 @@ def test_center_crop_matches_reference(image_file):
             side = min(rec.height, rec.width)
             x, y = (rec.width - side) // 2, (rec.height - side) // 2
             ref = Image.fromarray(rec.to_numpy()).crop((x, y, x + side, y + side)).resize((48, 48), Image.BILINEAR)
-            diff = np.abs(batch["image"][j].astype(int) - np.asarray(ref).astype(int))
+            diff = np.abs(batch["image"][j].numpy().astype(int) - np.asarray(ref).astype(int))  # torch by default
             assert diff.mean() < 3.0
 
 
@@ -116,7 +117,7 @@ def test_normalize_layouts_and_dtypes(image_file):
             return next(iter(loader))["image"]
 
     u8 = first([])
-    assert u8.shape == (8, 32, 32, 3) and u8.dtype == np.uint8
+    assert u8.shape == (8, 32, 32, 3) and u8.dtype == torch.uint8
     f32 = first([Normalize(), ToTorchImage(), ToTensor()])
     assert f32.shape == (8, 3, 32, 32) and f32.dtype == torch.float32
     assert f32.is_contiguous(memory_format=torch.channels_last)
@@ -124,7 +125,7 @@ def test_normalize_layouts_and_dtypes(image_file):
     assert nchw.is_contiguous() and torch.equal(nchw, f32)
     mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
     std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
-    ref = (torch.from_numpy(u8).permute(0, 3, 1, 2).float() / 255 - mean) / std
+    ref = (u8.permute(0, 3, 1, 2).float() / 255 - mean) / std
     torch.testing.assert_close(f32, ref, atol=1e-6, rtol=1e-6)
     bf = first([Normalize(dtype=torch.bfloat16), ToTorchImage(), ToTensor()])
     assert bf.dtype == torch.bfloat16 and torch.equal(bf, f32.to(torch.bfloat16))
@@ -202,7 +203,7 @@ def test_state_dict_resume_matches_control(image_file):
         with Loader(image_file, num_threads=1, rank=rank, world_size=2,
                     **{**kw, "batch_size": 2}) as loader:
             loader.load_state_dict(state)
-            assert len(loader) == 12 - 5
+            assert loader.steps_remaining == 12 - 5 and len(loader) == 12
             streams.append([b["_index"].tolist() for b in loader])
     merged = [a + b for a, b in zip(*streams)]
     assert merged == [ids for ids, _ in control[5:12]]
@@ -241,7 +242,7 @@ def test_corrupt_jpeg_raises_with_sample_index(tmp_path, image_file):
                 pass
         assert time.monotonic() - t0 < 30
         # the loader is still usable after the error: the next epoch-iterator starts again from the state
-        assert len(loader) == 5
+        assert loader.steps_remaining == 5 and len(loader) == 6
 
 
 def test_exception_in_a_thread_is_reraised_with_traceback(image_file, monkeypatch):
@@ -314,7 +315,8 @@ def test_grayscale_progressive_and_huge_jpegs_through_the_loader(tmp_path, photo
     with open_dataset(path) as ds:
         assert [ds[i]["image"].data for i in range(4)] == blobs  # stored unchanged
     pipe = [CenterCrop(64, ratio=1.0)]
-    with Loader(path, batch_size=4, order="sequential", num_threads=2, pipelines={"image": pipe}) as loader:
+    with Loader(path, batch_size=4, order="sequential", num_threads=2, pipelines={"image": pipe},
+                array_type="numpy") as loader:
         (batch,) = list(loader)
     for j, blob in enumerate(blobs):
         ref_img = Image.open(io.BytesIO(blob)).convert("RGB")

@@ -100,7 +100,7 @@ def test_thousand_early_broken_epochs_no_growth(small_file):
                 break
             if k % 50 == 49:
                 samples.append(sample())
-        assert loader.epoch == 999 and len(loader) == loader.steps_per_epoch - 1
+        assert loader.epoch == 999 and loader.steps_remaining == loader.steps_per_epoch - 1
         assert sum(1 for _ in loader) == loader.steps_per_epoch - 1  # the broken epoch's rest is still there
     _check(samples, 2, "1000 early-broken epochs")
 

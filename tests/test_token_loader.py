@@ -91,3 +91,54 @@ def test_cuda_copies_equal_cpu_batches(token_file):
             got.append(b["input"])
         torch.cuda.synchronize()
     assert all(torch.equal(a, b.cpu()) for a, b in zip(ref, got))
+
+
+def _process_cache_epoch(path, seq_len):
+    """Run one quasi-random epoch with page_cache="process"; return the cache's counters and the peak bytes
+    allocated during the epoch (numpy reports its allocations to tracemalloc)."""
+    import tracemalloc
+
+    with Loader(path, batch_size=64, order="quasi_random", seed=5, num_threads=2, window_pages=2,
+                page_cache="process", pipelines={"tokens": [TokenWindows(seq_len)]}) as loader:
+        with open_tokens(path) as td:
+            tokens = np.asarray(td.tokens)
+        for batch in loader:  # epoch 0 compiles (or loads) the kernels and grows each thread's staging buffer
+            del batch  # (a batch still held when its slot comes round again gets fresh buffers)
+        it = iter(loader)  # epoch 1 is measured: it reads every page again (the file is 3x the cache)
+        misses = loader._pages.misses
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            for batch in it:  # every window equals the file's tokens: the cache never serves stale bytes
+                for w, inp in zip(batch["_index"].tolist(), batch["input"]):
+                    np.testing.assert_array_equal(inp, tokens[w * seq_len : w * seq_len + seq_len])
+                assert loader._pages.resident_pages <= loader._pages.capacity
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+        cache = loader._pages
+        return {"capacity": cache.capacity, "peak_resident": cache.peak_resident, "misses": cache.misses - misses,
+                "arena_bytes": cache._arena.nbytes, "peak": peak}
+
+
+def test_process_cache_memory_is_bounded_whatever_the_file_size(tmp_path):
+    """The page cache holds at most ``capacity`` pages (one arena, allocated once), reads each page once per
+    quasi-random epoch, and allocates no page while loading, for a file 4x larger too."""
+    rng = np.random.default_rng(3)
+    page = 1 << 18
+    stats = {}
+    for n_pages in (24, 96):  # 256 KiB pages of uint16 tokens
+        path = tmp_path / f"t{n_pages}.pageset"
+        write_tokens(path, [rng.integers(0, 60000, n_pages * page // 2).astype(np.uint16)], None, eos_id=60001,
+                     num_workers=0, page_size=page, progress=False)
+        stats[n_pages] = _process_cache_epoch(path, 2048)
+    small, big = stats[24], stats[96]
+    # window_pages * ceil(positions in flight / windows per quasi-random window) + 2, whatever the file size:
+    # 2 * ceil((4 batches ahead + 1) * 64 / (2 pages * 64 windows)) + 2
+    assert small["capacity"] == big["capacity"] == 2 * 3 + 2
+    assert small["arena_bytes"] == big["arena_bytes"] == big["capacity"] * page
+    assert small["peak_resident"] <= small["capacity"] and big["peak_resident"] <= big["capacity"]
+    # each page read once per epoch (the windows straddling two pages are read directly, never cached)
+    assert small["misses"] <= 24 + 2 and big["misses"] <= 96 + 2
+    # no page-sized allocation during the epoch (the arena exists before it), whatever the file size
+    assert big["peak"] < page and small["peak"] < page, (small, big)

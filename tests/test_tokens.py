@@ -151,8 +151,8 @@ def test_corruption_and_old_readers(tmp_path):
     raw = bytearray(path.read_bytes())
     raw[4096 + 10] ^= 1  # a token byte: page checksums catch it
     bad.write_bytes(raw)
-    with open_dataset(bad) as ds, pytest.raises(ChecksumMismatchError, match="page 0"):
-        ds.verify()
+    with open_tokens(bad) as td, pytest.raises(ChecksumMismatchError, match="page 0"):
+        td.dataset.verify()
     import pageset.format.constants as C
 
     old = C.KNOWN_REQUIRED_FEATURES
@@ -169,7 +169,7 @@ def test_corruption_and_old_readers(tmp_path):
 def test_import_nanogpt(tmp_path):
     stream = np.array([5, 6, EOT, 7, EOT, 8, 9], dtype=np.uint16)
     stream.tofile(tmp_path / "train.bin")
-    r = import_nanogpt(tmp_path / "train.bin", tmp_path / "n")
+    r = import_nanogpt(tmp_path / "n", tmp_path / "train.bin")
     assert r.dtype == "uint16"
     with open_tokens(tmp_path / "n") as td:
         assert td.tokens.tolist() == stream.tolist()
@@ -182,19 +182,19 @@ def test_import_llmc(tmp_path):
     header[:3] = (20240520, 1, toks.size)
     with open(tmp_path / "a.bin", "wb") as f:
         f.write(header.tobytes() + toks.tobytes())
-    import_llmc(tmp_path / "a.bin", tmp_path / "a")
+    import_llmc(tmp_path / "a", tmp_path / "a.bin")
     with open_tokens(tmp_path / "a") as td:
         assert td.tokens.tolist() == toks.tolist() and td.doc_offsets.tolist() == [0, 3, 7]
     header[2] = 99  # token count disagrees with the file size
     with open(tmp_path / "b.bin", "wb") as f:
         f.write(header.tobytes() + toks.tobytes())
     with pytest.raises(ValueError, match="header says 99 tokens"):
-        import_llmc(tmp_path / "b.bin", tmp_path / "b")
+        import_llmc(tmp_path / "b", tmp_path / "b.bin")
     header[:3] = (20240522, 1, toks.size)
     with open(tmp_path / "c.bin", "wb") as f:
         f.write(header.tobytes() + toks.tobytes())
     with pytest.raises(ValueError, match="magic"):
-        import_llmc(tmp_path / "c.bin", tmp_path / "c")
+        import_llmc(tmp_path / "c", tmp_path / "c.bin")
 
 
 def _megatron(prefix: Path, docs: list[list[list[int]]], code=4, dtype="<i4"):
@@ -213,13 +213,13 @@ def _megatron(prefix: Path, docs: list[list[list[int]]], code=4, dtype="<i4"):
 def test_import_megatron(tmp_path):
     docs = [[[1, 2, 0], [3, 0]], [[70000, 0]], [[4, 5, 6, 0]]]
     _megatron(tmp_path / "m_text_document", docs)
-    r = import_megatron(tmp_path / "m_text_document", tmp_path / "m", eos_id=0)
+    r = import_megatron(tmp_path / "m", tmp_path / "m_text_document", eos_id=0)
     assert r.dtype == "uint32" and r.documents == 3
     with open_tokens(tmp_path / "m") as td:
         assert td.tokens.tolist() == [1, 2, 0, 3, 0, 70000, 0, 4, 5, 6, 0]
         assert td.doc_offsets.tolist() == [0, 5, 7, 11]
     _megatron(tmp_path / "u", [[[1, 2]], [[3]]], code=8, dtype="<u2")
-    assert import_megatron(tmp_path / "u.idx", tmp_path / "u", eos_id=0).dtype == "uint16"
+    assert import_megatron(tmp_path / "u", tmp_path / "u.idx", eos_id=0).dtype == "uint16"
 
 
 # ---- windows ---------------------------------------------------------------------------------------------

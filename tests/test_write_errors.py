@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from pageset import Int, NDArray, RGBImage, SampleError, open_dataset, write_dataset
+from pageset.write.sources import WorkerTraceback
 
 
 class RaisesAt:
@@ -42,8 +43,10 @@ def test_getitem_raising_at_5_names_index_and_keeps_previous_file(tmp_path, num_
     err = ei.value
     assert err.index == 5
     assert "sample 5" in str(err) and "corrupt record 5 in upstream store" in str(err)
-    if num_workers:
-        assert "Worker traceback" in str(err) and "__getitem__" in str(err)
+    assert "on_error='skip'" in str(err) and str(err).count("corrupt record 5") == 1  # said once, with the fix
+    if num_workers:  # the worker's traceback is the cause, shown once below the message
+        assert isinstance(err.__cause__, WorkerTraceback) and "__getitem__" in str(err.__cause__)
+        assert "Traceback" not in str(err)
     else:
         assert isinstance(err.__cause__, RuntimeError)
     assert out.read_bytes() == before

@@ -25,8 +25,8 @@ from .format import (
     Int,
     NDArray,
     ObjectChangedError,
-    RGBImage,
     RemoteReadError,
+    RGBImage,
     SchemaError,
     TruncatedFileError,
     UnsupportedFeatureError,
@@ -36,7 +36,15 @@ from .format.fields import Tokens
 from .merge import merge_datasets
 from .read import Dataset, EncodedImage, open_dataset
 from .read.tokens import TokenDataset, open_tokens
-from .write import ImageFolder, ParquetSource, SampleError, WebDatasetSource, WriteResult, write_dataset
+from .write import (
+    ImageFolder,
+    ImageList,
+    ParquetSource,
+    SampleError,
+    WebDatasetSource,
+    WriteResult,
+    write_dataset,
+)
 from .write.importers import import_llmc, import_megatron, import_nanogpt
 from .write.tokens import TokenWriteResult, write_tokens
 
@@ -92,6 +100,7 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "ImageFolder",
+    "ImageList",
     "IndexBoundsError",
     "Int",
     "IntDecoder",

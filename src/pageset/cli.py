@@ -22,34 +22,10 @@ import sys
 import numpy as np
 
 from .format import FormatError
-from .format.constants import DEFAULT_PAGE_SIZE, ENCODING_NAMES
+from .format.constants import DEFAULT_PAGE_SIZE, ENCODING_NAMES, FORMAT_MAJOR, FORMAT_MINOR
 from .format.fields import Int, RGBImage
-from .read import open_dataset
-from .write import SampleError, write_dataset
-
-
-def _read_file_list(path: str):
-    """Samples and fields from a text file of image paths (relative paths are relative to the list file)."""
-    base = os.path.dirname(os.path.abspath(path))
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            parts = line.split("\t")
-            p = parts[0] if os.path.isabs(parts[0]) else os.path.join(base, parts[0])
-            if len(parts) > 2:
-                raise SystemExit(f"{path}:{lineno}: expected '<path>' or '<path>\\t<label>', got {line!r}")
-            try:
-                rows.append((p, int(parts[1])) if len(parts) == 2 else (p,))
-            except ValueError:
-                raise SystemExit(f"{path}:{lineno}: label {parts[1]!r} is not an integer") from None
-    if not rows:
-        raise SystemExit(f"{path}: no image paths listed")
-    if len({len(r) for r in rows}) != 1:
-        raise SystemExit(f"{path}: either every line has a label or none does")
-    return rows, len(rows[0]) == 2
+from .read import Dataset
+from .write import ImageList, SampleError, write_dataset
 
 
 def _executor(args):
@@ -80,22 +56,27 @@ def _storage_options(args) -> dict | None:
 def cmd_convert(args) -> int:
     image = RGBImage(max_resolution=args.max_resolution, encoding=args.encoding, jpeg_quality=args.jpeg_quality,
                      jpeg_subsampling=args.jpeg_subsampling, jpeg_passthrough=args.jpeg_passthrough)
-    if os.path.isdir(args.source):
-        source, fields = args.source, {"image": image, "label": Int()}
-    elif os.path.isfile(args.source):
-        rows, labelled = _read_file_list(args.source)
-        source = rows
-        fields = {"image": image, "label": Int()} if labelled else {"image": image}
-    else:
-        print(f"pageset convert: {args.source}: no such directory or file list", file=sys.stderr)
-        return 2
     executor, client = _executor(args)
     try:
+        if os.path.isdir(args.source):
+            source, fields = args.source, {"image": image, "label": Int()}
+        elif os.path.isfile(args.source):
+            source = ImageList(args.source)  # relative paths: relative to the list file's folder
+            fields = {"image": image, "label": Int()} if source.labelled else {"image": image}
+        else:
+            print(f"pageset convert: {args.source}: no such directory or file list", file=sys.stderr)
+            return 2
         result = write_dataset(args.output, source, fields, num_workers=args.num_workers, page_size=args.page_size,
                                progress=not args.no_progress, on_error=args.on_error, executor=executor,
                                chunk_size=args.chunk_size, shard_dir=args.shard_dir,
                                storage_options=_storage_options(args))
-    except (SampleError, ValueError, TypeError, RuntimeError) as exc:
+    except SampleError as exc:  # the message once; the worker's traceback is for the Python API, not the CLI
+        print(f"pageset convert: {exc.brief}", file=sys.stderr)
+        if args.on_error == "raise":
+            print("pageset convert: to leave bad samples out instead, rerun with --on-error skip (their indices "
+                  "and errors are recorded in the file; `pageset inspect` lists them)", file=sys.stderr)
+        return 1
+    except (ValueError, TypeError, RuntimeError) as exc:
         print(f"pageset convert: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -206,7 +187,7 @@ def _count(ds) -> str:
 
 
 def cmd_inspect(args) -> int:
-    with open_dataset(args.path, _storage_options(args)) as ds:
+    with Dataset(args.path, _storage_options(args)) as ds:  # either kind of file
         info = describe(ds)
         count = _count(ds)
     if args.json:
@@ -239,15 +220,28 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    with open_dataset(args.path, _storage_options(args)) as ds:
+    with Dataset(args.path, _storage_options(args)) as ds:  # either kind of file
         ds.verify()
         print(f"{args.path}: OK ({_count(ds)}, {ds.page_count} pages, header, sections, index and every page "
               "checksum verified)")
     return 0
 
 
+def version() -> str:
+    """The installed pageset version (package metadata), or "unknown" when running from a source tree."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        return package_version("pageset")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pageset", description=__doc__.split("\n")[0])
+    p.add_argument("--version", action="version", version=f"pageset {version()} (file format "
+                   f"{FORMAT_MAJOR}.{FORMAT_MINOR})")
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("convert", help="ImageFolder directory or image-path list -> pageset file")
     c.add_argument("source", help="ImageFolder directory (root/<class>/<image>) or a text file of image paths")

@@ -16,11 +16,12 @@ import zlib
 import numpy as np
 from tqdm.auto import tqdm
 
+from .format import arguments as check
 from .format.errors import ChecksumMismatchError
 from .format.schema import canonical_json
 from .read.reader import Dataset
 from .write.assemble import Assembly
-from .write.filewriter import Output, check_not_input, is_url, lineage
+from .write.filewriter import Output, check_not_input, check_output_path, is_url, lineage
 from .write.tokens import TokenFileWriter, TokenWriteResult
 from .write.writer import WriteResult, _check_page_size
 
@@ -81,9 +82,10 @@ class _FilePart:
             yield pages.read(off, length)
 
 
-def merge_datasets(out, inputs, *, progress: bool = True, page_size: int | None = None, metadata: dict | None = None,
+def merge_datasets(path, inputs, *, progress: bool = True, page_size: int | None = None, metadata: dict | None = None,
                    lineage: bool = True, storage_options: dict | None = None):
-    """Concatenate the pageset files ``inputs`` (in order) into one file at ``out``.
+    """Concatenate the pageset files ``inputs`` (in order) into one file at ``path`` (the output first, like every
+    pageset writer).
 
     Record files must have the same fields (names, kinds, parameters, in order) and the same class list; token
     files the same tokenizer, ``eos_id`` and ``bos_id``. Records keep their order; the merged
@@ -92,24 +94,36 @@ def merge_datasets(out, inputs, *, progress: bool = True, page_size: int | None 
     (byte-identical with ``lineage=False``).
 
     Args:
-        out: output path or fsspec URL (written like ``write_dataset``: temp file + rename, or upload).
+        path: output path or fsspec URL (written like ``write_dataset``: temp file + rename, or upload).
         inputs: two or more paths of pageset files (all record files or all token files).
         progress: tqdm bar over records / tokens.
         page_size: output page size; default the first input's.
         metadata: user metadata; default the inputs' when they all carry the same, else none.
         lineage: record when and where the merge ran (``False``: content-only bytes).
-        storage_options: fsspec options for a URL ``out``.
+        storage_options: fsspec options for a URL ``path``.
 
     Returns:
         :class:`~pageset.write.WriteResult` for record files, :class:`~pageset.write.tokens.TokenWriteResult` for
         token files.
 
     Raises:
-        ValueError: fewer than one input, ``out`` among the inputs, or inputs that differ (names the input and
-        the first differing field, class or token setting); FormatError subclasses for damaged inputs.
+        ValueError: fewer than one input, ``path`` among the inputs, or inputs that differ (names the input and
+        the first differing field, class or token setting); TypeError / ValueError for arguments of the wrong
+        kind or range (naming the argument); FormatError subclasses for damaged inputs.
     """
     t0 = time.perf_counter()
-    out = os.fspath(out)
+    out = check_output_path(path)
+    if isinstance(inputs, (str, bytes, os.PathLike)) or not isinstance(inputs, (list, tuple)):
+        raise TypeError(f"inputs must be a list of pageset file paths, got {inputs!r}")
+    for p in inputs:
+        if isinstance(p, bytes) or not isinstance(p, (str, os.PathLike)):
+            raise TypeError(f"inputs must hold paths (str or os.PathLike), got {p!r}")
+    progress = check.boolean("progress", progress)
+    if page_size is not None:
+        _check_page_size(page_size)
+    metadata = check.mapping("metadata", metadata, optional=True)
+    lineage = check.boolean("lineage", lineage)
+    storage_options = check.mapping("storage_options", storage_options, optional=True)
     paths = [os.fspath(p) for p in inputs]
     if not paths:
         raise ValueError("merge_datasets needs at least one input file")

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..format import arguments as check
+
 
 @dataclass(frozen=True)
 class ToDevice:
@@ -33,6 +35,19 @@ class ToDevice:
     device: object = "cuda"
     non_blocking: bool = True
     is_to_device = True
+
+    def __post_init__(self):
+        if isinstance(self.device, bool) or not isinstance(self.device, (str, int, torch.device)):
+            raise TypeError(f"ToDevice.device must be a device string such as 'cuda', 'cuda:1' or 'cpu' (or a "
+                            f"torch.device), got {self.device!r} ({type(self.device).__name__})")
+        try:
+            dev = torch.device(self.device)
+        except (RuntimeError, ValueError) as exc:
+            raise ValueError(f"ToDevice.device must be 'cuda', 'cuda:N' or 'cpu' (or a torch.device), got "
+                             f"{self.device!r}") from exc
+        if dev.type not in ("cuda", "cpu"):
+            raise ValueError(f"ToDevice: unsupported device {self.device!r} (use 'cuda[:n]' or 'cpu')")
+        object.__setattr__(self, "non_blocking", check.boolean("ToDevice.non_blocking", self.non_blocking))
 
     def make_queue(self):
         """The copy queue the Loader uses for this device (``None`` semantics are handled by the caller)."""

@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from . import arguments as check
 from .constants import FLOAT_DTYPES, INT_DTYPES, NDARRAY_DTYPES, TOKEN_DTYPES
 from .layout import IMAGE_COLUMNS, SPAN_COLUMNS
 
@@ -39,8 +40,16 @@ class Field:
         """Parameters as a JSON-serialisable dict (stored in the schema)."""
         return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
+    def __post_init__(self):
+        self.validate()
+
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the parameter and the fix when a parameter is invalid."""
+        """Check (and normalise: dtype names, shape tuples) the parameters; raises ``TypeError`` for a wrong kind
+        of value and ``ValueError`` for one out of range, naming the parameter and what it accepts. Runs at
+        construction."""
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)  # frozen dataclass: normalised values are set once, in validate()
 
 
 def _jsonable(value):
@@ -84,20 +93,13 @@ class RGBImage(Field):
         return super().columns(name) + [(f"{name}.{c}", dt) for c, dt in IMAGE_COLUMNS]
 
     def validate(self) -> None:
-        if self.encoding not in ("jpeg", "raw", "auto"):
-            raise ValueError(f"RGBImage.encoding must be 'jpeg', 'raw' or 'auto', got {self.encoding!r}")
-        if self.max_resolution is not None and (
-            not isinstance(self.max_resolution, int) or self.max_resolution < 1
-        ):
-            raise ValueError(f"RGBImage.max_resolution must be a positive int or None, got {self.max_resolution!r}")
-        if not (isinstance(self.jpeg_quality, int) and 1 <= self.jpeg_quality <= 100):
-            raise ValueError(f"RGBImage.jpeg_quality must be an int in 1..100, got {self.jpeg_quality!r}")
-        if self.jpeg_subsampling not in ("4:4:4", "4:2:2", "4:2:0"):
-            raise ValueError(
-                f"RGBImage.jpeg_subsampling must be '4:4:4', '4:2:2' or '4:2:0', got {self.jpeg_subsampling!r}"
-            )
-        if not self.auto_raw_ratio > 0:
-            raise ValueError(f"RGBImage.auto_raw_ratio must be > 0, got {self.auto_raw_ratio!r}")
+        self._set("max_resolution", check.integer("RGBImage.max_resolution", self.max_resolution, minimum=1,
+                                                  optional=True))
+        check.choice("RGBImage.encoding", self.encoding, ("jpeg", "raw", "auto"))
+        self._set("jpeg_quality", check.integer("RGBImage.jpeg_quality", self.jpeg_quality, minimum=1, maximum=100))
+        check.choice("RGBImage.jpeg_subsampling", self.jpeg_subsampling, ("4:4:4", "4:2:2", "4:2:0"))
+        check.real("RGBImage.auto_raw_ratio", self.auto_raw_ratio, low=0, low_open=True)  # kept as given: schema
+        self._set("jpeg_passthrough", check.boolean("RGBImage.jpeg_passthrough", self.jpeg_passthrough))
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,7 @@ class Int(Field):
         return [(name, little_endian(self.dtype))]
 
     def validate(self) -> None:
-        if self.dtype not in INT_DTYPES:
-            raise ValueError(f"Int.dtype must be one of {INT_DTYPES}, got {self.dtype!r}")
+        self._set("dtype", check.dtype_name("Int.dtype", self.dtype, INT_DTYPES))
 
 
 @dataclass(frozen=True)
@@ -131,8 +132,7 @@ class Float(Field):
         return [(name, little_endian(self.dtype))]
 
     def validate(self) -> None:
-        if self.dtype not in FLOAT_DTYPES:
-            raise ValueError(f"Float.dtype must be one of {FLOAT_DTYPES}, got {self.dtype!r}")
+        self._set("dtype", check.dtype_name("Float.dtype", self.dtype, FLOAT_DTYPES))
 
 
 @dataclass(frozen=True)
@@ -147,14 +147,9 @@ class NDArray(Field):
     dtype: str = "float32"
     shape: tuple = ()
 
-    def __post_init__(self):
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
-
     def validate(self) -> None:
-        if self.dtype not in NDARRAY_DTYPES:
-            raise ValueError(f"NDArray.dtype must be one of {NDARRAY_DTYPES}, got {self.dtype!r}")
-        if any(s < 0 for s in self.shape):
-            raise ValueError(f"NDArray.shape must hold non-negative ints, got {self.shape!r}")
+        self._set("dtype", check.dtype_name("NDArray.dtype", self.dtype, NDARRAY_DTYPES))
+        self._set("shape", check.ints_tuple("NDArray.shape", self.shape, minimum=0))
 
     @property
     def nbytes(self) -> int:
@@ -193,8 +188,7 @@ class Tokens(Field):
         return []
 
     def validate(self) -> None:
-        if self.dtype not in TOKEN_DTYPES:
-            raise ValueError(f"Tokens.dtype must be one of {TOKEN_DTYPES}, got {self.dtype!r}")
+        self._set("dtype", check.dtype_name("Tokens.dtype", self.dtype, TOKEN_DTYPES))
 
 
 FIELD_KINDS: dict[str, type[Field]] = {

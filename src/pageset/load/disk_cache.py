@@ -29,6 +29,16 @@ from ..format.checksum import crc32
 LOCK_STRIPES = 4096
 
 
+def _touch(path: Path) -> None:
+    """Stamp ``path`` with the current time in ns (LRU by mtime). An explicit stamp, because the kernel's own
+    file times are coarse (one tick, ~4 ms): pages written in one tick would tie and be evicted in name order."""
+    now = time.time_ns()
+    try:
+        os.utime(path, ns=(now, now))
+    except FileNotFoundError:
+        pass
+
+
 class DiskPageCache:
     """Pages of one dataset under ``cache_dir``; thread- and process-safe.
 
@@ -75,10 +85,7 @@ class DiskPageCache:
             except FileNotFoundError:
                 pass
             return None
-        try:
-            os.utime(path)  # LRU by mtime
-        except FileNotFoundError:
-            pass
+        _touch(path)
         return np.frombuffer(data, dtype=np.uint8)
 
     def _store(self, k: int, page: np.ndarray) -> None:
@@ -86,6 +93,7 @@ class DiskPageCache:
         with open(tmp, "wb") as f:
             f.write(memoryview(page))
         os.replace(tmp, self._path(k))
+        _touch(self._path(k))
 
     def _acquire(self, pages: list[int]) -> list[int]:
         """Exclusive flocks on the stripes of ``pages`` (ascending); returns the open descriptors."""

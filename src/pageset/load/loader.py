@@ -2,8 +2,8 @@
 
     loader = Loader("train.pageset", batch_size=256, order="quasi_random", seed=0,
                     pipelines={"image": [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize(),
-                                         ToTorchImage(), ToTensor(), ToDevice("cuda")],
-                               "label": [IntDecoder(), ToTensor(), ToDevice("cuda")]})
+                                         ToTorchImage(), ToDevice("cuda")],
+                               "label": [IntDecoder(), ToDevice("cuda")]})
     for epoch in range(90):
         for batch in loader:              # one epoch (or the rest of it after load_state_dict)
             batch["image"], batch["label"], batch["_index"], batch["_is_padding"]
@@ -20,7 +20,9 @@ import weakref
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from ..format import arguments as check
 from ..order import (
     ORDERS,
     EpochOrder,
@@ -33,22 +35,25 @@ from ..order import (
     resolve_rank,
     sample_keys,
 )
+from ..order.keys import MASK64
 from ..order.mixture import (
     Mixture,
     MixtureOrder,
     MixtureSchedule,
     mixture_id,
     mixture_state,
+    refuse_mixture_state,
     resume_mixture,
 )
 from ..order.subset import SubsetLayout, as_indices
-from ..read import open_dataset
-from .source import FileSource, check_same_fields
+from ..read import Dataset
+from .source import FileSource, MixtureReader, check_same_fields, split_cache_pages
 from .stages import PipelineError
-from .workers import Slot, ThreadPool
+from .workers import Slot, ThreadPool, close_context
 
 INDEX_KEY = "_index"  # int64[B]: record ids of the batch (field names never start with "_")
 PADDING_KEY = "_is_padding"  # bool[B]: True for wrap-around samples of drop_last=False
+ARRAY_TYPES = ("torch", "numpy")  # what a batch's arrays are: torch tensors (default) or numpy arrays
 SOURCE_KEY = "_source"  # int16[B]: which file of a Mixture each sample comes from (mixtures only)
 
 
@@ -82,15 +87,21 @@ class Loader:
         order: ``"random"`` (full shuffle), ``"quasi_random"`` (shuffle pages, then ids inside windows of
             ``window_pages`` pages: bounded memory, page-local reads) or ``"sequential"``.
         seed: u64; with the epoch it fixes the order and every augmentation.
-        drop_last: drop the last incomplete global batch (True) or complete it by wrapping to the start of the
-            epoch's order, flagging those samples in ``batch["_is_padding"]`` (False).
-        num_threads: decode threads (default: ``os.cpu_count()``).
+        drop_last: ``True`` (default): drop the last incomplete global batch (up to ``G - 1`` samples of each
+            epoch are not seen that epoch; which ones changes with the epoch's order). ``False``: complete it by
+            wrapping to the start of the epoch's order, flagging those samples in ``batch["_is_padding"]``.
+        num_threads: decode threads (default: ``os.cpu_count()``). The thread calling ``next()`` also runs
+            queued work while the batch it asks for is not ready, instead of sleeping (local files only).
         batches_ahead: batches prepared ahead of the consumer (default 2 per thread, at least 2).
         rank, world_size: explicit values win; else an initialised torch.distributed; else torchrun's RANK /
             WORLD_SIZE environment; else a single process.
         page_cache: ``"os"`` (records read with ``pread``; the OS page cache keeps what is hot) or
-            ``"process"`` (a bounded LRU of whole pages read with ``pread``: ``cache_pages`` pages; default
-            ``2 * window_pages + batches_ahead + 2``). Neither maps the file: a file truncated or modified in
+            ``"process"`` (a bounded LRU of whole pages read with ``pread``, at most ``cache_pages`` pages
+            resident: ``cache_pages * page_size`` bytes whatever the file size; default, for each file (of a
+            Mixture too): the pages of the quasi-random windows the batches in flight read, ``window_pages *
+            ceil((batches_ahead + 1) * global_batch / records_per_window) + 2``, never more than the file's pages;
+            a given ``cache_pages`` bounds the whole loader: a Mixture's files share it evenly, at least one page
+            each, ValueError if it is smaller than the number of files). Neither maps the file: a file truncated or modified in
             place under the loader raises TruncatedFileError / FileChangedError at the next batch, never SIGBUS.
         window_pages: pages per quasi-random window (M).
         storage_options: for a URL ``path`` (``s3://``, ``http(s)://``, any fsspec protocol): options of the fsspec
@@ -111,16 +122,24 @@ class Loader:
             ``batch["_index"]`` holds the file's record ids. The state records a digest of the ids and
             refuses another subset. ValueError/TypeError naming the first bad position (out of range,
             not an integer).
+        array_type: ``"torch"`` (default): every array of a batch is a torch tensor (``ToTensor`` is implied;
+            CPU tensors over the batch buffers, no copy), as a ``torch.utils.data.DataLoader`` hands out;
+            ``"numpy"``: every array is a numpy array (``ToTensor``, ``ToTorchImage``, ``ToDevice`` and
+            bfloat16 are then refused). One batch never mixes the two.
 
-    Each batch is a dict: one entry per loaded field (a Bytes field gives ``(data, lengths)``), plus
-    ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]); a Mixture adds ``"_source"``
-    (int16[B]). Batches are numpy arrays, or torch tensors for fields whose pipeline has ``ToTensor``/``ToDevice``. Buffers are reused only once nothing
-    the user holds points at them: keeping batches (``list(loader)``) is safe, and costs a fresh allocation
-    for each kept batch instead of a copy for every batch.
+    Each batch is a dict: one entry per loaded field (a Bytes field gives ``(data, lengths)``; a JSON field a
+    list of Python values), plus ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]); a Mixture
+    adds ``"_source"`` (int16[B]). All are of ``array_type``; with ``ToDevice`` the field's tensors are on that
+    device, ``_index``, ``_is_padding`` and ``_source`` stay on the CPU. Buffers are reused only once nothing the user holds points at them: keeping batches
+    (``list(loader)``) is safe, and costs a fresh allocation for each kept batch instead of a copy for every
+    batch.
 
-    Raises ValueError for bad arguments (naming the argument and the fix), PipelineError for bad pipelines,
-    FormatError for a damaged file; an exception raised while preparing a batch is re-raised by ``next()``
-    with the thread's traceback.
+    ``len(loader)`` is the number of batches per epoch on this rank (:attr:`steps_per_epoch`); the batches left
+    in the current epoch are :attr:`steps_remaining`.
+
+    Raises TypeError / ValueError for bad arguments (naming the argument and what it accepts), PipelineError
+    for bad pipelines, FormatError for a damaged file; an exception raised while preparing a batch is re-raised
+    by ``next()`` with the thread's traceback.
     """
 
     def __init__(self, path, *, batch_size: int, pipelines: dict | None = None, order: str = "random",
@@ -129,19 +148,35 @@ class Loader:
                  page_cache: str = "os", window_pages: int = 8, cache_pages: int | None = None,
                  verify_pages: bool = False, indices=None, storage_options: dict | None = None, cache_dir=None,
                  cache_limit_bytes: int | None = None, prefetch_bytes: int | None = None, max_requests: int = 8,
-                 request_timeout: float = 30.0, request_attempts: int = 5):
-        if order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if page_cache not in ("os", "process"):
-            raise ValueError(f"page_cache must be 'os' or 'process', got {page_cache!r}")
+                 request_timeout: float = 30.0, request_attempts: int = 5, array_type: str = "torch"):
+        if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike, Mixture)):
+            raise TypeError(f"path must be the pageset file's path or URL (str or os.PathLike) or a Mixture, got "
+                            f"{path!r}")
+        batch_size = check.integer("batch_size", batch_size, minimum=1)
+        pipelines = check.mapping("pipelines", pipelines, optional=True,
+                                  example="{'image': [RandomResizedCrop(224)], 'label': [IntDecoder()]}")
+        order = check.choice("order", order, ORDERS)
+        seed = check.integer("seed", seed, minimum=0, maximum=MASK64)
+        drop_last = check.boolean("drop_last", drop_last)
+        num_threads = check.integer("num_threads", num_threads, minimum=1, optional=True)
+        batches_ahead = check.integer("batches_ahead", batches_ahead, minimum=1, optional=True)
+        rank = check.integer("rank", rank, minimum=0, optional=True)
+        world_size = check.integer("world_size", world_size, minimum=1, optional=True)
+        page_cache = check.choice("page_cache", page_cache, ("os", "process"))
+        window_pages = check.integer("window_pages", window_pages, minimum=1)
+        cache_pages = check.integer("cache_pages", cache_pages, minimum=1, optional=True)
+        verify_pages = check.boolean("verify_pages", verify_pages)
+        storage_options = check.mapping("storage_options", storage_options, optional=True)
+        if cache_dir is not None and (isinstance(cache_dir, bytes) or not isinstance(cache_dir, (str, os.PathLike))):
+            raise TypeError(f"cache_dir must be a folder path (str or os.PathLike) or None, got {cache_dir!r}")
+        cache_limit_bytes = check.integer("cache_limit_bytes", cache_limit_bytes, minimum=1, optional=True)
+        prefetch_bytes = check.integer("prefetch_bytes", prefetch_bytes, minimum=0, optional=True)
+        max_requests = check.integer("max_requests", max_requests, minimum=1)
+        request_timeout = check.real("request_timeout", request_timeout, low=0, low_open=True)
+        request_attempts = check.integer("request_attempts", request_attempts, minimum=1)
+        self.array_type = check.choice("array_type", array_type, ARRAY_TYPES)
         num_threads = (os.cpu_count() or 1) if num_threads is None else num_threads
-        if num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         batches_ahead = max(2, 2 * num_threads) if batches_ahead is None else batches_ahead
-        if batches_ahead < 1:
-            raise ValueError(f"batches_ahead must be >= 1, got {batches_ahead}")
         self._closed = True  # until construction succeeds
         enable_kernel_cache()
         r, w = resolve_rank(rank, world_size, probe=_torch_distributed)
@@ -159,8 +194,8 @@ class Loader:
                                     cache_limit_bytes=cache_limit_bytes)
         try:
             for p in (self._mixture.sources if self._mixture is not None else [path]):
-                self._datasets.append(open_dataset(p, storage_options, request_timeout=request_timeout,
-                                                   request_attempts=request_attempts))
+                self._datasets.append(Dataset(p, storage_options, request_timeout=request_timeout,
+                                              request_attempts=request_attempts))  # records or a token file
             self._ds = self._datasets[0]
             self._setup(page_cache, cache_pages, pipelines, verify_pages)
             self._setup_subset(indices)
@@ -174,17 +209,23 @@ class Loader:
         self._epoch, self._cursor = 0, 0
         self._active = None  # the running epoch generator, if any
         self._pool = ThreadPool(num_threads, self._run_slice)
+        self._ctx: dict = {"thread": "consumer"}  # scratch of the thread calling next() when it helps
         self._closed = False  # only now: close() and __del__ have everything to release
 
     def _setup(self, page_cache, cache_pages, pipelines, verify_pages) -> None:
         """Page access, stages and record layout of every file (a Mixture has several)."""
         pipelines = dict(pipelines or {})
-        if cache_pages is None:
-            cache_pages = 2 * self.window_pages + self.batches_ahead + 2
-        for ds in self._datasets:
+        n = len(self._datasets)
+        if cache_pages is None:  # the default, per file (a function of the file's records and pages)
+            per_file = [self._default_cache_pages] * n
+        elif page_cache == "process":  # the whole loader's budget: a Mixture's files share it
+            per_file = split_cache_pages(cache_pages, n)
+        else:  # not used
+            per_file = [cache_pages] * n
+        for ds, cache_pages in zip(self._datasets, per_file):
             self._sources.append(FileSource(ds, pipelines, page_cache, cache_pages, verify_pages,
                                             in_mixture=self._mixture is not None,
-                                            remote_options=self._remote_options))
+                                            remote_options=self._remote_options, array_type=self.array_type))
         src = self._sources[0]
         self._pages, self._stages, self._verifier = src.pages, src.stages, src.verifier
         self._page_sizes, self._spans, self.n_records = src.page_sizes, src.spans, src.n_records
@@ -193,11 +234,35 @@ class Loader:
         if self._mixture is not None:
             self._setup_mixture()
         self.epoch_length = epoch_length(self.n_records, self.global_batch_size, self.drop_last)
+        # Slices per batch: one per thread, unless a slice would be too small to pay for a thread hand-off
+        # (~20-50 us): then threads work on different batches instead (token windows: one slice per batch).
+        min_rows = max((getattr(s, "min_slice_rows", 1) for s in self._stages), default=1)
+        self._n_slices = max(1, min(self.num_threads, self.batch_size // min_rows))
+        self._needs_keys = any(s.needs_keys for s in self._stages)
+        # The consumer runs queued slices while it waits, except for URLs: there a slice waits on the network
+        # (the remote page source has its own prefetching), and num_threads bounds the concurrent fetches.
+        self._help = all(src.ds.remote is None for src in self._sources)
+
+    def _default_cache_pages(self, n_records: int, page_count: int) -> int:
+        """Default ``cache_pages`` of a file: ``window_pages * ceil(in_flight / records_per_window) + 2``.
+
+        The batches being filled at once (``batches_ahead + 1`` global batches) read from the window(s) their
+        positions fall in; the quasi-random order visits a window's pages in every batch, so the cache must
+        hold the windows in flight to read each page once per epoch. Two more pages cover the window a batch
+        straddles at a window boundary (the LRU evicts the finished window's pages as the next one comes in:
+        measured, a 256 MB token file with 8 MiB pages then reads each page exactly once per epoch). The cache
+        itself never takes more slots than the file has pages.
+        """
+        m = self.window_pages
+        per_window = max(1, n_records * m // max(page_count, 1))
+        in_flight = (self.batches_ahead + 1) * self.global_batch_size
+        return m * -(-in_flight // per_window) + 2
 
     def _setup_mixture(self) -> None:
         """Check that the files match, then the schedule and the mixture's epoch (samples_per_epoch)."""
         mix = self._mixture
         self._stages = check_same_fields(self._sources)
+        self._mixture_reader = MixtureReader(self._sources, self._stages)
         for i, (src, q) in enumerate(zip(self._sources, mix.quotas)):
             if q > 0 and src.n_records == 0:
                 raise ValueError(f"{src.path}: source {i} of the mixture has no records but weight "
@@ -257,8 +322,15 @@ class Loader:
         return self.epoch_length // self.global_batch_size
 
     def __len__(self) -> int:
-        """Batches the next ``iter()`` yields on this rank (the same number on every rank): the rest of the
-        current epoch, or a whole epoch once the current one has been handed out completely."""
+        """Batches per epoch on this rank (the same number on every rank), like ``torch.utils.data.DataLoader``:
+        ``N // G`` with ``drop_last``, ``ceil(N / G)`` without. The rest of a started epoch is
+        :attr:`steps_remaining`."""
+        return self.steps_per_epoch
+
+    @property
+    def steps_remaining(self) -> int:
+        """Batches the next ``iter()`` yields on this rank: the rest of the current epoch (after a partial epoch
+        or ``load_state_dict``), or a whole epoch once the current one has been handed out completely."""
         left = self.steps_per_epoch - self._cursor // self.global_batch_size
         return left if left > 0 else self.steps_per_epoch
 
@@ -290,6 +362,7 @@ class Loader:
         if self._plan is not None:
             saved = resume_mixture(state, self._mixture_state(0, 0), self._plan, self.epoch_length)
         else:
+            refuse_mixture_state(state, self.path)
             saved = OrderState.from_dict(state)
         check_compatible(saved, self._state(0, 0), self.dist.world_size, self.n_records)
         self._stop_active()
@@ -390,13 +463,12 @@ class Loader:
             slot.padding = np.zeros_like(padding)
         else:
             slot.sources, slot.ids = None, order.ids(int(positions[0]), int(positions[-1]) + 1)
-        slot.keys = sample_keys(self.seed, epoch, positions)
-        n_slices = min(self.num_threads, self.batch_size)
-        bounds = np.linspace(0, self.batch_size, n_slices + 1).astype(int)
+        slot.keys = sample_keys(self.seed, epoch, positions) if self._needs_keys else None
+        B, n = self.batch_size, self._n_slices
         slot.done.clear()
-        slot.pending = n_slices
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            self._pool.submit(slot, int(lo), int(hi))
+        slot.pending = n
+        for i in range(n):
+            self._pool.submit(slot, i * B // n, (i + 1) * B // n)
         return slot
 
     def _reclaim(self, slot: Slot) -> None:
@@ -410,15 +482,16 @@ class Loader:
         slot.handed = []
 
     def _run_slice(self, slot: Slot, lo: int, hi: int, ctx: dict) -> None:
+        keys = slot.keys  # None when no stage uses augmentation keys
         if slot.sources is None:
-            self._sources[0].fill(slot.arrays, lo, hi, slot.ids[lo:hi], slot.keys[lo:hi], ctx)
+            self._sources[0].fill(slot.arrays, lo, hi, slot.ids[lo:hi], None if keys is None else keys[lo:hi], ctx)
             return
-        src = slot.sources[lo:hi]  # a mixture: each file fills its rows of the slice
-        for i in np.unique(src).tolist():
-            rows = lo + np.flatnonzero(src == i)
-            self._sources[i].fill_rows(slot.arrays, rows, slot.ids[rows], slot.keys[rows], ctx)
+        self._mixture_reader.fill(slot.arrays, lo, hi, slot.sources, slot.ids, keys, ctx)  # a mixture
 
     def _wait(self, slot: Slot, raise_errors: bool = True) -> None:
+        # run queued slices (this batch's, else the next ones') here rather than sleeping until a thread is done
+        while raise_errors and self._help and not slot.done.is_set() and self._pool.help(self._ctx):
+            pass
         t0 = time.monotonic()
         while not slot.done.wait(0.1):
             if self._pool.alive() < self.num_threads:
@@ -446,6 +519,10 @@ class Loader:
             batch[PADDING_KEY] = slot.padding.copy()
         if slot.sources is not None:
             batch[SOURCE_KEY] = slot.sources.copy()
+        if self.array_type == "torch":  # owned copies: from_numpy shares them, costs no copy
+            for key in (INDEX_KEY, PADDING_KEY, SOURCE_KEY):
+                if isinstance(batch.get(key), np.ndarray):
+                    batch[key] = torch.from_numpy(batch[key])
         return batch
 
     # ---- lifetime --------------------------------------------------------------------------------------
@@ -456,6 +533,7 @@ class Loader:
         self._closed = True
         self._stop_active()
         self._pool.close()
+        close_context(self._ctx)
         for src in self._sources:
             src.close()
         for ds in self._datasets:
@@ -475,6 +553,6 @@ class Loader:
 
     def __repr__(self) -> str:
         return (f"Loader({self.path!r}, batch_size={self.batch_size}, order={self.order!r}, "
-                f"rank={self.dist.rank}/{self.dist.world_size}, epoch={self._epoch}, batches_left={len(self)})")
+                f"rank={self.dist.rank}/{self.dist.world_size}, epoch={self._epoch}, steps_remaining={self.steps_remaining})")
 
 

@@ -205,7 +205,7 @@ class RemotePages:
                 try:
                     got[k] = fut.result(timeout=max(0.0, deadline - time.monotonic()))[k]
                 except concurrent.futures.TimeoutError:
-                    raise RemoteReadError(f"{self.url}: page {k} not fetched within {self.wait_timeout:.0f} s")
+                    raise RemoteReadError(f"{self.url}: page {k} not fetched within {self.wait_timeout:.0f} s") from None
         return got
 
     # ---- the order's plan -------------------------------------------------------------------------------

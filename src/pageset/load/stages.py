@@ -36,21 +36,30 @@ class DecodeError(ValueError):
     """A stored record could not be decoded while loading; names the file, sample index and field."""
 
 
-def _split_common(name, ops):
-    """(ops without ToTensor/ToDevice, to_tensor flag, ToDevice op or None)."""
-    rest, to_tensor, to_device = [], False, None
+def _numpy_refuses(name, op) -> PipelineError:
+    return PipelineError(f"field {name!r}: {type(op).__name__} hands out torch tensors, but the Loader was made "
+                         "with array_type='numpy' (one array type per batch): remove it, or use the default "
+                         "array_type='torch'")
+
+
+def _split_common(name, ops, array_type):
+    """(ops without ToTensor/ToDevice, to_tensor flag, ToDevice op or None). With ``array_type="torch"`` every
+    field is handed out as torch tensors (``ToTensor`` is then implied); with ``"numpy"``, ToTensor/ToDevice
+    are refused."""
+    rest, to_tensor, to_device = [], array_type == "torch", None
+    seen_tail = False
     for op in ops:
-        if isinstance(op, ToTensor):
-            to_tensor = True
-        elif getattr(op, "is_to_device", False):
-            to_device = op
+        if isinstance(op, ToTensor) or getattr(op, "is_to_device", False):
+            if array_type == "numpy":
+                raise _numpy_refuses(name, op)
+            seen_tail = True
+            if not isinstance(op, ToTensor):
+                to_device = op
         else:
-            if to_tensor or to_device is not None:
+            if seen_tail:
                 raise PipelineError(f"field {name!r}: {type(op).__name__} comes after ToTensor/ToDevice; "
                                     "put ToTensor and ToDevice last")
             rest.append(op)
-    if to_device is not None:
-        to_tensor = True
     return rest, to_tensor, to_device
 
 
@@ -61,6 +70,7 @@ class Stage:
     to_tensor: bool
     to_device = None
     outputs: dict
+    needs_keys = False  # whether fill() uses the per-sample augmentation keys (else it gets None)
 
     def alloc(self, batch_size: int, empty) -> dict:
         """Buffers for one slot; ``empty(shape, np_dtype)`` allocates (pinned when copying to a GPU)."""
@@ -85,9 +95,11 @@ def _to_torch(arr: np.ndarray, torch_dtype):
 class ImageStage(Stage):
     """RGBImage -> [B, H, W, 3] / [B, 3, H, W] via the fused kernel ``ops.image_batch.image_slice``."""
 
-    def __init__(self, name, ops, ds, pages):
+    needs_keys = True  # crop boxes and flips
+
+    def __init__(self, name, ops, ds, pages, array_type):
         self.name, self.path, self.pages = name, ds.path, pages
-        rest, self.to_tensor, self.to_device = _split_common(name, ops)
+        rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
         if not rest or not isinstance(rest[0], (RandomResizedCrop, CenterCrop)):
             raise PipelineError(
                 f"field {name!r} is an image: its pipeline must start with RandomResizedCrop(size) or "
@@ -118,9 +130,9 @@ class ImageStage(Stage):
             self.table = image_ops.normalize_table(normalize.dtype, normalize.mean, normalize.std)
             torch_dtype = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[normalize.dtype]
             if normalize.dtype == "bfloat16" and not self.to_tensor:
-                raise PipelineError(f"field {name!r}: numpy has no bfloat16; add ToTensor() to the pipeline")
-        if layout is not None:
-            self.to_tensor = True  # ToTorchImage hands out torch tensors by definition (NCHW-shaped views)
+                raise PipelineError(f"field {name!r}: numpy has no bfloat16; use the default array_type='torch'")
+        if layout is not None and not self.to_tensor:  # ToTorchImage hands out torch tensors (NCHW-shaped views)
+            raise _numpy_refuses(name, layout)
         # NHWC buffer unless ToTorchImage(channels_last=False) asks for a contiguous NCHW one.
         self.channels_last = layout is None or layout.channels_last
         self.permute = layout is not None and layout.channels_last
@@ -186,9 +198,9 @@ class ImageStage(Stage):
 class ScalarStage(Stage):
     """Int / Float -> [B] of the decoder's dtype (a vectorised gather from the index column)."""
 
-    def __init__(self, name, ops, ds, default):
+    def __init__(self, name, ops, ds, default, array_type):
         self.name = name
-        rest, self.to_tensor, self.to_device = _split_common(name, ops)
+        rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
         dec = rest[0] if rest else default
         if len(rest) > 1 or not isinstance(dec, type(default)):
             raise PipelineError(f"field {name!r}: expected [{type(default).__name__}(), ToTensor?, ToDevice?]")
@@ -202,9 +214,9 @@ class ScalarStage(Stage):
 class ArrayStage(Stage):
     """NDArray -> [B, *shape] (one vectorised byte gather per slice)."""
 
-    def __init__(self, name, ops, ds, field: NDArray, pages):
+    def __init__(self, name, ops, ds, field: NDArray, pages, array_type):
         self.name, self.pages = name, pages
-        rest, self.to_tensor, self.to_device = _split_common(name, ops)
+        rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
         if rest and (len(rest) > 1 or not isinstance(rest[0], NDArrayDecoder)):
             raise PipelineError(f"field {name!r}: expected [NDArrayDecoder(), ToTensor?, ToDevice?]")
         self.dtype = np.dtype(field.dtype)
@@ -224,9 +236,9 @@ class ArrayStage(Stage):
 class BytesStage(Stage):
     """Bytes -> (uint8[B, max_len] zero-padded, int64[B] lengths); max_len = the longest value in the file."""
 
-    def __init__(self, name, ops, ds, pages):
+    def __init__(self, name, ops, ds, pages, array_type):
         self.name, self.pages = name, pages
-        rest, self.to_tensor, self.to_device = _split_common(name, ops)
+        rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
         if rest and (len(rest) > 1 or not isinstance(rest[0], BytesDecoder)):
             raise PipelineError(f"field {name!r}: expected [BytesDecoder(), ToTensor?, ToDevice?]")
         self.offs = ds.index[f"{name}.offset"].astype(np.int64)
@@ -282,9 +294,9 @@ class TokenStage(Stage):
     windows starting in each page, so the quasi-random order shuffles windows page-locally.
     """
 
-    def __init__(self, name, ops, ds, pages):
+    def __init__(self, name, ops, ds, pages, array_type):
         self.name, self.pages, self.path = name, pages, ds.path
-        rest, self.to_tensor, self.to_device = _split_common(name, ops)
+        rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
         if len(rest) != 1 or not isinstance(rest[0], TokenWindows):
             raise PipelineError(f"{ds.path} is a token file: give pipelines={{{name!r}: [TokenWindows(seq_len), "
                                 "ToTensor?, ToDevice?]}}")
@@ -300,6 +312,9 @@ class TokenStage(Stage):
             raise ValueError(f"{ds.path}: {count} tokens, fewer than seq_len + 1 = {self.seq_len + 1}:"
                              " no window fits (windows are never padded); use a smaller seq_len or more data")
         self.n_records = token_ops.num_windows(count, self.seq_len)
+        # rows per slice: ~64K tokens (~50-100 us of reading and widening) pays for handing a slice to a thread
+        self.min_slice_rows = max(1, (1 << 16) // self.seq_len)
+        token_ops.prepare()
         L = self.seq_len
         self.outputs = {"input": ((L,), np.dtype(op.input_dtype), None), "target": ((L,), np.dtype(np.int64), None)}
         if self.docs:
@@ -325,14 +340,17 @@ class TokenStage(Stage):
         return arrays
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
-        inp, tgt = arrays["input"][lo:hi], arrays["target"][lo:hi]
         # the windows' bytes land back to back in the thread's staging buffer (read, never mapped: a file
         # truncated under the loader raises TruncatedFileError instead of SIGBUS)
         starts, lens = self.spans(ids)
         buf, _ = self.pages.gather(starts, lens, ctx)
         rows = buf[: int(lens.sum())].view(self.dtype).reshape(ids.shape[0], self.seq_len + 1)
-        np.copyto(inp, rows[:, :-1], casting="unsafe")
-        np.copyto(tgt, rows[:, 1:], casting="unsafe")
+        self.fill_windows(arrays, lo, hi, rows)
+
+    def fill_windows(self, arrays, lo, hi, rows):
+        """Fill rows ``[lo, hi)`` from ``rows`` (the windows' tokens, file dtype, ``[hi - lo, seq_len + 1]``)."""
+        inp, tgt = arrays["input"][lo:hi], arrays["target"][lo:hi]
+        token_ops.split_windows(rows, inp, tgt)  # one nogil pass, both outputs
         if self.docs:
             token_ops.position_ids(inp, self.eos_id, out=arrays["position_ids"][lo:hi])
             token_ops.doc_ids(inp, self.eos_id, out=arrays["doc_ids"][lo:hi])
@@ -353,8 +371,9 @@ class TokenStage(Stage):
         return vals
 
 
-def build_stage(name, field, ops, ds, pages) -> Stage:
-    """The stage for one field and its pipeline (``None``/missing ops: the field's default decoder)."""
+def build_stage(name, field, ops, ds, pages, array_type: str = "torch") -> Stage:
+    """The stage for one field and its pipeline (``None``/missing ops: the field's default decoder); its arrays
+    are handed out as ``array_type`` ("torch" tensors or "numpy" arrays)."""
     if ops is not None and not isinstance(ops, (list, tuple)):
         raise PipelineError(f"field {name!r}: a pipeline is a list of ops, e.g. [RandomResizedCrop(224)], "
                             f"got {ops!r}")
@@ -363,17 +382,17 @@ def build_stage(name, field, ops, ds, pages) -> Stage:
         if isinstance(op, type):
             raise PipelineError(f"field {name!r}: {op.__name__} is a class; pass an instance, e.g. {op.__name__}()")
     if isinstance(field, Tokens):
-        return TokenStage(name, ops, ds, pages)
+        return TokenStage(name, ops, ds, pages, array_type)
     if isinstance(field, RGBImage):
-        return ImageStage(name, ops, ds, pages)
+        return ImageStage(name, ops, ds, pages, array_type)
     if isinstance(field, Int):
-        return ScalarStage(name, ops, ds, IntDecoder())
+        return ScalarStage(name, ops, ds, IntDecoder(), array_type)
     if isinstance(field, Float):
-        return ScalarStage(name, ops, ds, FloatDecoder())
+        return ScalarStage(name, ops, ds, FloatDecoder(), array_type)
     if isinstance(field, NDArray):
-        return ArrayStage(name, ops, ds, field, pages)
+        return ArrayStage(name, ops, ds, field, pages, array_type)
     if isinstance(field, Bytes):
-        return BytesStage(name, ops, ds, pages)
+        return BytesStage(name, ops, ds, pages, array_type)
     if isinstance(field, JSON):
         return JSONStage(name, ops, ds, pages)
     raise PipelineError(f"field {name!r}: the loader does not handle {type(field).__name__} fields")

@@ -3,39 +3,35 @@
 An op here is a small frozen description; the loader compiles a field's list of ops once, at construction,
 into buffers of known shape and dtype and a call of precompiled Numba kernels (no code generation).
 
-Image pipelines read ``[crop, flip?, normalize?, layout?, ToTensor?, ToDevice?]``::
+Image pipelines read ``[crop, flip?, normalize?, layout?, ToDevice?]``::
 
     [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize(IMAGENET_MEAN, IMAGENET_STD), ToTorchImage(),
-     ToTensor(), ToDevice("cuda")]
+     ToDevice("cuda")]
 
 - the crop decodes only the JPEG region it needs, at the smallest DCT scale that keeps the crop at or above
   the output size, and resizes it (antialiased when shrinking) into the batch buffer;
 - without ``Normalize`` the output is uint8 (normalize on the GPU if you prefer: 4x less to copy);
 - layout: NHWC ``[B, H, W, 3]`` by default; ``ToTorchImage(channels_last=True)`` gives an NCHW-shaped tensor in
   channels_last memory (an NHWC buffer), ``channels_last=False`` a contiguous NCHW buffer;
-- ``ToTensor()`` hands torch tensors out (zero-copy over the batch buffer), otherwise numpy arrays.
+- batches hold torch tensors (zero-copy over the batch buffers) for every field, or numpy arrays for every
+  field with ``Loader(..., array_type="numpy")``; ``ToTensor()`` is accepted and changes nothing.
 
 Scalar, array, bytes and JSON fields use the decoders at the bottom (defaults when a field has no pipeline).
+
+Every op checks its arguments when it is made: ``TypeError`` for a wrong kind of value (``RandomResizedCrop("224")``,
+``TokenWindows(2048.0)``), ``ValueError`` for one out of range, both naming the argument and what it accepts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..format import arguments as check
+from ..format.constants import FLOAT_DTYPES, INT_DTYPES
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 OUT_DTYPES = ("float32", "float16", "bfloat16")
-
-
-def _size2(size) -> tuple[int, int]:
-    """(height, width) from an int or a pair, as torchvision does."""
-    if isinstance(size, int):
-        h = w = size
-    else:
-        h, w = (int(s) for s in size)
-    if h < 1 or w < 1:
-        raise ValueError(f"size must be positive, got {size!r}")
-    return h, w
 
 
 @dataclass(frozen=True)
@@ -51,11 +47,13 @@ class RandomResizedCrop:
     ratio: tuple = (3 / 4, 4 / 3)
 
     def __post_init__(self):
-        object.__setattr__(self, "size", _size2(self.size))
-        if not 0 < self.scale[0] <= self.scale[1]:
-            raise ValueError(f"scale must satisfy 0 < lo <= hi, got {self.scale}")
-        if not 0 < self.ratio[0] <= self.ratio[1]:
-            raise ValueError(f"ratio must satisfy 0 < lo <= hi, got {self.ratio}")
+        object.__setattr__(self, "size", check.pair_of_ints("RandomResizedCrop.size", self.size))
+        scale = check.ordered_pair("RandomResizedCrop.scale", self.scale)
+        if scale[1] > 1:
+            raise ValueError(f"RandomResizedCrop.scale must be (lo, hi) with 0 < lo <= hi <= 1 (fractions of the "
+                             f"image area), got {self.scale!r}")
+        object.__setattr__(self, "scale", scale)
+        object.__setattr__(self, "ratio", check.ordered_pair("RandomResizedCrop.ratio", self.ratio))
 
 
 @dataclass(frozen=True)
@@ -70,9 +68,8 @@ class CenterCrop:
     ratio: float = 224 / 256
 
     def __post_init__(self):
-        object.__setattr__(self, "size", _size2(self.size))
-        if not 0 < self.ratio <= 1:
-            raise ValueError(f"ratio must be in (0, 1], got {self.ratio}")
+        object.__setattr__(self, "size", check.pair_of_ints("CenterCrop.size", self.size))
+        object.__setattr__(self, "ratio", check.real("CenterCrop.ratio", self.ratio, low=0, high=1, low_open=True))
 
 
 @dataclass(frozen=True)
@@ -82,8 +79,7 @@ class RandomHorizontalFlip:
     p: float = 0.5
 
     def __post_init__(self):
-        if not 0 <= self.p <= 1:
-            raise ValueError(f"p must be in [0, 1], got {self.p}")
+        object.__setattr__(self, "p", check.real("RandomHorizontalFlip.p", self.p, low=0, high=1))
 
 
 @dataclass(frozen=True)
@@ -96,12 +92,14 @@ class Normalize:
     dtype: object = "float32"
 
     def __post_init__(self):
-        name = str(self.dtype).replace("torch.", "")
-        if name not in OUT_DTYPES:
-            raise ValueError(f"Normalize dtype must be one of {OUT_DTYPES}, got {self.dtype!r}")
-        object.__setattr__(self, "dtype", name)
-        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
-            raise ValueError(f"mean and std need 3 values (std > 0), got {self.mean}, {self.std}")
+        name = self.dtype  # a name, a torch dtype (str: "torch.float16"), a numpy dtype or scalar type
+        if isinstance(name, type):
+            name = name.__name__
+        elif not isinstance(name, str):
+            name = str(name).replace("torch.", "")
+        object.__setattr__(self, "dtype", check.choice("Normalize.dtype", name, OUT_DTYPES))
+        object.__setattr__(self, "mean", check.numbers_tuple("Normalize.mean", self.mean, 3))
+        object.__setattr__(self, "std", check.numbers_tuple("Normalize.std", self.std, 3, low=0, low_open=True))
 
 
 @dataclass(frozen=True)
@@ -111,24 +109,35 @@ class ToTorchImage:
 
     channels_last: bool = True
 
+    def __post_init__(self):
+        object.__setattr__(self, "channels_last", check.boolean("ToTorchImage.channels_last", self.channels_last))
+
 
 @dataclass(frozen=True)
 class ToTensor:
-    """Hand the field out as a torch tensor (zero-copy over the batch buffer) instead of a numpy array."""
+    """Hand the field out as a torch tensor (zero-copy over the batch buffer). Tensors are the Loader's default
+    (``array_type="torch"``), so this op changes nothing there; it is kept so that FFCV-style pipelines read
+    as before, and refused with ``array_type="numpy"``."""
 
 
 @dataclass(frozen=True)
 class IntDecoder:
-    """An Int field as ``int64[B]`` (or ``dtype``)."""
+    """An Int field as ``int64[B]`` (or ``dtype``, one of the Int field dtypes)."""
 
     dtype: str = "int64"
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", check.dtype_name("IntDecoder.dtype", self.dtype, INT_DTYPES))
 
 
 @dataclass(frozen=True)
 class FloatDecoder:
-    """A Float field as ``float32[B]`` (or ``dtype``)."""
+    """A Float field as ``float32[B]`` (or ``dtype``: "float16", "float32" or "float64")."""
 
     dtype: str = "float32"
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", check.dtype_name("FloatDecoder.dtype", self.dtype, FLOAT_DTYPES))
 
 
 @dataclass(frozen=True)
@@ -161,7 +170,8 @@ class TokenWindows:
     input_dtype: str = "int64"
 
     def __post_init__(self):
-        if not isinstance(self.seq_len, int) or isinstance(self.seq_len, bool) or self.seq_len < 1:
-            raise ValueError(f"seq_len must be an int >= 1, got {self.seq_len!r}")
-        if self.input_dtype not in ("int64", "int32"):
-            raise ValueError(f"input_dtype must be 'int64' or 'int32', got {self.input_dtype!r}")
+        object.__setattr__(self, "seq_len", check.integer("TokenWindows.seq_len", self.seq_len, minimum=1))
+        object.__setattr__(self, "document_outputs",
+                           check.boolean("TokenWindows.document_outputs", self.document_outputs))
+        object.__setattr__(self, "input_dtype",
+                           check.dtype_name("TokenWindows.input_dtype", self.input_dtype, ("int64", "int32")))

@@ -30,6 +30,7 @@ from dataclasses import field as dataclass_field
 
 import numpy as np
 
+from ..format import arguments as check
 from ..format import constants as C
 from ..format.checksum import crc32
 from ..format.errors import (
@@ -644,10 +645,35 @@ def _canonical(doc) -> bytes:
     return canonical_json(doc)
 
 
+def check_path(path) -> None:
+    """TypeError unless ``path`` is a str or os.PathLike (an int would be taken as an open file descriptor)."""
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be the pageset file's path or URL (str or os.PathLike), got {path!r} "
+                        f"({type(path).__name__})")
+
+
+def check_open_arguments(path, storage_options, request_timeout, request_attempts) -> None:
+    """The checks shared by open_dataset and open_tokens: TypeError / ValueError naming the argument."""
+    check_path(path)
+    check.mapping("storage_options", storage_options, optional=True)
+    check.real("request_timeout", request_timeout, low=0, low_open=True)
+    check.integer("request_attempts", request_attempts, minimum=1)
+
+
 def open_dataset(path, storage_options: dict | None = None, *, request_timeout: float = 30.0,
                  request_attempts: int = 5) -> Dataset:
-    """Open and validate a pageset file, local or at a URL (``s3://``, ``http(s)://``, any fsspec protocol);
-    see :class:`Dataset`. Raises FormatError subclasses (BadMagicError for an object that is not a pageset
-    file), FileNotFoundError (naming the path or URL), ImportError (no backend for the URL's scheme: the
-    message names the package), RemoteReadError, OSError."""
-    return Dataset(path, storage_options, request_timeout=request_timeout, request_attempts=request_attempts)
+    """Open and validate a pageset file of records, local or at a URL (``s3://``, ``http(s)://``, any fsspec
+    protocol); see :class:`Dataset`. Raises FormatError subclasses (BadMagicError for an object that is not a
+    pageset file), FileNotFoundError (naming the path or URL), ImportError (no backend for the URL's scheme: the
+    message names the package), RemoteReadError, OSError; ValueError for a token file (it has no records: open
+    it with :func:`pageset.open_tokens`; ``Dataset(path)`` opens either kind for header, schema and
+    ``verify()``); TypeError for a path that is not a str or os.PathLike."""
+    check_open_arguments(path, storage_options, request_timeout, request_attempts)
+    ds = Dataset(path, storage_options, request_timeout=request_timeout, request_attempts=request_attempts)
+    if ds.tokens_info is not None:
+        ds.close()
+        raise ValueError(f"{ds.path} is a token file ({ds.tokens_info['count']} tokens in "
+                         f"{ds.tokens_info['documents']} documents, no records): open it with "
+                         "pageset.open_tokens(path), or load it with Loader(path, ..., pipelines={'tokens': "
+                         "[TokenWindows(seq_len)]})")
+    return ds

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..format import constants as C
 from ..format.errors import FormatError, SchemaError
-from .reader import Dataset
+from .reader import Dataset, check_open_arguments
 
 DOC_OFFSET = np.dtype("<u8")
 
@@ -225,5 +225,10 @@ class RemoteTokens:
 def open_tokens(path: str | os.PathLike, storage_options: dict | None = None, **remote) -> TokenDataset:
     """Open and validate a token file, local or at a URL (``storage_options``, ``request_timeout``,
     ``request_attempts``: see :func:`~pageset.read.open_dataset`); see :class:`TokenDataset`. Raises FormatError
-    subclasses, FileNotFoundError, ImportError, RemoteReadError, OSError."""
+    subclasses (a record file is refused, naming open_dataset), FileNotFoundError, ImportError, RemoteReadError,
+    OSError, TypeError (a path that is not a str or os.PathLike)."""
+    unknown = set(remote) - {"request_timeout", "request_attempts"}
+    if unknown:
+        raise TypeError(f"open_tokens() got unexpected keyword arguments {sorted(unknown)}")
+    check_open_arguments(path, storage_options, remote.get("request_timeout", 30.0), remote.get("request_attempts", 5))
     return TokenDataset(path, storage_options, **remote)

@@ -19,7 +19,7 @@ from ..format.layout import PAGE_CHECKSUM
 from ..format.schema import canonical_json
 from .filewriter import write_tail
 from .packing import page_count, place_record
-from .sources import SampleError
+from .sources import SampleError, WorkerTraceback
 
 
 class PageWriter:
@@ -99,7 +99,9 @@ class Assembly:
     def add(self, part) -> None:
         if part.error is not None:
             i, name, detail, tb = part.error
-            raise SampleError(self.source, i, name, f"{detail}\n\nWorker traceback:\n{tb}" if tb else detail)
+            if tb:  # a worker's traceback: the cause, shown once below the message (as concurrent.futures does)
+                raise SampleError(self.source, i, name, detail) from WorkerTraceback(tb)
+            raise SampleError(self.source, i, name, detail)
         for entry in part.skipped:
             self.skipped.append(entry["index"])
             if len(self.skip_log) < 1000:

@@ -16,6 +16,7 @@ import glob
 import os
 from collections.abc import Mapping
 
+from ..format import arguments as check
 from .sources import SampleError
 
 # Extensions decoded with webdataset's own basic decoders (text, integer classes, JSON, numpy); everything else,
@@ -23,13 +24,17 @@ from .sources import SampleError
 _DECODED_EXTENSIONS = {"txt", "text", "cls", "cls2", "class", "count", "index", "inx", "id", "json", "jsn", "npy"}
 
 
-def _expand(urls) -> list[str]:
-    """Brace-expand (``shard-{000..009}.tar``) and glob (local paths, or fsspec URLs) ``urls``, keeping order."""
+def _expand(urls, name: str = "urls") -> list[str]:
+    """Brace-expand (``shard-{000..009}.tar``) and glob (local paths, or fsspec URLs) ``urls``, keeping order.
+    TypeError (naming the argument ``name``) unless ``urls`` is a path/URL or a list or tuple of them."""
     import braceexpand
     import fsspec
 
     if isinstance(urls, (str, os.PathLike)):
         urls = [urls]
+    if not isinstance(urls, (list, tuple)) or not all(isinstance(u, (str, os.PathLike)) for u in urls):
+        raise TypeError(f"{name} must be a path or URL (str or os.PathLike), a brace or glob pattern, or a list of "
+                        f"them, got {urls!r}")
     out: list[str] = []
     for u in urls:
         for one in braceexpand.braceexpand(os.fspath(u)):
@@ -121,7 +126,8 @@ class ParquetSource:
         import fsspec
         import pyarrow.parquet as pq
 
-        self.paths = _expand(paths)
+        columns = check.mapping("columns", columns, optional=True, example="{'image': 'img', 'label': 'label'}")
+        self.paths = _expand(paths, "paths")
         self._groups, self._starts = [], [0]
         for path in self.paths:
             with fsspec.open(path, "rb") as f:

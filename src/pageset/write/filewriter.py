@@ -134,7 +134,7 @@ def temp_file(path: str, kind: str = "tmp") -> tuple[int, str]:
     The host and pid in the name let a later write remove temp files of writers that were killed (SIGKILL, node
     loss) before they could clean up (:func:`remove_stale_temps`).
     """
-    folder = os.path.dirname(os.path.abspath(path))
+    folder = os.path.dirname(os.path.abspath(check_output_path(path)))
     fd, name = tempfile.mkstemp(prefix=f"{os.path.basename(path)}.{kind}-{_tag()}-", dir=folder)
     os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would make shared datasets unreadable to other users
     return fd, name
@@ -174,6 +174,32 @@ def remove_stale_temps(path: str, every_host: bool = False) -> list[str]:
             except FileNotFoundError:
                 pass
     return removed
+
+
+def check_output_path(path) -> str:
+    """``path`` (str or os.PathLike) as a str, if its folder exists (fsspec URLs other than ``file://`` pass
+    unchecked); TypeError / FileNotFoundError otherwise.
+
+    Called first by every writer, so that a missing folder is reported as such before any work (and not as a
+    missing temp file once the work is done)."""
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be the output file's path (str or os.PathLike), got {path!r} "
+                        f"({type(path).__name__})")
+    path = os.fspath(path)
+    if not path or path.endswith(os.sep):
+        raise ValueError(f"path must name a file, got {path!r}")
+    if is_url(path):
+        return path  # an object store: no folder to check
+    local = local_path(path)
+    folder = os.path.dirname(os.path.abspath(local))
+    if not os.path.isdir(folder):
+        what = "is not a folder" if os.path.exists(folder) else "does not exist"
+        raise FileNotFoundError(f"cannot write {path}: the output folder {folder} {what}; create it first "
+                                f"(e.g. os.makedirs({folder!r}, exist_ok=True))")
+    if os.path.isdir(local):
+        raise IsADirectoryError(f"cannot write {path}: it is a folder; give a file name, e.g. "
+                                f"{os.path.join(local, 'train.pageset')}")
+    return path
 
 
 def check_not_input(path: str, inputs) -> None:

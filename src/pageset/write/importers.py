@@ -24,7 +24,11 @@ import time
 
 import numpy as np
 
+from ..format import arguments as check
+from ..format import constants as C
+from .filewriter import check_not_input, check_output_path
 from .tokens import UINT16_MAX, UINT32_MAX, TokenFileWriter, TokenWriteResult
+from .writer import _check_page_size
 
 LLMC_HEADER_INTS = 256
 LLMC_KINDS = {(20240520, 1): np.dtype("<u2"), (20240801, 7): np.dtype("<u4")}
@@ -48,6 +52,41 @@ def boundaries_at_eos(tokens: np.ndarray, eos_id: int | None, where: str = "afte
         cuts = pos + 1 if where == "after" else pos
         cuts = cuts[(cuts > 0) & (cuts < n)]
     return np.concatenate([[0], cuts, [n]]).astype(np.uint64)
+
+
+def _check_arguments(path, sources: list, eos_id, out_dtype, page_size, metadata) -> str:
+    """Check the importers' shared arguments before any work; returns ``path`` as a str.
+
+    The output comes first (``import_nanogpt(path, bin_path)``, like ``write_tokens(path, source)``). A call with
+    the two swapped is refused instead of overwriting the source: the output must not be an existing file
+    other than a pageset file, and a source must not be a pageset file."""
+    path = check_output_path(path)
+    for src in sources:
+        if isinstance(src, bytes) or not isinstance(src, (str, os.PathLike)):
+            raise TypeError(f"the source must be a path (str or os.PathLike), got {src!r}")
+        if not os.path.isfile(src):
+            raise FileNotFoundError(f"{os.fspath(src)}: no such file (the output comes first: "
+                                    "import_nanogpt(path, bin_path))")
+        if _is_pageset(src):
+            raise ValueError(f"{os.fspath(src)} is a pageset file, not a source to import; the output comes first: "
+                             "import_nanogpt(path, bin_path), import_llmc(path, bin_path), "
+                             "import_megatron(path, prefix)")
+    if os.path.isfile(path) and os.path.getsize(path) and not _is_pageset(path):
+        raise ValueError(f"the output {path} exists and is not a pageset file: refusing to replace it (are the "
+                         "arguments swapped? the output comes first: import_nanogpt(path, bin_path)); remove it "
+                         "or choose another output path")
+    check_not_input(path, sources)
+    check.integer("eos_id", eos_id, minimum=0, maximum=UINT32_MAX)
+    check.choice("out_dtype", out_dtype, ("auto",) + C.TOKEN_DTYPES)
+    if page_size is not None:
+        _check_page_size(page_size)
+    check.mapping("metadata", metadata, optional=True)
+    return path
+
+
+def _is_pageset(path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(len(C.MAGIC)) == C.MAGIC
 
 
 def _write_stream(path, tokens: np.ndarray, offsets: np.ndarray, eos_id, source: str, dtype: str, page_size,
@@ -80,12 +119,15 @@ def _write_stream(path, tokens: np.ndarray, offsets: np.ndarray, eos_id, source:
     return writer.finish(offsets, info, metadata, t0)
 
 
-def import_nanogpt(bin_path, path, *, dtype="uint16", eos_id: int | None = 50256, out_dtype: str = "auto",
+def import_nanogpt(path, bin_path, *, dtype="uint16", eos_id: int = 50256, out_dtype: str = "auto",
                    page_size: int | None = None, metadata: dict | None = None) -> TokenWriteResult:
     """Convert a nanoGPT headerless ``.bin`` (ids of ``dtype``, default uint16; EOT 50256 after each document)
-    into a token file at ``path``. Document boundaries: after each ``eos_id``. Raises ValueError."""
+    into a token file at ``path`` (the output first, like every pageset writer). Document boundaries: after
+    each ``eos_id``. ``out_dtype``: "auto", "uint16" or "uint32"; ``page_size``: None (default) or a power of
+    two in [4 KiB, 1 GiB]. Raises TypeError / ValueError (bad arguments or data), FileNotFoundError."""
     t0 = time.perf_counter()
-    dt = np.dtype(dtype).newbyteorder("<")
+    path = _check_arguments(path, [bin_path], eos_id, out_dtype, page_size, metadata)
+    dt = np.dtype(check.dtype_name("dtype", dtype, ("uint16", "uint32", "int32", "int64"))).newbyteorder("<")
     size = os.path.getsize(bin_path)
     if size % dt.itemsize:
         raise ValueError(f"{bin_path}: {size} bytes is not a multiple of {dt.itemsize} ({dt.name}); wrong dtype?")
@@ -113,12 +155,14 @@ def read_llmc_header(bin_path) -> tuple[np.dtype, int]:
     return dt, count
 
 
-def import_llmc(bin_path, path, *, eos_id: int | None = None, out_dtype: str = "auto", page_size: int | None = None,
+def import_llmc(path, bin_path, *, eos_id: int | None = None, out_dtype: str = "auto", page_size: int | None = None,
                 metadata: dict | None = None) -> TokenWriteResult:
-    """Convert an llm.c ``.bin`` into a token file. ``eos_id`` defaults to 50256 (GPT-2, magic 20240520) or
-    128000 (Llama 3 ``<|begin_of_text|>``, magic 20240801); documents start at each ``eos_id`` (llm.c prepends
-    it). Raises ValueError (bad header)."""
+    """Convert an llm.c ``.bin`` into a token file at ``path`` (the output first). ``eos_id`` defaults to 50256
+    (GPT-2, magic 20240520) or 128000 (Llama 3 ``<|begin_of_text|>``, magic 20240801); documents start at each
+    ``eos_id`` (llm.c prepends it). Raises TypeError / ValueError (bad arguments, bad header),
+    FileNotFoundError."""
     t0 = time.perf_counter()
+    path = _check_arguments(path, [bin_path], 0 if eos_id is None else eos_id, out_dtype, page_size, metadata)
     dt, count = read_llmc_header(bin_path)
     if eos_id is None:
         eos_id = 50256 if dt.itemsize == 2 else 128000
@@ -151,19 +195,24 @@ def read_megatron_index(idx_path) -> dict:
             "doc_idx": doc_idx}
 
 
-def import_megatron(prefix, path, *, eos_id: int, out_dtype: str = "auto", page_size: int | None = None,
+def import_megatron(path, prefix, *, eos_id: int, out_dtype: str = "auto", page_size: int | None = None,
                     metadata: dict | None = None) -> TokenWriteResult:
-    """Convert a Megatron IndexedDataset ``<prefix>.bin`` + ``<prefix>.idx`` into a token file.
+    """Convert a Megatron IndexedDataset ``<prefix>.bin`` + ``<prefix>.idx`` into a token file at ``path`` (the
+    output first; ``prefix`` may also be either file's name).
 
     Sequences are concatenated in index order; document ``i`` spans sequences ``doc_idx[i] .. doc_idx[i+1]``
     (Megatron's preprocess_data.py appends EOD to each document only with ``--append-eod``; the stream is kept
-    as is either way). ``eos_id`` (the tokenizer's EOD) is recorded for the loader's document outputs.
+    as is either way). ``eos_id`` (the tokenizer's EOD) is recorded for the loader's document outputs. Raises
+    TypeError / ValueError (bad arguments or index), FileNotFoundError.
     """
     t0 = time.perf_counter()
+    if isinstance(prefix, bytes) or not isinstance(prefix, (str, os.PathLike)):
+        raise TypeError(f"prefix must be a path (str or os.PathLike), got {prefix!r}")
     prefix = os.fspath(prefix)
     for suffix in (".bin", ".idx"):
         if prefix.endswith(suffix):
             prefix = prefix[: -len(suffix)]
+    path = _check_arguments(path, [prefix + ".idx", prefix + ".bin"], eos_id, out_dtype, page_size, metadata)
     idx = read_megatron_index(prefix + ".idx")
     dt, sizes, pointers, doc_idx = idx["dtype"], idx["sizes"], idx["pointers"], idx["doc_idx"]
     bin_size = os.path.getsize(prefix + ".bin")

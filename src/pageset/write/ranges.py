@@ -56,7 +56,8 @@ def encode_sample(src: Source, fields: dict[str, Field], i: int) -> tuple[list, 
         try:
             payload, cols = encode_value(values[name], fld)
         except Exception as exc:
-            detail = f"{type(exc).__name__}: {exc}{describe_path(values[name])}"
+            where = describe_path(values[name])  # the path, unless the message already names it
+            detail = f"{type(exc).__name__}: {exc}" + (where if where.strip(" ()") not in str(exc) else "")
             raise SampleError(src.description, i, name, detail) from exc
         if payload is not None:
             payloads.append(payload)
@@ -84,8 +85,11 @@ def encode_range(src: Source, fields: dict[str, Field], row_dtype: np.dtype, sta
                 continue
             if in_process:
                 raise
-            return EncodedRange(start, stop, rows[:count], blob.getvalue(), skipped, (exc.index, exc.field,
-                                                                                      exc.detail, traceback.format_exc()))
+            # The cause's traceback only: the SampleError around it adds nothing but its message.
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
+            tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+            return EncodedRange(start, stop, rows[:count], blob.getvalue(), skipped,
+                                (exc.index, exc.field, exc.detail, tb))
         row = rows[count]
         row["_length"] = sum(len(p) for p in payloads)
         for name, payload in zip(span_names, payloads):

@@ -3,6 +3,7 @@
 - any indexable object: ``__len__`` and ``__getitem__`` returning a tuple (values in field order) or a dict;
 - an ImageFolder-style directory: one sub-folder per class, sorted by name, integer labels 0..C-1;
 - a list of image paths;
+- a file list (:class:`ImageList`): a text file of image paths, one per line, optionally ``<path>\t<label>``;
 - any other iterable (a generator, a Hugging Face ``datasets.IterableDataset``): read once into a list.
 
 A Hugging Face ``datasets.Dataset`` is an indexable object returning dicts; WebDataset shards and Parquet files
@@ -23,15 +24,27 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 
 
 class SampleError(ValueError):
-    """Encoding one sample failed. Attributes: ``index`` (int), ``field`` (str or None), ``source`` (str)."""
+    """Encoding one sample failed. Attributes: ``index`` (int), ``field`` (str or None), ``source`` (str: the
+    source's description, e.g. the folder or file list it came from), ``detail`` (the cause), ``hint`` (what to
+    do about it, or ``""``), ``brief`` (the message without the hint). When a worker process failed, its
+    traceback is the ``__cause__`` (a :class:`WorkerTraceback`)."""
 
-    def __init__(self, source: str, index: int, field: str | None, detail: str):
-        self.source, self.index, self.field, self.detail = source, index, field, detail
+    def __init__(self, source: str, index: int, field: str | None, detail: str, hint: str = ""):
+        self.source, self.index, self.field, self.detail, self.hint = source, index, field, detail, hint
         where = f"sample {index}" + (f", field {field!r}" if field else "")
-        super().__init__(f"{source}: {where}: {detail}")
+        self.brief = f"{source}: {where}: {detail}"
+        super().__init__(self.brief + (f"\n{hint}" if hint else ""))
 
     def __reduce__(self):
-        return (SampleError, (self.source, self.index, self.field, self.detail))
+        return (SampleError, (self.source, self.index, self.field, self.detail, self.hint))
+
+
+class WorkerTraceback(Exception):
+    """The formatted traceback of an exception raised in a writer worker process (set as ``__cause__`` of the
+    error raised in the caller, as ``concurrent.futures`` does, so it is shown once, below the message)."""
+
+    def __str__(self) -> str:
+        return f"\n\"\"\"\n{self.args[0]}\"\"\""
 
 
 @dataclass
@@ -44,11 +57,13 @@ class ImageFolder:
     """
 
     root: str
-    classes: list[str] = field(default_factory=list)
-    samples: list[tuple[str, int]] = field(default_factory=list)
-    ignored: int = 0
+    classes: list[str] = field(default_factory=list, init=False)
+    samples: list[tuple[str, int]] = field(default_factory=list, init=False)
+    ignored: int = field(default=0, init=False)
 
     def __post_init__(self):
+        if isinstance(self.root, bytes) or not isinstance(self.root, (str, os.PathLike)):
+            raise TypeError(f"ImageFolder.root must be a folder path (str or os.PathLike), got {self.root!r}")
         root = Path(self.root)
         if not root.is_dir():
             raise ValueError(f"{self.root}: not a directory; ImageFolder needs root/<class>/<image> folders")
@@ -81,6 +96,56 @@ class ImageFolder:
 
 
 @dataclass
+class ImageList:
+    """A file list: a UTF-8 text file with one image path per line, optionally ``<path>\t<label>`` (an int);
+    blank lines and lines starting with ``#`` are skipped. Relative paths are relative to the list file's folder
+    (not to the current folder), so a list moves with its images. Either every line has a label or none does.
+
+    Samples are ``(path,)`` or ``(path, label)``; ``labelled`` says which. Raises ``FileNotFoundError`` (no such
+    list) or ``ValueError`` naming the list file and line.
+    """
+
+    path: str
+    rows: list = field(default_factory=list, init=False)
+    labelled: bool = field(default=False, init=False)
+
+    def __post_init__(self):
+        if isinstance(self.path, bytes) or not isinstance(self.path, (str, os.PathLike)):
+            raise TypeError(f"ImageList.path must be the file list's path (str or os.PathLike), got {self.path!r}")
+        self.path = os.fspath(self.path)
+        if not os.path.isfile(self.path):
+            raise FileNotFoundError(f"file list {self.path}: no such file")
+        base = os.path.dirname(os.path.abspath(self.path))
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"file list {self.path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            parts = line.split("\t")
+            if len(parts) > 2:
+                raise ValueError(f"{self.path}:{lineno}: expected '<path>' or '<path>\\t<label>', got {line!r}")
+            p = parts[0] if os.path.isabs(parts[0]) else os.path.join(base, parts[0])
+            try:
+                self.rows.append((p, int(parts[1])) if len(parts) == 2 else (p,))
+            except ValueError:
+                raise ValueError(f"{self.path}:{lineno}: label {parts[1]!r} is not an integer") from None
+        if not self.rows:
+            raise ValueError(f"file list {self.path}: no image paths listed")
+        if len({len(r) for r in self.rows}) != 1:
+            raise ValueError(f"file list {self.path}: either every line has a label or none does")
+        self.labelled = len(self.rows[0]) == 2
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int):
+        return self.rows[i]
+
+
+@dataclass
 class Source:
     """A normalised source: ``len(src)``, ``src.sample(i) -> dict``, a description and dataset attributes."""
 
@@ -95,9 +160,10 @@ class Source:
 
     def part(self, start: int, stop: int) -> Source:
         """The source as a task for samples ``[start, stop)`` needs it: a slice of a list of paths or of an
-        ImageFolder's samples (small to send to a worker), otherwise the whole source."""
-        if self.base == 0 and isinstance(self.data, (list, ImageFolder)):
-            items = self.data[start:stop] if isinstance(self.data, list) else self.data.samples[start:stop]
+        ImageFolder's samples or a file list's rows (small to send to a worker), otherwise the whole source."""
+        if self.base == 0 and isinstance(self.data, (list, ImageFolder, ImageList)):
+            items = (self.data[start:stop] if isinstance(self.data, list) else
+                     self.data.samples[start:stop] if isinstance(self.data, ImageFolder) else self.data.rows[start:stop])
             return Source(items, self.names, self.description, {}, start)
         return self
 
@@ -130,10 +196,19 @@ def open_source(source, fields: Mapping[str, Field] | None) -> tuple[Source, dic
     """Normalise ``source`` and pick default fields when ``fields`` is None.
 
     Defaults: an ImageFolder gives ``{"image": RGBImage(), "label": Int()}``; a list of paths gives
-    ``{"image": RGBImage()}``. Other sources need explicit fields (TypeError otherwise).
+    ``{"image": RGBImage()}``; a file list (a path to a text file, or an :class:`ImageList`) either, depending on
+    its labels. Other sources need explicit fields (TypeError otherwise).
     """
     attributes: dict = {}
-    if isinstance(source, (str, os.PathLike)):
+    if isinstance(source, (str, os.PathLike)) and os.path.isfile(source):
+        if os.fspath(source).lower().endswith(IMAGE_EXTENSIONS):
+            raise ValueError(f"{os.fspath(source)} is one image: give a list of image paths ([path]), an ImageFolder "
+                             "directory or a file list (a text file of image paths)")
+        source = ImageList(source)
+    if isinstance(source, ImageList):
+        default = {"image": RGBImage(), "label": Int()} if source.labelled else {"image": RGBImage()}
+        data, description = source, f"file list {source.path!r}"
+    elif isinstance(source, (str, os.PathLike)):
         folder = ImageFolder(os.fspath(source))
         attributes = {"class_names": folder.classes, "ignored_files": folder.ignored}
         default = {"image": RGBImage(), "label": Int()}

@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -24,12 +25,22 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
+from ..format import arguments as check
 from ..format import constants as C
 from ..format.checksum import ALGORITHM
 from ..format.fields import Tokens
 from ..format.schema import build_schema, canonical_json, parse_schema
 from .assemble import PageWriter
-from .filewriter import Output, check_not_input, is_url, lineage, ordered_map, temp_file, write_tail
+from .filewriter import (
+    Output,
+    check_not_input,
+    check_output_path,
+    is_url,
+    lineage,
+    ordered_map,
+    temp_file,
+    write_tail,
+)
 from .ranges import (
     Shard,
     check_picklable,
@@ -146,11 +157,17 @@ class TokenFileWriter:
 
 # ---- tokenizers --------------------------------------------------------------------------------------------
 
+# Names an end-of-text token goes by, looked up in this order when no eos_id is given: GPT-2 / tiktoken,
+# SentencePiece models (Llama 1-2, T5, Mistral), Llama 3, Gemma.
+EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
+
+
 @dataclass
 class TokenizerSpec:
     """A tokenizer wrapped for writing: ``encode_batch(texts) -> list[list[int]]``, ``decode(ids) -> str``,
-    ``vocab_size`` (int or None), ``eos_id`` default (int or None), ``name``, ``kind`` (``"hf"``, ``"tiktoken"``,
-    ``"callable"``), ``files_sha256`` (hex SHA-256 of the files it was built from, or of its vocabulary)."""
+    ``vocab_size`` (int or None), ``default_eos`` (int or None: see :func:`find_eos`), ``name``, ``kind``
+    (``"hf"``, ``"tiktoken"``, ``"callable"``), ``files_sha256`` (hex SHA-256 of the files it was built from,
+    or of its vocabulary), ``special_tokens`` ({name: id} of its special / added tokens, for error messages)."""
 
     obj: object
     kind: str
@@ -158,6 +175,7 @@ class TokenizerSpec:
     files_sha256: str | None
     vocab_size: int | None
     default_eos: int | None
+    special_tokens: dict | None = None
 
     def encode_batch(self, texts: list[str]) -> list:
         if self.kind == "hf":
@@ -218,7 +236,10 @@ def load_tokenizer(tokenizer) -> TokenizerSpec:
     if mod.startswith("tiktoken"):
         return _tiktoken(tokenizer, tokenizer.name, _tiktoken_digest(tokenizer))
     if callable(tokenizer):
-        return TokenizerSpec(tokenizer, "callable", getattr(tokenizer, "__name__", "callable"), None, None, None)
+        own = next((getattr(tokenizer, a) for a in ("eos_token_id", "eos_id")
+                    if check.is_int(getattr(tokenizer, a, None))), None)
+        return TokenizerSpec(tokenizer, "callable", getattr(tokenizer, "__name__", type(tokenizer).__name__), None,
+                             None, find_eos(lambda name: None, own), {})
     raise TypeError(f"unsupported tokenizer {tokenizer!r}; see pageset.write.tokens.load_tokenizer")
 
 
@@ -235,11 +256,33 @@ def _loading(paths: list[str], load):
         raise ValueError(f"could not load the tokenizer from {', '.join(paths)}: {exc}") from exc
 
 
+def find_eos(lookup, own=None) -> int | None:
+    """The end-of-text id: the tokenizer's own EOS attribute (``own``) if it has one, else the first of
+    ``EOS_NAMES`` that ``lookup(name)`` finds (``None`` when absent), else ``None``."""
+    if own is not None:
+        return int(own)
+    for name in EOS_NAMES:
+        found = lookup(name)
+        if found is not None:
+            return int(found)
+    return None
+
+
+SPECIAL_SHAPE = re.compile(r"<\|[^|\s]+\|>|</?s>|<(unk|pad|eos|bos|mask|sep|cls)>|\[[A-Z]+\]")
+
+
+def _special_looking(vocab: dict) -> dict:
+    """{token: id} of vocabulary entries shaped like special tokens (``<|...|>``, ``</s>``, ``<unk>``, ``[CLS]``)
+    for a tokenizer that declares no added tokens (a GPT-2 BPE pair keeps ``<|endoftext|>`` in its vocabulary)."""
+    return {t: i for t, i in vocab.items() if SPECIAL_SHAPE.fullmatch(t)}
+
+
 def _hf(tok, name, digest) -> TokenizerSpec:
-    eos = tok.token_to_id("<|endoftext|>")
-    if eos is None:
-        eos = tok.token_to_id("</s>")
-    return TokenizerSpec(tok, "hf", name, digest, tok.get_vocab_size(with_added_tokens=True), eos)
+    added = {str(t): int(i) for i, t in tok.get_added_tokens_decoder().items()}
+    specials = added or dict(sorted(_special_looking(tok.get_vocab(with_added_tokens=True)).items(),
+                                    key=lambda kv: kv[1]))
+    eos = find_eos(tok.token_to_id)
+    return TokenizerSpec(tok, "hf", name, digest, tok.get_vocab_size(with_added_tokens=True), eos, specials)
 
 
 def _gpt2_files(vocab: str, merges: str) -> TokenizerSpec:
@@ -253,7 +296,11 @@ def _gpt2_files(vocab: str, merges: str) -> TokenizerSpec:
 
 
 def _tiktoken(enc, name, digest) -> TokenizerSpec:
-    return TokenizerSpec(enc, "tiktoken", name, digest, enc.n_vocab, enc.eot_token)
+    specials = {t: enc.encode_single_token(t) for t in sorted(enc.special_tokens_set)}
+    # tiktoken's eot_token property is the id of "<|endoftext|>" (a KeyError when the Encoding has none), so the
+    # names cover it without touching a property that can raise.
+    eos = find_eos(specials.get)
+    return TokenizerSpec(enc, "tiktoken", name, digest, enc.n_vocab, eos, specials)
 
 
 def _tiktoken_digest(enc) -> str:
@@ -291,21 +338,40 @@ def _split_separator(text: str, separator: str) -> list[str]:
     return docs
 
 
+def _jsonl_documents(path: str, text_key: str):
+    """The ``text_key`` string of each line of a JSON Lines file (``.gz`` too); ValueError naming file, line and
+    byte for a line that is not UTF-8, not valid JSON, or without a string under ``text_key``."""
+    opener = __import__("gzip").open if path.endswith(".gz") else open
+    offset = 0  # byte offset of the line's start (in the decompressed stream for .gz)
+    with opener(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            start, offset = offset, offset + len(raw)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 text: byte 0x{raw[exc.start]:02x} at byte "
+                                 f"{start + exc.start} of the file (column {exc.start + 1} of the line): "
+                                 f"{exc.reason}; re-encode the file as UTF-8 or leave the line out") from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"invalid JSON at {path}:{lineno} (column {exc.colno}): {exc.msg}") from None
+            if not isinstance(obj, dict) or text_key not in obj:
+                keys = sorted(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__
+                raise ValueError(f"{path}:{lineno}: no {text_key!r} key in the JSON line (it has {keys}); "
+                                 "set text_key= (--text-key) to the key holding the text")
+            text = obj[text_key]
+            if not isinstance(text, str):
+                raise ValueError(f"{path}:{lineno}: {text_key!r} holds {type(text).__name__} {text!r:.40}, "
+                                 "not a string")
+            yield text
+
+
 def _file_documents(path: str, text_key: str, separator: str | None):
-    if path.endswith((".jsonl", ".jsonl.gz")) or path.endswith(".ndjson"):
-        opener = __import__("gzip").open if path.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    text = json.loads(line)[text_key]
-                except (KeyError, TypeError, json.JSONDecodeError) as exc:
-                    raise ValueError(f"{path}:{lineno}: no string {text_key!r} in the JSON line ({exc})") from None
-                if not isinstance(text, str):
-                    raise ValueError(f"{path}:{lineno}: {text_key!r} holds {type(text).__name__} {text!r:.40}, "
-                                     "not a string")
-                yield text
+    if path.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
+        yield from _jsonl_documents(path, text_key)
         return
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
@@ -419,6 +485,16 @@ def _encoded_in_order(docs_iter, spec, bos_id, eos_id, num_workers, chunk_docs, 
 
 # ---- the writer --------------------------------------------------------------------------------------------
 
+def _no_eos_message(spec) -> str:
+    if spec is None:
+        return "eos_id is required for pre-tokenized documents (no tokenizer given): pass eos_id=<int>"
+    specials = spec.special_tokens or {}
+    listed = ", ".join(f"{t!r}: {i}" for t, i in list(specials.items())[:20]) + (" ..." if len(specials) > 20 else "")
+    return (f"eos_id is required: tokenizer {spec.name!r} has no end-of-text token under the usual names "
+            f"{list(EOS_NAMES)} and no eos attribute; its special tokens are {{{listed}}}; pass eos_id= (and "
+            "bos_id= if documents should start with one), e.g. eos_id=<the id of its end-of-text token>")
+
+
 def _check_id(name: str, value, vocab_size: int | None, dtype: str) -> int | None:
     if value is None:
         return None
@@ -462,9 +538,11 @@ def write_tokens(
             iterable of ``str`` documents, of ``pathlib.Path`` files, or of pre-tokenized integer arrays.
         tokenizer: see :func:`load_tokenizer` (HF Tokenizer / tokenizer.json, GPT-2 ``(encoder.json,
             vocab.bpe)``, tiktoken Encoding / cl100k ``.tiktoken`` file, a callable); ``None`` for pre-tokenized.
-        eos_id: separator appended after every document; default the tokenizer's ``<|endoftext|>`` (or
-            ``</s>``). Validated against the vocabulary before any work. Required without a tokenizer.
-        bos_id: optional id put before each document, unless its first id already is ``bos_id``.
+        eos_id: separator appended after every document. An explicit value always wins; by default the
+            tokenizer's own EOS attribute (``eos_token_id`` of a callable), else the first of its tokens named
+            ``<|endoftext|>``, ``</s>``, ``<|end_of_text|>``, ``<eos>``; else ValueError listing its special
+            tokens. Validated against the vocabulary before any work. Required without a tokenizer.
+        bos_id: optional id put before each document, unless its first id already is ``bos_id`` (never guessed).
         dtype: ``"auto"`` (uint16 iff the largest emitted id <= 65535), ``"uint16"`` or ``"uint32"``.
         num_workers: encoding processes (``None``: ``os.cpu_count()``; 0: this process). Ignored when
             ``executor`` is given.
@@ -488,25 +566,39 @@ def write_tokens(
         :class:`TokenWriteResult` (``path, documents, tokens, dtype, dataset_id, bytes, seconds``).
 
     Raises:
-        ValueError: bad ids or arguments, an empty corpus, or a token id > 65535 with ``dtype="uint16"``
-        (naming the document index); TypeError: a document that is neither text nor an integer array;
-        RuntimeError: a worker died.
+        ValueError: bad ids or arguments, no EOS found, an empty corpus, or a token id > 65535 with
+        ``dtype="uint16"`` (naming the document index); TypeError: an argument of the wrong kind, or a document
+        that is neither text nor an integer array; FileNotFoundError: the output folder does not exist, or a
+        source file; RuntimeError: a worker died.
     """
     t0 = time.perf_counter()
-    if dtype not in ("auto",) + C.TOKEN_DTYPES:
-        raise ValueError(f"dtype must be 'auto', 'uint16' or 'uint32', got {dtype!r}")
+    path = check_output_path(path)
+    dtype = check.choice("dtype", dtype, ("auto",) + C.TOKEN_DTYPES)
+    num_workers = check.integer("num_workers", num_workers, minimum=0, optional=True)
+    progress = check.boolean("progress", progress)
+    text_key = check.text("text_key", text_key)
+    separator = check.text("separator", separator, optional=True)
+    _check_page_size(page_size)
+    metadata = check.mapping("metadata", metadata, optional=True)
+    chunk_docs = check.integer("chunk_docs", chunk_docs, minimum=1)
+    chunk_chars = check.integer("chunk_chars", chunk_chars, minimum=1)
+    eos_id = check.integer("eos_id", eos_id, minimum=0, optional=True)
+    bos_id = check.integer("bos_id", bos_id, minimum=0, optional=True)
+    lineage = check.boolean("lineage", lineage)
+    if executor is not None and not callable(getattr(executor, "submit", None)):
+        raise TypeError(f"executor must be a concurrent.futures.Executor (with .submit), got {type(executor).__name__}")
+    shard_dir = check.text("shard_dir", shard_dir, optional=True)
+    storage_options = check.mapping("storage_options", storage_options, optional=True)
     spec = load_tokenizer(tokenizer) if tokenizer is not None else None
     vocab = spec.vocab_size if spec is not None else None
-    if eos_id is None:
+    if eos_id is None:  # an explicit eos_id always wins; else the tokenizer's own end-of-text token
         eos_id = spec.default_eos if spec is not None else None
         if eos_id is None:
-            raise ValueError("eos_id is required: the tokenizer has no <|endoftext|> or </s> token (or none given)")
+            raise ValueError(_no_eos_message(spec))
     eos_id = _check_id("eos_id", eos_id, vocab, dtype)
     bos_id = _check_id("bos_id", bos_id, vocab, dtype)
     if num_workers is None:
         num_workers = os.cpu_count() or 1
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
     # Decide the stored dtype up front when we can (explicit, or a vocabulary that fits uint16); otherwise stage
     # uint32 ids in a spill file next to the target and re-pack once the largest id is known.
     direct = dtype if dtype != "auto" else ("uint16" if vocab is not None and vocab <= UINT16_MAX + 1 else None)

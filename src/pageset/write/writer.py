@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
+from ..format import arguments as check
 from ..format import constants as C
 from ..format.checksum import ALGORITHM
 from ..format.fields import Field
 from ..format.schema import build_schema, canonical_json, parse_schema
 from .assemble import Assembly
-from .filewriter import Output, check_not_input, is_url, ordered_map
+from .filewriter import Output, check_not_input, check_output_path, is_url, ordered_map
 from .filewriter import lineage as lineage_info
 from .ranges import (
     ShardPart,
@@ -34,7 +35,11 @@ from .ranges import (
     new_shard_folder,
     remove_shard_folder,
 )
-from .sources import Source, open_source
+from .sources import ImageList, SampleError, Source, open_source
+
+# Said once under a failing sample's message when on_error="raise" (the CLI says --on-error skip instead).
+ON_ERROR_HINT = ("To leave bad samples out instead, pass on_error='skip': their indices and errors are recorded in "
+                 "the file's lineage (WriteResult.skipped).")
 
 
 @dataclass(frozen=True)
@@ -72,8 +77,9 @@ def write_dataset(
         path: output file (any extension; ``.pageset`` is conventional), or an fsspec URL such as
             ``"s3://bucket/train.pageset"`` (assembled in the local temp folder, then uploaded with a multipart
             upload that becomes visible only when complete). Replaced atomically either way.
-        source: an ImageFolder directory, a list of image paths, or any object with ``__len__`` and
-            ``__getitem__`` returning a tuple (one value per field, in field order) or a dict.
+        source: an ImageFolder directory, a list of image paths, a file list (the path of a text file of image
+            paths, optionally ``<path>\t<label>``, relative to its folder; see :class:`ImageList`), or any object
+            with ``__len__`` and ``__getitem__`` returning a tuple (one value per field, in field order) or a dict.
         fields: ``{name: Field}`` in storage order, e.g. ``{"image": RGBImage(max_resolution=512), "label":
             Int()}``; defaults exist for ImageFolder and path lists.
         num_workers: encoding processes (``None``: ``os.cpu_count()``; ``0``: encode in this process). Worker
@@ -101,38 +107,44 @@ def write_dataset(
         :class:`WriteResult`.
 
     Raises:
-        SampleError: a sample could not be read or encoded (names the sample index, field and cause; the
-            worker's traceback is included); ``ValueError``/``TypeError`` for invalid arguments or a source that
-            cannot be pickled for ``executor``;
+        SampleError: a sample could not be read or encoded (names the source, sample index, field and cause,
+            and how to skip bad samples; a worker's traceback is its ``__cause__``); ``TypeError`` (wrong kind of
+            value) / ``ValueError`` (out of range) for invalid arguments, naming the argument, before any work, or
+            a source that cannot be pickled for ``executor``; FileNotFoundError: the output folder does not exist;
         RuntimeError: a worker process died (killed or crashed); with an executor, whatever the engine raises
             once it gives up on a task (Dask: ``KilledWorker`` after ``allowed-failures`` deaths).
     """
     t0 = time.perf_counter()
+    path = check_output_path(path)
+    fields = check.mapping("fields", fields, optional=True, example="{'image': RGBImage(), 'label': Int()}")
+    num_workers = check.integer("num_workers", num_workers, minimum=0, optional=True)
     _check_page_size(page_size)
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-    if num_workers is None:
-        num_workers = os.cpu_count() or 1
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    progress = check.boolean("progress", progress)
+    on_error = check.choice("on_error", on_error, ("raise", "skip"))
+    metadata = check.mapping("metadata", metadata, optional=True)
+    chunk_size = check.integer("chunk_size", chunk_size, minimum=1, optional=True)
+    lineage = check.boolean("lineage", lineage)
     if executor is not None and not callable(getattr(executor, "submit", None)):
         raise TypeError(f"executor must be a concurrent.futures.Executor (with .submit), got {type(executor).__name__}")
+    shard_dir = check.text("shard_dir", shard_dir, optional=True)
+    storage_options = check.mapping("storage_options", storage_options, optional=True)
+    if num_workers is None:
+        num_workers = os.cpu_count() or 1
     if chunk_size is None:
         chunk_size = 1024 if executor is not None else 8
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     src, fields = open_source(source, fields)
     writer_params = {"page_size": page_size, "checksum": ALGORITHM}
     schema = build_schema(fields, src.attributes, writer_params)
     _, row_dtype = parse_schema(schema)  # the writer must never produce a schema its own reader refuses
     canonical_json(metadata or {})  # fail early on non-JSON metadata, before any work
 
-    path = os.fspath(path)
     if not is_url(path):
         if isinstance(source, (str, os.PathLike)):
             check_not_input(path, [source])
         elif isinstance(src.data, list) and src.data and isinstance(src.data[0], str):  # a list of image paths
             check_not_input(path, src.data)
+        if isinstance(src.data, ImageList):
+            check_not_input(path, [src.data.path] + [row[0] for row in src.data.rows])
     ranges = cut(len(src), chunk_size)
     if executor is not None and ranges:
         check_picklable(src.part(*ranges[0]).data, "source", executor)
@@ -153,6 +165,11 @@ def write_dataset(
             parts.close()
         stats = asm.finish(len(src), lineage_info() if lineage else {}, metadata or {})
         out.commit()
+    except SampleError as exc:
+        out.abort()
+        if exc.hint:
+            raise
+        raise SampleError(exc.source, exc.index, exc.field, exc.detail, ON_ERROR_HINT) from exc.__cause__
     except BaseException:
         out.abort()
         raise
@@ -161,9 +178,11 @@ def write_dataset(
 
 
 def _check_page_size(page_size: int) -> None:
+    if not check.is_int(page_size):
+        raise TypeError(f"page_size must be an int, a power of two in [{C.MIN_PAGE_SIZE}, {C.MAX_PAGE_SIZE}], "
+                        f"got {page_size!r} ({type(page_size).__name__})")
     if (
-        not isinstance(page_size, int)
-        or page_size < C.MIN_PAGE_SIZE
+        page_size < C.MIN_PAGE_SIZE
         or page_size > C.MAX_PAGE_SIZE
         or page_size & (page_size - 1)
     ):

@@ -1,0 +1,163 @@
+"""Error messages that say where: the file, line and byte of bad text; the folder that does not exist; one clear
+message per bad sample (with the way to skip it) instead of chained tracebacks; the file list's own name."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pageset import ImageList, SampleError, import_nanogpt, open_dataset, write_dataset, write_tokens
+from pageset.cli import main as cli_main
+from pageset.write.sources import WorkerTraceback
+
+
+def _bytes_tokenizer(text):
+    return list(text.encode("utf-8"))
+
+
+def _tokens(path, source, **kw):
+    return write_tokens(path, source, _bytes_tokenizer, eos_id=0, num_workers=0, progress=False, **kw)
+
+
+# ---- text sources ------------------------------------------------------------------------------------------
+
+def test_non_utf8_byte_in_jsonl_names_file_line_and_byte(tmp_path):
+    lines = [b'{"text": "first"}\n', b'{"text": "caf\xe9 au lait"}\n']
+    bad = tmp_path / "c.jsonl"
+    bad.write_bytes(b"".join(lines))
+    offset = len(lines[0]) + lines[1].index(b"\xe9")
+    with pytest.raises(ValueError, match=rf"c\.jsonl:2: not UTF-8 text: byte 0xe9 at byte {offset} of the file"):
+        _tokens(tmp_path / "o.pageset", bad)
+    # sibling: the same bytes gzip-compressed (offsets in the decompressed stream), and a plain .txt file
+    gz = tmp_path / "c.jsonl.gz"
+    gz.write_bytes(gzip.compress(b"".join(lines)))
+    with pytest.raises(ValueError, match=rf"c\.jsonl\.gz:2: not UTF-8 text: byte 0xe9 at byte {offset}"):
+        _tokens(tmp_path / "o.pageset", gz)
+    txt = tmp_path / "c.txt"
+    txt.write_bytes(b"plain caf\xe9")
+    with pytest.raises(ValueError, match=r"c\.txt: not UTF-8 text \(byte 9"):
+        _tokens(tmp_path / "o.pageset", txt)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "c.jsonl.gz", "c.txt"]
+
+
+def test_malformed_json_line_says_invalid_json_at_file_and_line(tmp_path):
+    bad = tmp_path / "c.jsonl"
+    bad.write_text('{"text": "ok"}\n\n{"text": "missing comma" "x": 1}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"^invalid JSON at .*c\.jsonl:3 \(column 26\): Expecting ','"):
+        _tokens(tmp_path / "o.pageset", bad)
+    # siblings: valid JSON without the key, a JSON value that is not an object, a non-string value
+    for line, match in ((b'{"body": "x"}', r"c2\.jsonl:1: no 'text' key in the JSON line \(it has \['body'\]\)"),
+                        (b'[1, 2]', r"c2\.jsonl:1: no 'text' key in the JSON line \(it has list\)"),
+                        (b'{"text": 42}', r"c2\.jsonl:1: 'text' holds int 42, not a string")):
+        (tmp_path / "c2.jsonl").write_bytes(line + b"\n")
+        with pytest.raises(ValueError, match=match):
+            _tokens(tmp_path / "o.pageset", tmp_path / "c2.jsonl")
+
+
+# ---- output folder -----------------------------------------------------------------------------------------
+
+def test_output_in_a_missing_folder_names_the_folder_for_every_writer(tmp_path, photos, capsys):
+    out = tmp_path / "no" / "such" / "out.pageset"
+    folder = rf"the output folder {tmp_path}/no/such does not exist; create it first"
+    calls = {
+        "write_dataset": lambda: write_dataset(out, [photos[0]], num_workers=0, progress=False),
+        "write_tokens": lambda: _tokens(out, ["some text"]),
+        "import_nanogpt": lambda: import_nanogpt(out, nano),
+    }
+    nano = tmp_path / "train.bin"
+    np.array([1, 2, 50256], np.uint16).tofile(nano)
+    for name, call in calls.items():
+        with pytest.raises(FileNotFoundError, match=folder) as ei:
+            call()
+        assert ".tmp-" not in str(ei.value), name
+    assert cli_main(["convert", str(photos[0]).rsplit("/", 1)[0], str(out), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "does not exist; create it first" in err and ".tmp-" not in err
+    # sibling: the "folder" is a file
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(FileNotFoundError, match=r"the output folder .*afile is not a folder"):
+        write_dataset(tmp_path / "afile" / "out.pageset", [photos[0]], num_workers=0, progress=False)
+
+
+# ---- bad samples -------------------------------------------------------------------------------------------
+
+@pytest.fixture()
+def folder_with_bad_images(tmp_path, photos):
+    """Two good JPEGs, a zero-byte .jpg, a truncated JPEG and a text file named .jpg, listed in files.txt."""
+    root = tmp_path / "imgs"
+    root.mkdir()
+    for k in range(2):
+        Image.open(photos[k]).convert("RGB").resize((40, 30)).save(root / f"{k}.jpg")
+    (root / "empty.jpg").write_bytes(b"")
+    (root / "cut.jpg").write_bytes((root / "0.jpg").read_bytes()[:200])
+    (root / "notes.jpg").write_text("not an image at all")
+    names = ["0.jpg", "empty.jpg", "1.jpg", "cut.jpg", "notes.jpg"]
+    (root / "files.txt").write_text("".join(f"{n}\t{k}\n" for k, n in enumerate(names)))
+    return root
+
+
+def test_zero_byte_jpeg_one_message_with_the_skip_hint_no_tracebacks(tmp_path, folder_with_bad_images):
+    lst = folder_with_bad_images / "files.txt"
+    proc = subprocess.run([sys.executable, "-m", "pageset", "convert", str(lst), str(tmp_path / "o.pageset"),
+                           "--num-workers", "2", "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    err = proc.stderr
+    assert "Traceback" not in err and err.count("is empty (0 bytes)") == 1, err
+    assert "--on-error skip" in err and "sample 1, field 'image'" in err
+    assert f"file list '{lst}'" in err and "source list" not in err  # the list's own name
+    assert not (tmp_path / "o.pageset").exists()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_python_api_bad_sample_message_once_with_hint_and_one_traceback(tmp_path, folder_with_bad_images,
+                                                                         num_workers):
+    with pytest.raises(SampleError) as ei:
+        write_dataset(tmp_path / "o.pageset", folder_with_bad_images / "files.txt", num_workers=num_workers,
+                      progress=False)
+    err = ei.value
+    assert err.index == 1 and err.field == "image" and str(err).count("is empty (0 bytes)") == 1
+    assert "on_error='skip'" in str(err) and "Traceback" not in str(err)
+    assert str(err).startswith(f"file list '{folder_with_bad_images / 'files.txt'}': sample 1")
+    if num_workers:  # the worker's traceback, once, as the cause (like concurrent.futures)
+        assert isinstance(err.__cause__, WorkerTraceback)
+        assert str(err.__cause__).count("Traceback (most recent call last)") == 1
+        assert "load_image" in str(err.__cause__)
+    else:
+        assert isinstance(err.__cause__, ValueError) and "is empty" in str(err.__cause__)
+
+
+def test_skip_records_each_error_with_the_path_once(tmp_path, folder_with_bad_images):
+    res = write_dataset(tmp_path / "o.pageset", folder_with_bad_images / "files.txt", num_workers=2,
+                        progress=False, on_error="skip")
+    assert res.skipped == (1, 3, 4) and res.records == 2
+    with open_dataset(res.path) as ds:
+        errors = ds.metadata["lineage"]["skipped_errors"]
+        assert ds.metadata["lineage"]["source"] == f"file list '{folder_with_bad_images / 'files.txt'}'"
+    assert [e["index"] for e in errors] == [1, 3, 4]
+    for e, name in zip(errors, ["empty.jpg", "cut.jpg", "notes.jpg"]):
+        assert e["error"].count(str(folder_with_bad_images / name)) == 1, e  # each names its path once
+    # sibling: a value that is not a path gets no path appended
+    res = write_dataset(tmp_path / "b.pageset", [(b"not a jpeg",), ((folder_with_bad_images / "0.jpg").read_bytes(),)],
+                        {"image": __import__("pageset").RGBImage()}, num_workers=0, progress=False, on_error="skip")
+    with open_dataset(res.path) as ds:
+        (e,) = ds.metadata["lineage"]["skipped_errors"]
+    assert e["error"].startswith("ValueError: encoded image bytes could not be decoded") and "(/" not in e["error"]
+
+
+def test_errors_in_a_file_list_name_the_list_file(tmp_path, photos):
+    lst = tmp_path / "list.txt"
+    lst.write_text(f"{photos[0]}\t0\n{photos[1]}\tcat\n")
+    with pytest.raises(ValueError, match=rf"{lst}:2: label 'cat' is not an integer"):
+        ImageList(lst)
+    lst.write_text(f"{photos[0]}\t0\n{photos[1]}\n")
+    with pytest.raises(ValueError, match=rf"file list {lst}: either every line has a label or none does"):
+        write_dataset(tmp_path / "o.pageset", lst, num_workers=0, progress=False)
+    shutil.copy(photos[0], tmp_path / "x.jpg")
+    with pytest.raises(ValueError, match=r"x\.jpg is one image: give a list of image paths"):
+        write_dataset(tmp_path / "o.pageset", tmp_path / "x.jpg", num_workers=0, progress=False)
