@@ -1,11 +1,15 @@
 """Mixture overhead: a 3-source Mixture vs one file holding the same records, same pipeline, same threads.
 
-    .venv/bin/python -m benchmarks.mixture [--images 300] [--tokens 2000000] [--threads 2] [--repeats 3]
+    .venv/bin/python -m benchmarks.mixture [--images 300] [--tokens 8000000] [--threads 1 2] [--repeats 7]
+                                           [--min-seconds 0.5] [--only images|tokens]
 
 Images: three files of ``--images`` ImageNet-like JPEGs each (real photos, long side 400-500) and one file
-of all of them; RandomResizedCrop(224) + flip + Normalize, weights 0.5/0.3/0.2. Tokens: three token files and
-one of their concatenation, TokenWindows(1024), weights 0.5/0.3/0.2. Rates are samples/s over whole epochs
-(the best of ``--repeats`` epochs of each, alternated, after a warm-up epoch). Prints a markdown table.
+of all of them; RandomResizedCrop(224) + flip + Normalize, batch 64, order random, weights 0.5/0.3/0.2. Tokens:
+three token files and one of their concatenation, TokenWindows(1024), batch 32, quasi_random, weights
+0.5/0.3/0.2. A run is whole epochs for at least ``--min-seconds``; ``--repeats`` runs of each loader,
+alternated (the machine's load drifts), after a warm-up epoch. The table gives the median samples/s, the
+median (min-max) of the per-pair ratios and the median CPU time per sample (all threads: what the loader
+costs, less sensitive to other load on a shared machine than the rate). Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -32,67 +36,91 @@ from pageset import (
 from pageset.sample_data import make_imagenet_like
 
 
-def _rates(make_a, make_b, repeats):
-    """Best samples/s of each loader over ``repeats`` epochs, alternating a and b (the machine's load drifts)."""
-    best = [0.0, 0.0]
+def _rates(make_a, make_b, repeats, min_seconds):
+    """Per run of each loader, alternating a and b (the machine's load drifts): whole epochs until
+    ``min_seconds`` have passed, giving (samples/s, CPU microseconds per sample over all threads). Two lists of
+    ``repeats`` pairs."""
+    runs = ([], [])
     with make_a() as a, make_b() as b:
         for ld in (a, b):
             for _ in ld:  # warm-up epoch: kernels compiled, pages in the OS cache
                 pass
         for _ in range(repeats):
             for k, ld in enumerate((a, b)):
-                n, t0 = 0, time.perf_counter()
-                for batch in ld:
-                    n += len(batch["_index"])
-                best[k] = max(best[k], n / (time.perf_counter() - t0))
-    return best
+                n, t0, c0 = 0, time.perf_counter(), time.process_time()
+                while time.perf_counter() - t0 < min_seconds:
+                    for batch in ld:
+                        n += len(batch["_index"])
+                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                runs[k].append((n / wall, cpu / n * 1e6))
+    return runs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=300)
-    ap.add_argument("--tokens", type=int, default=2_000_000)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=8_000_000)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--only", choices=["images", "tokens"], default=None)
+    ap.add_argument("--min-seconds", type=float, default=0.5, help="length of one run (whole epochs)")
     args = ap.parse_args()
     weights = [0.5, 0.3, 0.2]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        folders = [make_imagenet_like(tmp / f"img{k}", args.images, long_side=(400, 500), seed=k) for k in range(3)]
-        fields = {"image": RGBImage(max_resolution=512), "label": Int()}
-        parts = []
-        for k, folder in enumerate(folders):
-            parts.append(tmp / f"part{k}.pageset")
-            write_dataset(parts[-1], folder, fields, num_workers=0, progress=False)
-        records = [r for k in range(3) for r in _records(folders[k])]
-        whole = tmp / "whole.pageset"
-        write_dataset(whole, records, {"image": RGBImage(max_resolution=512), "label": Int()}, num_workers=0,
-                      progress=False)
-        pipe = {"image": [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()]}
-        kw = dict(batch_size=64, pipelines=pipe, num_threads=args.threads, order="random", seed=0)
-        single, mixed = _rates(lambda: Loader(whole, **kw), lambda: Loader(Mixture(parts, weights), **kw),
-                               args.repeats)
-        rows.append(("images, RRC 224", single, mixed))
+        if args.only in (None, "images"):
+            whole, parts = _image_files(tmp, args.images)
+            pipe = {"image": [RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()]}
+            for threads in args.threads:
+                kw = dict(batch_size=64, pipelines=pipe, num_threads=threads, order="random", seed=0)
+                rates = _rates(lambda kw=kw: Loader(whole, **kw), lambda kw=kw: Loader(Mixture(parts, weights), **kw),
+                               args.repeats, args.min_seconds)
+                rows.append(("images, RRC 224, B=64", threads, *rates))
+        if args.only in (None, "tokens"):
+            whole, parts = _token_files(tmp, args.tokens)
+            for threads in args.threads:
+                kw = dict(batch_size=32, pipelines={"tokens": [TokenWindows(1024)]}, num_threads=threads,
+                          order="quasi_random", seed=0)
+                rates = _rates(lambda kw=kw: Loader(whole, **kw), lambda kw=kw: Loader(Mixture(parts, weights), **kw),
+                               args.repeats, args.min_seconds)
+                rows.append(("tokens, seq_len 1024, B=32", threads, *rates))
+    print(f"| data | threads | one file (samples/s) | 3-source Mixture 0.5/0.3/0.2 (samples/s) | rate ratio, "
+          f"median (min-max) of {args.repeats} pairs | CPU us/sample, one file / Mixture |")
+    print("|---|---|---|---|---|---|")
+    for name, threads, a, b in rows:
+        ratios = [y[0] / x[0] for x, y in zip(a, b)]
+        print(f"| {name} | {threads} | {np.median([x[0] for x in a]):,.0f} | {np.median([y[0] for y in b]):,.0f} | "
+              f"{np.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) | "
+              f"{np.median([x[1] for x in a]):.1f} / {np.median([y[1] for y in b]):.1f} |")
 
-        rng = np.random.default_rng(0)
-        tok_parts, all_docs = [], []
-        for k in range(3):
-            docs = [rng.integers(0, 50000, size=int(rng.integers(50, 2000))) for _ in range(args.tokens // 3 // 1000)]
-            all_docs += docs
-            tok_parts.append(tmp / f"tok{k}.pageset")
-            write_tokens(tok_parts[-1], docs, eos_id=50000, num_workers=0, progress=False)
-        tok_whole = tmp / "tok.pageset"
-        write_tokens(tok_whole, all_docs, eos_id=50000, num_workers=0, progress=False)
-        kw = dict(batch_size=32, pipelines={"tokens": [TokenWindows(1024)]}, num_threads=args.threads,
-                  order="quasi_random", seed=0)
-        single, mixed = _rates(lambda: Loader(tok_whole, **kw), lambda: Loader(Mixture(tok_parts, weights), **kw),
-                               args.repeats)
-        rows.append(("tokens, seq_len 1024", single, mixed))
-    print("| data | one file (samples/s) | 3-source Mixture 0.5/0.3/0.2 (samples/s) | ratio |")
-    print("|---|---|---|---|")
-    for name, a, b in rows:
-        print(f"| {name} | {a:,.0f} | {b:,.0f} | {b / a:.2f} |")
+
+def _image_files(tmp: Path, n: int):
+    """(one file of all images, three files of n images each)."""
+    folders = [make_imagenet_like(tmp / f"img{k}", n, long_side=(400, 500), seed=k) for k in range(3)]
+    fields = {"image": RGBImage(max_resolution=512), "label": Int()}
+    parts = []
+    for k, folder in enumerate(folders):
+        parts.append(tmp / f"part{k}.pageset")
+        write_dataset(parts[-1], folder, fields, num_workers=0, progress=False)
+    records = [r for k in range(3) for r in _records(folders[k])]
+    whole = tmp / "whole.pageset"
+    write_dataset(whole, records, fields, num_workers=0, progress=False)
+    return whole, parts
+
+
+def _token_files(tmp: Path, n_tokens: int):
+    """(one token file, three token files holding its documents in three parts); documents of 50-2000 tokens."""
+    rng = np.random.default_rng(0)
+    parts, all_docs = [], []
+    for k in range(3):
+        docs = [rng.integers(0, 50000, size=int(rng.integers(50, 2000))) for _ in range(n_tokens // 3 // 1000)]
+        all_docs += docs
+        parts.append(tmp / f"tok{k}.pageset")
+        write_tokens(parts[-1], docs, eos_id=50000, num_workers=0, progress=False)
+    whole = tmp / "tok.pageset"
+    write_tokens(whole, all_docs, eos_id=50000, num_workers=0, progress=False)
+    return whole, parts
 
 
 def _records(folder: Path):

@@ -32,10 +32,34 @@ def seed_dir(tmp_path_factory, fuzz):
 
 
 def test_seed_files_are_valid_and_load(fuzz, seed_dir):
-    for kind, (read, load) in fuzz.READERS.items():
-        path = str(seed_dir / f"{kind}.pageset")
-        assert read(path) == read(path)
-        assert len(load(path)) >= 2
+    """The fuzzer's baseline snapshots hold what was written (not just the same thing twice)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    samples, _, docs = fuzz.seed_samples()
+    records = fuzz.read_image_file(str(seed_dir / "image.pageset"))
+    assert len(records) == len(samples) == 6
+    for k, (rec, (small, tiny, label, arr, blob, meta)) in enumerate(zip(records, samples)):
+        assert rec["label"] == label == k and rec["blob"] == blob and rec["meta"] == meta
+        assert rec["arr"] == fuzz._norm(arr)
+        assert rec["raw"][:4] == ("img", tiny.shape[0], tiny.shape[1], "raw")
+        assert rec["raw"][5] == tiny.tobytes()  # raw pixels are lossless
+        assert rec["image"][:4] == ("img", small.shape[0], small.shape[1], "jpeg")
+        decoded = np.frombuffer(rec["image"][5], np.uint8).reshape(small.shape)
+        with Image.open(io.BytesIO(rec["image"][4])) as im:  # the stored JPEG, decoded by Pillow
+            assert np.array_equal(decoded, np.asarray(im.convert("RGB")))
+        assert np.abs(decoded.astype(int) - small).mean() < 16  # JPEG q80 of a tiny, busy photo
+    tokens, offsets, eos_id, dtype, got_docs, n16 = fuzz.read_token_file(str(seed_dir / "tokens.pageset"))
+    assert eos_id == 0 and len(got_docs) == len(docs) == 8
+    stream = np.concatenate([np.r_[d, 0] for d in docs])  # each document followed by eos_id
+    assert np.array_equal(np.frombuffer(tokens, np.dtype(dtype)), stream)
+    for got, doc in zip(got_docs, docs):
+        assert np.array_equal(np.frombuffer(got, np.dtype(dtype))[: doc.size], doc)
+    assert n16 == (stream.size - 1) // 16
+    for kind, (_, load) in fuzz.READERS.items():
+        assert len(load(str(seed_dir / f"{kind}.pageset"))) >= 2
 
 
 def test_mutations_are_deterministic_and_varied(fuzz, seed_dir):

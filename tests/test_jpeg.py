@@ -248,8 +248,13 @@ def test_truncated_jpeg_is_a_warning_with_pillows_image(decoder, photo_jpegs, mo
     assert decoder.last_warning == "Premature end of JPEG file"
     monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
     assert np.array_equal(img, pillow_rgb(cut))
-    # A region above the cut decodes cleanly: libjpeg-turbo stops after the last requested row.
-    assert decoder.decode(cut, region=(16, 16, 64, 64)) is not None and decoder.last_warning is None
+    # A region above the cut decodes cleanly: libjpeg-turbo stops after the last requested row, and its pixels are
+    # that region of the intact file's decode (and of the truncated file's full decode).
+    region = decoder.decode(cut, region=(16, 16, 64, 64))
+    assert decoder.last_warning is None
+    assert region.shape == (64, 64, 3)
+    assert np.array_equal(region, decoder.decode(data)[16:80, 16:80])
+    assert np.array_equal(region, img[16:80, 16:80])
 
 
 def test_junk_before_marker_is_a_warning(decoder, photo_jpegs):

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from pageset import Int, RGBImage, write_dataset
+from pageset import Int, Loader, RGBImage, write_dataset
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,13 @@ RUN_SCRIPT = textwrap.dedent(
             f.flush()
             if step == save_at:
                 json.dump(loader.state_dict(), open(log + ".state", "w"))
-                time.sleep(1.0)  # let the prefetch queue fill up, then wait to be killed
+                # wait (bounded) until the prefetch queue is full: the next batches_ahead - 1 steps are loaded
+                ahead = [s for s in loader._slots if s.step > step]
+                assert sorted(s.step for s in ahead) == [step + 1, step + 2, step + 3], [s.step for s in ahead]
+                deadline = time.monotonic() + 120
+                while not all(s.done.is_set() for s in ahead):
+                    assert time.monotonic() < deadline, "the prefetch queue did not fill in 120 s"
+                    time.sleep(0.01)
                 open(log + ".ready", "w").close()
                 time.sleep(600)
     """
@@ -88,9 +94,13 @@ def test_four_processes_disjoint_complete_equal_steps(tmp_path, small_file):
         assert len({len(r) for r in per_rank}) == 1 and len(per_rank[0]) == n // G  # equal step counts
         flat = [i for r in per_rank for b in r for i in b]
         assert len(flat) == len(set(flat)) == (n // G) * G  # disjoint, complete up to drop_last
-        # an all-gather in rank order reproduces the single-process global batch
+        # an all-gather in rank order reproduces the single-process global batch, step by step
         global_steps = [sum((r[s] for r in per_rank), []) for s in range(n // G)]
-        assert all(len(g) == G for g in global_steps)
+        with Loader(small_file, batch_size=G, pipelines={"image": None}, order=order, seed=3, window_pages=2,
+                    num_threads=2, drop_last=True) as one:
+            control = [b["_index"].tolist() for b in one]
+        assert len(control) == n // G and all(len(g) == G for g in control)
+        assert global_steps == control, order
 
 
 def _read_log(path):

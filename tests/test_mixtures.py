@@ -380,6 +380,110 @@ def test_token_mixture_windows_and_resume_contract(token_files):
     check_resume(make, global_batch=12, world_sizes=[1, 3, 2], cuts=[0, 5, 17])
 
 
+def _token_rows(path_streams, mix, **kw):
+    """Every row of one epoch of a token mixture, checked against its own file's stream; the batches' digests."""
+    digests = []
+    with Loader(mix, batch_size=10, order="quasi_random", seed=5, window_pages=2, **kw) as ld:
+        for b in ld:
+            for j in range(10):
+                stream = path_streams[int(b["_source"][j])][1]
+                w, L = int(b["_index"][j]), b["input"].shape[1]
+                np.testing.assert_array_equal(b["input"][j], stream[w * L : w * L + L])
+                np.testing.assert_array_equal(b["target"][j], stream[w * L + 1 : w * L + L + 1])
+            digests.append(batch_digest(b))
+    return digests
+
+
+def test_token_mixture_reads_agree_whatever_the_page_source(token_files, tmp_path):
+    """Windows read one pread each in row order ("os"), gathered per file through the page cache or with
+    page checks, or filled file by file (files of different token dtypes): the same rows, each from its file."""
+    mix = Mixture([p for p, _ in token_files], [0.5, 0.5])
+    pipe = {"tokens": [TokenWindows(24, document_outputs=True)]}
+    for threads in (1, 3):
+        direct = _token_rows(token_files, mix, pipelines=pipe, num_threads=threads)
+        assert len(direct) > 10  # a whole epoch (the windows of both files)
+        assert _token_rows(token_files, mix, pipelines=pipe, num_threads=threads, page_cache="process") == direct
+        assert _token_rows(token_files, mix, pipelines=pipe, num_threads=threads, verify_pages=True) == direct
+    rng = np.random.default_rng(7)
+    docs = [rng.integers(0, 100_000, size=int(rng.integers(1, 90))) for _ in range(60)]
+    wide = tmp_path / "wide.pageset"
+    write_tokens(wide, docs, eos_id=1000, dtype="uint32", num_workers=0, page_size=4096, progress=False)
+    streams = [token_files[0], (wide, np.concatenate([np.append(x, 1000) for x in docs]))]
+    for threads in (1, 2):
+        _token_rows(streams, Mixture([token_files[0][0], wide], [0.5, 0.5]), num_threads=threads,
+                    pipelines={"tokens": [TokenWindows(24)]})
+
+
+def test_token_mixture_file_truncated_under_the_loader_is_named(token_files, tmp_path):
+    import shutil
+
+    from pageset import Dataset, TruncatedFileError
+
+    live = tmp_path / "live.pageset"
+    shutil.copyfile(token_files[1][0], live)
+    with Dataset(live) as ds:  # a token file
+        cut = ds.data_offset + 100
+    with Loader(Mixture([token_files[0][0], live], [0.5, 0.5]), batch_size=4, num_threads=2, order="sequential",
+                pipelines={"tokens": [TokenWindows(16)]}) as ld:
+        it = iter(ld)
+        next(it)
+        os.truncate(live, cut)
+        with pytest.raises(TruncatedFileError) as ei:
+            for _ in range(10_000):  # bounded: a few epochs of these small files
+                next(it)
+    assert ei.value.path == str(live) and f"shrank to {cut} bytes" in str(ei.value)
+
+
+def test_mixture_state_given_to_one_file_names_the_mixture(files):
+    with Loader(Mixture(files, [0.5, 0.3, 0.2]), batch_size=8, seed=3, num_threads=1) as mixed:
+        _run(mixed, steps=2)
+        state = json.loads(json.dumps(mixed.state_dict()))
+    for kw in ({}, {"indices": list(range(0, 300, 2))}):
+        with Loader(files[0], batch_size=8, seed=3, num_threads=1, **kw) as one:
+            with pytest.raises(StateMismatchError, match=r"saved by a Loader reading a Mixture") as ei:
+                one.load_state_dict(state)
+            assert ei.value.field == "mixture" and "a Mixture of 3 files" in str(ei.value)
+            assert str(files[0]) in str(ei.value)
+            assert one.state_dict()["cursor"] == 0 and len(one) == one.steps_per_epoch  # unchanged
+
+
+def _resident(pages):
+    """Pages a page_cache="process" cache holds now."""
+    n = getattr(pages, "resident_pages", None)
+    return n if n is not None else len(pages._pages)
+
+
+def test_process_cache_budget_is_shared_by_the_files_of_a_mixture(files):
+    """cache_pages bounds the whole loader: the files of a Mixture share it (memory does not grow with the
+    number of files); the default is per file; a budget below one page per file is refused."""
+    mix = Mixture(files, [0.5, 0.3, 0.2])
+    kw = dict(batch_size=8, seed=3, num_threads=2, order="quasi_random", window_pages=2)
+    with Loader(mix, **kw) as ld:
+        expected = _run(ld)
+    with Loader(mix, page_cache="process", cache_pages=5, **kw) as ld:
+        # the budget 5 split 2/2/1, each capped at the file's own page count (a cache never holds more)
+        assert [s.pages.capacity for s in ld._sources] == [min(c, max(s.ds.page_count, 1))
+                                                          for c, s in zip([2, 2, 1], ld._sources)]
+        peak = [0, 0, 0]
+        got = {"src": [], "idx": [], "label": []}
+        for b in ld:
+            peak = [max(p, _resident(s.pages)) for p, s in zip(peak, ld._sources)]
+            got["src"] += b["_source"].tolist()
+            got["idx"] += b["_index"].tolist()
+            got["label"] += np.asarray(b["label"]).tolist()
+        assert all(0 < p <= s.pages.capacity for p, s in zip(peak, ld._sources)) and sum(peak) <= 5
+    for k in expected:
+        np.testing.assert_array_equal(np.array(got[k]), expected[k])
+    with Loader(mix, page_cache="process", **kw) as ld:
+        # the default is each file's own (a function of its records and pages), not a share of a budget
+        assert [s.pages.capacity for s in ld._sources] == [
+            min(ld._default_cache_pages(s.n_records, s.ds.page_count), max(s.ds.page_count, 1)) for s in ld._sources]
+    with Loader(files[0], page_cache="process", cache_pages=5, **kw) as ld:
+        assert ld._pages.capacity == min(5, ld._ds.page_count)
+    with pytest.raises(ValueError, match=r"cache_pages=2 for a Mixture of 3 files.*cache_pages >= 3"):
+        Loader(mix, page_cache="process", cache_pages=2, **kw)
+
+
 # --- a real run: ranks in processes, SIGKILL with prefetch in flight, resume on another world size ----------
 
 RUN_SCRIPT = textwrap.dedent(

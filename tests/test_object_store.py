@@ -129,3 +129,36 @@ def test_other_fsspec_urls_upload_a_local_temp_file(tmp_path):
     res = write_dataset(f"file://{tmp_path}/b.pageset", rows, {"y": Int()}, **kw)
     assert res.path == str(tmp_path / "b.pageset")
     assert (tmp_path / "b.pageset").read_bytes() == (tmp_path / "ref.pageset").read_bytes()
+
+
+def test_written_to_s3_reads_back_through_the_url(tmp_path, photos, moto_s3):
+    """What write_dataset / write_tokens upload is a pageset file the readers open by URL: open_dataset,
+    open_tokens and the Loader give the local file's records, tokens and batches."""
+    from pageset import Loader, TokenWindows, open_dataset, open_tokens
+
+    fields = {"image": RGBImage(max_resolution=64), "label": Int()}
+    src = [(p, k) for k, p in enumerate(photos[:6])]
+    kw = {"num_workers": 0, "progress": False, "lineage": False, "page_size": 1 << 14}
+    write_dataset(tmp_path / "ref.pageset", src, fields, **kw)
+    url = "s3://pageset-test/readback/train.pageset"
+    write_dataset(url, src, fields, storage_options=moto_s3, **kw)
+    with open_dataset(tmp_path / "ref.pageset") as local, open_dataset(url, moto_s3) as remote:
+        assert remote.dataset_id == local.dataset_id and len(remote) == len(local) == 6
+        for i in range(6):
+            a, b = local[i], remote[i]
+            assert a["label"] == b["label"] == i
+            np.testing.assert_array_equal(a["image"].to_numpy(), b["image"].to_numpy())
+        remote.verify()
+    docs = [np.arange(1, 40) + k for k in range(10)]
+    write_tokens(tmp_path / "t.pageset", docs, None, eos_id=0, num_workers=0, progress=False, lineage=False)
+    turl = "s3://pageset-test/readback/t.pageset"
+    write_tokens(turl, docs, None, eos_id=0, num_workers=0, progress=False, lineage=False, storage_options=moto_s3)
+    with open_tokens(tmp_path / "t.pageset") as local, open_tokens(turl, moto_s3) as remote:
+        assert remote.documents == local.documents == 10 and len(remote) == len(local)
+        for i in range(10):
+            np.testing.assert_array_equal(remote.document(i), local.document(i))
+    kw = dict(batch_size=4, order="random", seed=1, num_threads=1, pipelines={"tokens": [TokenWindows(8)]})
+    with Loader(tmp_path / "t.pageset", **kw) as a, Loader(turl, storage_options=moto_s3, **kw) as b:
+        got_a = [x["input"].tolist() for x in a]
+        got_b = [x["input"].tolist() for x in b]
+    assert len(got_a) == len(got_b) > 0 and got_a == got_b

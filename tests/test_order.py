@@ -289,6 +289,12 @@ def test_local_batch_errors_name_values_and_fix():
         rank_positions(3, 0, 2, 4, 10, False)
 
 
+def with_one_batch(sizes: list[int], g: int) -> list[int]:
+    """``sizes`` plus a page of ``g`` records when they hold fewer than one global batch, so every example
+    compares streams (drawn layouts of 0-6 records per page are often smaller than g = 12)."""
+    return sizes if sum(sizes) >= g else [*sizes, g]
+
+
 def divisors(g):
     return [w for w in range(1, g + 1) if g % w == 0]
 
@@ -324,9 +330,8 @@ def test_rank_streams_partition_the_epoch(n, g, drop_last):
 )
 def test_global_stream_is_the_same_for_every_world_size(case, g, drop_last):
     sizes, seed, epoch, order, m = case
+    sizes = with_one_batch(sizes, g)
     n = sum(sizes)
-    if n == 0 or (drop_last and n < g):
-        return
     config = Config(sizes, seed, order, m, g, drop_last)
     control = list(run(config, fresh_state(config), 1, steps_per_epoch(n, g, drop_last)))
     for w in divisors(g)[1:]:
@@ -423,9 +428,7 @@ def save_and_load(state: OrderState, c: Config, world_size: int) -> OrderState:
 )
 def test_resume_chain_equals_control(case, g, drop_last, cuts, data):
     sizes, seed, _, order, m = case
-    c = Config(sizes, seed, order, m, g, drop_last)
-    if c.n == 0 or (drop_last and c.n < g):
-        return
+    c = Config(with_one_batch(sizes, g), seed, order, m, g, drop_last)
     total = 3 * steps_per_epoch(c.n, g, drop_last)  # three epochs
     control = list(run(c, fresh_state(c), 1, total))
     assert [e for e, *_ in control] == sorted(e for e, *_ in control)
@@ -600,3 +603,154 @@ def test_order_imports_only_numpy_numba_and_itself():
                 continue
             for name in names:
                 assert name.split(".")[0] in allowed, f"{path.name} imports {name}"
+
+
+def _message(fn):
+    with pytest.raises(StateError) as info:
+        fn()
+    return info.value.field, str(info.value)
+
+
+def test_state_errors_exact_field_and_message():
+    """The exact field and text of each state error (mutation-testing survivors: a field name or message
+    replaced by None or another string, ``and`` turned into ``or`` in the version checks)."""
+    base = make_state().to_dict()
+    cases = [
+        (lambda: OrderState(**{**base, "version": 2}), "version",
+         "unsupported value 2: this pageset reads version 1"),
+        (lambda: OrderState(**{**base, "version": True}), "version",
+         "unsupported value True: this pageset reads version 1"),
+        (lambda: OrderState(**{**base, "order_algo": 7}), "order_algo",
+         "unsupported value 7: this pageset implements order_algo 1; resume with the pageset version that wrote "
+         "the state"),
+        (lambda: OrderState(**{**base, "dataset_id": 5}), "dataset_id", "must be a str, got 5"),
+        (lambda: OrderState(**{**base, "seed": "1"}), "seed", "must be an int, got str ('1')"),
+        (lambda: OrderState(**{**base, "epoch": -1}), "epoch", "must be >= 0, got -1"),
+        (lambda: OrderState(**{**base, "seed": 2**64}), "seed", f"must be < 2**64, got {2**64}"),
+        (lambda: OrderState(**{**base, "order": "x"}), "order",
+         "must be one of ('sequential', 'random', 'quasi_random'), got 'x'"),
+        (lambda: OrderState(**{**base, "drop_last": 1}), "drop_last", "must be a bool, got 1"),
+        (lambda: OrderState.from_dict([1]), "version", "a state must be a mapping, got list"),
+        (lambda: OrderState.from_dict({**base, "version": 3}), "version",
+         "unsupported value 3: this pageset reads version 1"),
+        (lambda: OrderState.from_dict({**base, "order_algo": 3}), "order_algo",
+         "unsupported value 3: this pageset reads order_algo 1"),
+        (lambda: OrderState.from_dict({k: v for k, v in base.items() if k != "epoch"}), "epoch", "missing"),
+        (lambda: OrderState.from_dict({k: v for k, v in base.items() if k != "version"}), "version", "missing"),
+        (lambda: OrderState.from_dict({**base, "zz": 1, "aa": 2}), "aa",
+         "unknown key(s) ['aa', 'zz'] for state version 1"),
+        (lambda: normalize_cursor(0, 99, 96), "cursor", "cursor=99 is outside [0, L=96]"),
+        (lambda: check_compatible(make_state(), make_state(), world_size=5), "global_batch_size", None),
+        (lambda: check_compatible(make_state(), make_state(), world_size=1, n_records=40), "cursor", None),
+    ]
+    for fn, field, text in cases:
+        got_field, got = _message(fn)
+        assert got_field == field, (field, got)
+        if text is not None:
+            assert got == f"state field {field!r}: {text}", got
+    with pytest.raises(StateMismatchError) as info:
+        check_compatible(make_state(), make_state(seed=11), world_size=1)
+    assert (info.value.saved, info.value.current) != (None, None)
+    assert info.value.saved == make_state().seed and info.value.current == 11
+    assert str(info.value).endswith(f"this loader has seed=11. {'Construct the loader with the saved seed'}"
+                                    ", or start fresh instead of loading the state.")
+    # quasi_random compares window_pages before global_batch_size (the first differing field is reported)
+    saved = make_state(order="quasi_random", window_pages=2)
+    with pytest.raises(StateMismatchError) as info:
+        check_compatible(saved, make_state(order="quasi_random", window_pages=3, global_batch_size=16, cursor=0),
+                         world_size=1)
+    assert info.value.field == "window_pages"
+
+
+def test_order_argument_errors_exact_text():
+    """Exact messages of the order functions' argument errors (mutation-testing survivors: names and texts
+    replaced by None or other strings)."""
+    from pageset.order.shuffle import page_permutation
+
+    cases = [
+        (lambda: page_permutation(-1, 0, 0), ValueError, "n_pages must be >= 0, got -1"),
+        (lambda: page_permutation(2.0, 0, 0), TypeError, "n_pages must be an integer, got float (2.0)"),
+        (lambda: random_permutation(-2, 0, 0), ValueError, "n must be >= 0, got -2"),
+        (lambda: random_permutation(True, 0, 0), TypeError, "n must be an integer, got a bool (True)"),
+        (lambda: sequential_range("5", 0, 1), TypeError, "n_records must be an integer, got str ('5')"),
+        (lambda: sequential_range(5, 0, 6), ValueError, "stop=6 is past the end of the epoch permutation (N=5)"),
+        (lambda: epoch_permutation_py([1], 0, 0, "shuffled"), ValueError,
+         "order must be one of ('sequential', 'random', 'quasi_random'), got 'shuffled'"),
+        (lambda: EpochOrder([2, 3], 0, 0, "random").window_of(-1), ValueError, "position must be >= 0, got -1"),
+        (lambda: EpochOrder([2, 3], 0, 0, "random").window_of("1"), TypeError,
+         "position must be an integer, got str ('1')"),
+        (lambda: EpochOrder([0, 0], 0, 0, "sequential").window_of(0), ValueError,
+         "the dataset has no records: no position is valid"),
+    ]
+    for fn, error, text in cases:
+        with pytest.raises(error) as info:
+            fn()
+        assert str(info.value) == text
+    assert sequential_range(5, 1, 4).tolist() == [1, 2, 3] and sequential_range(5, 1, 4).dtype == np.int64
+    assert epoch_permutation([3, 0], 1, 0, "sequential").dtype == np.int64
+
+
+def test_resolve_rank_errors_name_the_source_exactly():
+    """Each source is named in the error (mutation-testing survivors: source and argument names replaced)."""
+    cases = [
+        (lambda: resolve_rank(2, 2, environ={}), ValueError,
+         "rank must be in [0, world_size=2), got rank=2 (from arguments)"),
+        (lambda: resolve_rank(0, 0, environ={}), ValueError, "world_size must be >= 1, got 0 (from arguments)"),
+        (lambda: resolve_rank(1.0, 2, environ={}), TypeError, "rank must be an integer, got float (1.0)"),
+        (lambda: resolve_rank(0, "2", environ={}), TypeError, "world_size must be an integer, got str ('2')"),
+        (lambda: resolve_rank(environ={}, probe=lambda: (5, 4)), ValueError,
+         "rank must be in [0, world_size=4), got rank=5 (from probe (torch.distributed))"),
+        (lambda: resolve_rank(environ={}, probe=lambda: (True, 4)), TypeError,
+         "rank must be an integer, got a bool (True)"),
+        (lambda: resolve_rank(environ={}, probe=lambda: (0, 2.5)), TypeError,
+         "world_size must be an integer, got float (2.5)"),
+        (lambda: resolve_rank(environ={"RANK": "1", "WORLD_SIZE": "0"}), ValueError,
+         "world_size must be >= 1, got 0 (from environment RANK/WORLD_SIZE)"),
+    ]
+    for fn, error, text in cases:
+        with pytest.raises(error) as info:
+            fn()
+        assert str(info.value) == text
+    assert resolve_rank(environ={}, probe=lambda: (np.int64(1), np.int32(3))) == (1, 3)
+
+
+def test_window_pages_defaults_to_one_page():
+    """``window_pages`` defaults to 1 (page-local order) in the kernel and its twin (mutation survivors)."""
+    sizes = [3, 4, 2, 5, 1, 3]
+    one = epoch_permutation(sizes, 7, 1, "quasi_random", 1)
+    assert epoch_permutation(sizes, 7, 1, "quasi_random").tolist() == one.tolist()
+    assert epoch_permutation_py(sizes, 7, 1, "quasi_random") == one.tolist()
+    assert epoch_permutation(sizes, 7, 1, "quasi_random", 2).tolist() != one.tolist()
+
+
+def test_sharding_errors_exact_text():
+    """Exact argument-error texts of the sharding functions (mutation survivors: names and texts replaced)."""
+    cases = [
+        (lambda: local_batch(0, 1), ValueError, "global_batch must be >= 1, got 0"),
+        (lambda: local_batch("8", 1), TypeError, "global_batch must be an integer, got str ('8')"),
+        (lambda: local_batch(8, 2.0), TypeError, "world_size must be an integer, got float (2.0)"),
+        (lambda: local_batch(10, 4), ValueError,
+         "global_batch=10 is not divisible by world_size=4 (remainder 2): every rank must take the same number of "
+         "samples per step. Use a global batch that is a multiple of 4 (e.g. 8 or 12) or a world size that "
+         "divides 10."),
+        (lambda: epoch_length(1.5, 2, True), TypeError, "n_records must be an integer, got float (1.5)"),
+        (lambda: epoch_length(4, None, True), TypeError, "global_batch must be an integer, got NoneType (None)"),
+        (lambda: epoch_length(4, 2, 1), TypeError, "drop_last must be a bool, got int (1)"),
+        (lambda: epoch_length(-1, 2, True), ValueError, "n_records must be >= 0, got -1"),
+        (lambda: epoch_length(0, 2, False), ValueError,
+         "the dataset has no records (N=0): an epoch needs at least one record"),
+        (lambda: steps_per_epoch(4, "2", True), TypeError, "global_batch must be an integer, got str ('2')"),
+        (lambda: rank_span(1.0, 0, 1, 2), TypeError, "step must be an integer, got float (1.0)"),
+        (lambda: rank_span(0, "0", 1, 2), TypeError, "rank must be an integer, got str ('0')"),
+        (lambda: rank_span(-1, 0, 1, 2), ValueError, "step must be >= 0, got -1"),
+        (lambda: resolve_rank(environ={"WORLD_SIZE": "2"}), ValueError,
+         "environment sets only one of RANK / WORLD_SIZE (RANK is missing): set both or neither"),
+    ]
+    for fn, error, text in cases:
+        with pytest.raises(error) as info:
+            fn()
+        assert str(info.value) == text
+    with pytest.raises(ValueError, match=r"give 2 steps \(0\.\.1\)"):
+        rank_positions(2, 0, 1, 4, 10, True)
+    assert rank_positions(1, 1, 2, 4, 10, True)[0].dtype == np.int64
+    assert resolve_rank(environ={"RANK": "10", "WORLD_SIZE": "16"}) == (10, 16)  # decimal, base 10

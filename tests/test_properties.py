@@ -35,6 +35,19 @@ def test_place_record_never_straddles(lengths, page_size):
             assert s2 >= -(-(s1 + n1) // page_size) * page_size
 
 
+def test_place_record_table():
+    """Exact placements at the edges (mutation survivors the random lists rarely hit): a record that fills the
+    rest of its page stays there; a large record at a page start is not moved; zero-length records take no
+    space; a record of exactly one page is a small record."""
+    ps = 4096
+    assert place_record(4000, 96, ps) == (4000, 4096)  # ends exactly at the page end: stays
+    assert place_record(4000, 97, ps) == (4096, 4193)  # one byte too long: next page
+    assert place_record(8192, 5000, ps) == (8192, 16384)  # large, aligned cursor: starts there, owns 2 pages
+    assert place_record(8193, 5000, ps) == (12288, 20480)  # large, unaligned: next page start
+    assert place_record(100, 0, ps) == (100, 100)
+    assert place_record(0, ps, ps) == (0, ps) and place_record(1, ps, ps) == (ps, 2 * ps)
+
+
 def _value_strategy(dtype: str, shape):
     dt = np.dtype(dtype)
     elements = None

@@ -148,6 +148,20 @@ def test_flipped_byte_in_a_page_found_by_verify(good):
     assert ei.value.section == "page 1"
 
 
+def test_verify_checks_every_page_first_middle_and_last(good, tmp_path):
+    """A flipped byte in the first, a middle or the LAST page (a short one) is reported with that page."""
+    with open_dataset(good) as ds:
+        n_pages, lo, hi = ds.page_count, ds.data_offset, ds.data_offset + ds.data_length
+        ps = ds.page_size
+    assert n_pages >= 4 and (hi - lo) % ps  # several pages, the last one short
+    for page in (0, n_pages // 2, n_pages - 1):
+        offset = min(lo + page * ps + 100, hi - 1)
+        bad = _flip(good, offset, tmp_path / f"p{page}.pageset")
+        with open_dataset(bad) as ds, pytest.raises(ChecksumMismatchError) as ei:
+            ds.verify()
+        assert ei.value.section == f"page {page}" and ei.value.offset == lo + page * ps, page
+
+
 def test_truncated_file(good, tmp_path):
     data = good.read_bytes()
     for cut in (0, 5, 100, len(data) // 2, len(data) - 1):

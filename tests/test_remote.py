@@ -29,6 +29,7 @@ from pageset import (
     ChecksumMismatchError,
     Int,
     Loader,
+    Mixture,
     ObjectChangedError,
     RandomHorizontalFlip,
     RandomResizedCrop,
@@ -236,6 +237,21 @@ def test_token_batches_identical_over_s3(files, servers):
     url, opts = _urls(servers, "tokens.pageset")[0]
     for rank in range(2):
         assert run(url, rank, storage_options=opts, prefetch_bytes=3 * 4096) == run(files / "tokens.pageset", rank)
+
+
+def test_token_mixture_of_a_url_and_a_local_file_equals_local(files, servers):
+    """A Mixture's URL file gathers its windows through its remote pages, the local one reads them directly:
+    the batches equal those of the same files both local."""
+    local, url = files / "tokens.pageset", f"{servers['http_proxy'].url}/tokens.pageset"
+    kw = dict(batch_size=6, order="quasi_random", seed=2, num_threads=2, window_pages=2,
+              pipelines={"tokens": [TokenWindows(seq_len=50, document_outputs=True)]})
+
+    def run(paths):
+        with Loader(Mixture(paths, [0.6, 0.4]), **kw) as loader:
+            return [[np.asarray(v).tobytes() for k, v in sorted(b.items()) if k != "max_seqlen"] for b in loader]
+
+    expected = run([local, local])
+    assert len(expected) > 10 and run([url, local]) == expected
 
 
 def test_two_epochs_through_faults_are_identical(files, servers):

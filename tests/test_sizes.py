@@ -12,6 +12,7 @@ per ``formats/v1.md`` (the dataset id and the CRCs of the pages that hold data a
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import zlib
 
@@ -24,7 +25,14 @@ from pageset.format.checksum import ALGORITHM
 from pageset.format.layout import PAGE_CHECKSUM
 from pageset.format.schema import build_schema, canonical_json, parse_schema
 from pageset.ops.tokens import gather_windows, num_windows
-from pageset.order import EpochOrder, epoch_length, quasi_random_range, rank_positions, steps_per_epoch
+from pageset.order import (
+    EpochOrder,
+    epoch_length,
+    quasi_random_range,
+    rank_positions,
+    steps_per_epoch,
+    window_layout,
+)
 from pageset.write.filewriter import write_tail
 from pageset.write.packing import page_count, place_record
 
@@ -244,7 +252,15 @@ def test_epoch_order_ids_past_2_31(order):
         win = eo.window_ids(w)
         expect = np.concatenate([np.arange(p * PER_PAGE, (p + 1) * PER_PAGE, dtype=np.int64) for p in pages])
         np.testing.assert_array_equal(np.sort(win), np.sort(expect))
-        assert expect.max() > 2**31 or expect.min() < 2**31  # ids are plain int64 page arithmetic
+        # the window holding the last page: its ids (up to N - 1 > 2^31) are exact int64 page arithmetic
+        page_order, _ = window_layout(sizes, 5, 2, order, 8)
+        w_last = int(np.flatnonzero(page_order == N_PAGES - 1)[0]) // 8
+        last = eo.window_ids(w_last)
+        expect = np.concatenate([np.arange(p * PER_PAGE, (p + 1) * PER_PAGE, dtype=np.int64)
+                                 for p in eo.window_page_ids(w_last)])
+        assert N_PAGES - 1 in eo.window_page_ids(w_last) and expect.max() == n - 1 > 2**31
+        np.testing.assert_array_equal(np.sort(last), np.sort(expect))
+        assert last.dtype == np.int64 and np.unique(last).size == last.size
         far = eo.window_starts[eo.window_starts > 2**31][0]
         w2 = eo.window_of(int(far))
         assert int(eo.window_starts[w2]) == int(far)
@@ -263,10 +279,36 @@ def test_token_window_arithmetic_past_2_31():
     assert [int(s) for s in starts] == [int(i) * seq_len for i in ids.tolist()]
     byte_offs = C.DATA_OFFSET + ids * (seq_len * 4)  # the loader's process-cache offsets for uint32 tokens
     assert (byte_offs > 2**33).all() and int(byte_offs[1]) == C.DATA_OFFSET + (n - 1) * seq_len * 4
-    # a strided view of a virtual > 2^31-token stream: gather picks the right windows
-    base = np.arange(seq_len + 1, dtype=np.uint32)
-    virtual = np.lib.stride_tricks.as_strided(base, shape=(count,), strides=(0,))
-    inp = np.empty((3, seq_len), np.int64)
-    tgt = np.empty((3, seq_len), np.int64)
-    gather_windows(virtual, ids, seq_len, inp, tgt)
-    assert (inp == 0).all() and (tgt == 0).all()
+
+
+def _stream_value(pos: np.ndarray) -> np.ndarray:
+    """A token value that differs between neighbouring positions and between windows (uint16)."""
+    return ((pos.astype(np.uint64) * np.uint64(2654435761)) >> np.uint64(9)).astype(np.uint16)
+
+
+def test_gather_windows_in_a_virtual_stream_past_2_31_tokens():
+    """gather_windows on a 2^31 + 2^21 token uint16 stream (4.3 GB of address space, a few KiB touched): an
+    anonymous MAP_NORESERVE mapping reads as zeros except where a window's tokens are written, so every window
+    gets distinct values and a window read from the wrong start (ids * (seq_len + 1), an int32 overflow...)
+    differs. Needs no disk and no RAM beyond the touched pages."""
+    seq_len = 2048
+    count = (1 << 31) + (1 << 21) + 17
+    n = num_windows(count, seq_len)
+    mm = mmap.mmap(-1, count * 2, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0))
+    try:
+        stream = np.frombuffer(mm, dtype=np.uint16)
+        ids = np.array([2**31 // seq_len + 1, 2**31 // seq_len + 2, n - 1, 12345], dtype=np.int64)
+        for w in ids.tolist():
+            pos = np.arange(w * seq_len, w * seq_len + seq_len + 1, dtype=np.int64)
+            stream[pos[0] : pos[-1] + 1] = _stream_value(pos)
+        inp = np.empty((ids.shape[0], seq_len), np.int64)
+        tgt = np.empty((ids.shape[0], seq_len), np.int64)
+        gather_windows(stream, ids, seq_len, inp, tgt)
+        for j, w in enumerate(ids.tolist()):
+            pos = np.arange(w * seq_len, w * seq_len + seq_len + 1, dtype=np.int64)
+            np.testing.assert_array_equal(inp[j], _stream_value(pos[:-1]), err_msg=f"window {w}")
+            np.testing.assert_array_equal(tgt[j], _stream_value(pos[1:]), err_msg=f"window {w}")
+        assert np.unique(inp[:, :4], axis=0).shape[0] == ids.shape[0]  # the windows really differ
+        del stream
+    finally:
+        mm.close()

@@ -88,3 +88,14 @@ def test_checksum_check_value():
     (row,) = table("checksum")
     assert row["name"] == ALGORITHM
     assert int(row["check_value"], 16) == CHECK_VALUE == crc32(b"123456789")
+
+
+def test_crc32_check_value_and_running_crc():
+    """The check value, and a CRC continued over pieces equals the CRC of the whole (the writer's page CRCs)."""
+    assert crc32(b"123456789") == CHECK_VALUE
+    assert crc32(b"456789", crc32(b"123")) == CHECK_VALUE
+    assert crc32(b"") == 0 and crc32(b"", 12345) == 12345
+    import numpy as np
+
+    arr = np.frombuffer(b"123456789", np.uint8)
+    assert crc32(arr[3:], crc32(memoryview(arr[:3]))) == CHECK_VALUE

@@ -19,17 +19,19 @@ def token_file(tmp_path_factory):
     return path
 
 
+@pytest.mark.parametrize("page_cache", ["os", "process"])
 @pytest.mark.parametrize("order", ["sequential", "random", "quasi_random"])
 @pytest.mark.parametrize("seq_len", [16, 100])
-def test_windows_cover_every_target_once(token_file, order, seq_len):
+def test_windows_cover_every_target_once(token_file, order, seq_len, page_cache):
     with open_tokens(token_file) as td:
         tokens = np.asarray(td.tokens, dtype=np.int64)
         n = td.num_windows(seq_len)
     G = next(g for g in range(8, 1, -1) if n % g == 0) if any(n % g == 0 for g in range(2, 9)) else 1
-    with Loader(token_file, batch_size=G, order=order, seed=2, num_threads=2,
+    with Loader(token_file, batch_size=G, order=order, seed=2, num_threads=2, page_cache=page_cache,
                 pipelines={"tokens": [TokenWindows(seq_len)]}) as loader:
         hits = np.zeros(tokens.shape[0], dtype=np.int64)
         for batch in loader:
+            assert batch["input"].shape == batch["target"].shape == (len(batch["_index"]), seq_len)
             for w, inp, tgt in zip(batch["_index"], batch["input"], batch["target"]):
                 start = int(w) * seq_len
                 np.testing.assert_array_equal(inp, tokens[start : start + seq_len])
@@ -45,6 +47,8 @@ def test_document_outputs_match_ops_and_torch(token_file):
                                       ToTensor(), ToDevice("cpu")]}) as loader:
         for k, batch in enumerate(loader):
             assert batch["input"].dtype == torch.int32 and batch["target"].dtype == torch.int64
+            assert batch["position_ids"].dtype == batch["labels"].dtype == torch.int64
+            assert batch["doc_ids"].dtype == batch["cu_seqlens"].dtype == torch.int32
             ref = document_outputs(batch["input"].numpy(), batch["target"].numpy(), 60001)
             np.testing.assert_array_equal(batch["position_ids"].numpy(), ref.position_ids)
             np.testing.assert_array_equal(batch["doc_ids"].numpy(), ref.doc_ids)
@@ -59,8 +63,12 @@ def test_document_outputs_match_ops_and_torch(token_file):
 def test_short_corpus_and_bad_pipelines(tmp_path, token_file):
     path = tmp_path / "short.pageset"
     write_tokens(path, [np.arange(10)], eos_id=99, num_workers=0, progress=False)
-    with pytest.raises(ValueError, match="fewer than seq_len \\+ 1"):
+    with pytest.raises(ValueError) as ei:
         Loader(path, batch_size=1, pipelines={"tokens": [TokenWindows(11)]})
+    assert str(ei.value) == (f"{path}: 11 tokens, fewer than seq_len + 1 = 12: no window fits (windows are never "
+                             "padded); use a smaller seq_len or more data")
+    with pytest.raises(ValueError, match=r"11 tokens, fewer than seq_len \+ 1 = 13"):
+        Loader(path, batch_size=1, pipelines={"tokens": [TokenWindows(12)]})
     with Loader(path, batch_size=1, pipelines={"tokens": [TokenWindows(10)]}) as loader:
         (batch,) = list(loader)  # 11 tokens: exactly one window
         np.testing.assert_array_equal(batch["target"][0], np.r_[np.arange(1, 10), 99])
@@ -90,7 +98,94 @@ def test_cuda_copies_equal_cpu_batches(token_file):
             torch.cuda._sleep(1_000_000)  # keep the consumer stream busy while later copies are queued
             got.append(b["input"])
         torch.cuda.synchronize()
-    assert all(torch.equal(a, b.cpu()) for a, b in zip(ref, got))
+    assert len(got) == len(ref) > 0  # zip alone would accept a GPU epoch that stops early
+    for k, (a, b) in enumerate(zip(ref, got)):
+        assert torch.equal(a, b.cpu()), k
+
+
+def _process_cache_epoch(path, seq_len):
+    """Run one quasi-random epoch with page_cache="process"; return the cache's counters and the peak bytes
+    allocated during the epoch (numpy reports its allocations to tracemalloc)."""
+    import tracemalloc
+
+    with Loader(path, batch_size=64, order="quasi_random", seed=5, num_threads=2, window_pages=2,
+                page_cache="process", pipelines={"tokens": [TokenWindows(seq_len)]}) as loader:
+        with open_tokens(path) as td:
+            tokens = np.asarray(td.tokens)
+        for batch in loader:  # epoch 0 compiles (or loads) the kernels and grows each thread's staging buffer
+            del batch  # (a batch still held when its slot comes round again gets fresh buffers)
+        it = iter(loader)  # epoch 1 is measured: it reads every page again (the file is 3x the cache)
+        misses = loader._pages.misses
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            for batch in it:  # every window equals the file's tokens: the cache never serves stale bytes
+                for w, inp in zip(batch["_index"].tolist(), batch["input"]):
+                    np.testing.assert_array_equal(inp, tokens[w * seq_len : w * seq_len + seq_len])
+                assert loader._pages.resident_pages <= loader._pages.capacity
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+        cache = loader._pages
+        return {"capacity": cache.capacity, "peak_resident": cache.peak_resident, "misses": cache.misses - misses,
+                "arena_bytes": cache._arena.nbytes, "peak": peak}
+
+
+def test_process_cache_memory_is_bounded_whatever_the_file_size(tmp_path):
+    """The page cache holds at most ``capacity`` pages (one arena, allocated once), reads each page once per
+    quasi-random epoch, and allocates no page while loading, for a file 4x larger too."""
+    rng = np.random.default_rng(3)
+    page = 1 << 18
+    stats = {}
+    for n_pages in (24, 96):  # 256 KiB pages of uint16 tokens
+        path = tmp_path / f"t{n_pages}.pageset"
+        write_tokens(path, [rng.integers(0, 60000, n_pages * page // 2).astype(np.uint16)], None, eos_id=60001,
+                     num_workers=0, page_size=page, progress=False)
+        stats[n_pages] = _process_cache_epoch(path, 2048)
+    small, big = stats[24], stats[96]
+    # window_pages * ceil(positions in flight / windows per quasi-random window) + 2, whatever the file size:
+    # 2 * ceil((4 batches ahead + 1) * 64 / (2 pages * 64 windows)) + 2
+    assert small["capacity"] == big["capacity"] == 2 * 3 + 2
+    assert small["arena_bytes"] == big["arena_bytes"] == big["capacity"] * page
+    assert small["peak_resident"] <= small["capacity"] and big["peak_resident"] <= big["capacity"]
+    # each page read once per epoch (the windows straddling two pages are read directly, never cached)
+    assert small["misses"] <= 24 + 2 and big["misses"] <= 96 + 2
+    # no page-sized allocation during the epoch (the arena exists before it), whatever the file size
+    assert big["peak"] < page and small["peak"] < page, (small, big)
+
+
+@pytest.mark.parametrize("seq_len", [16, 100, 1000, 5000])
+def test_windows_per_page_count_window_starts(token_file, seq_len):
+    """The quasi-random order groups windows by the page holding their FIRST token: records_per_page must count
+    exactly the window starts w * seq_len in each page (a window straddling a boundary belongs to the page it
+    starts in), and the epoch's ids are the order-v1 permutation of those counts."""
+    from pageset.order import epoch_permutation
+
+    with open_tokens(token_file) as td:
+        n = td.num_windows(seq_len)
+        itemsize, page_size, pages = td.tokens.dtype.itemsize, td.dataset.page_size, td.dataset.page_count
+    starts = np.arange(n, dtype=np.int64) * seq_len * itemsize
+    expected = np.bincount(starts // page_size, minlength=max(pages, 1))
+    with Loader(token_file, batch_size=1, order="quasi_random", seed=5, window_pages=2, num_threads=1,
+                pipelines={"tokens": [TokenWindows(seq_len)]}) as loader:
+        np.testing.assert_array_equal(loader._page_sizes, expected)
+        ids = [int(b["_index"][0]) for b in loader]
+    assert ids == epoch_permutation(expected, 5, 0, "quasi_random", 2).tolist()
+
+
+def test_one_page_file_and_a_batch_of_only_eos(tmp_path):
+    """A token file of one page has one page of windows; a batch whose inputs are all EOS has B * L one-token
+    segments: cu_seqlens holds all B * L + 1 boundaries (its buffer's full size)."""
+    path = tmp_path / "eos.pageset"
+    write_tokens(path, [np.array([], np.int64)] * 60, eos_id=7, num_workers=0, progress=False)
+    with open_tokens(path) as td:
+        assert td.dataset.page_count == 1 and len(td) == 60 and (np.asarray(td.tokens) == 7).all()
+    with Loader(path, batch_size=3, order="quasi_random", num_threads=1,
+                pipelines={"tokens": [TokenWindows(4, document_outputs=True)]}) as loader:
+        assert loader._page_sizes.tolist() == [(60 - 1) // 4]
+        batch = next(iter(loader))
+    np.testing.assert_array_equal(np.asarray(batch["cu_seqlens"]), np.arange(3 * 4 + 1))
+    assert batch["max_seqlen"] == 1 and (np.asarray(batch["labels"]) == -100).all()
 
 
 def test_resume_refuses_another_seq_len(token_file):

@@ -74,8 +74,20 @@ def test_same_bytes_any_worker_count_and_bos(tmp_path, gpt2):
     a = write_tokens(tmp_path / "a", docs, GPT2, num_workers=0, progress=False, bos_id=EOT - 1)
     b = write_tokens(tmp_path / "b", docs, GPT2, num_workers=2, progress=False, bos_id=EOT - 1, chunk_docs=7)
     assert a.dataset_id == b.dataset_id
+    # the same bytes, not only the same ids: data pages, document offsets, schema (only the lineage section,
+    # which records the creation time, may differ)
+    raw_a, raw_b = (tmp_path / "a").read_bytes(), (tmp_path / "b").read_bytes()
+    with open_tokens(tmp_path / "a") as ta, open_tokens(tmp_path / "b") as tb:
+        lo, hi = ta.dataset.data_offset, ta.dataset.data_offset + ta.dataset.data_length
+        assert (lo, hi) == (tb.dataset.data_offset, tb.dataset.data_offset + tb.dataset.data_length)
+        assert hi > lo and raw_a[lo:hi] == raw_b[lo:hi] and len(raw_a) == len(raw_b)
+        assert ta.doc_offsets.tobytes() == tb.doc_offsets.tobytes() and ta.dataset.schema == tb.dataset.schema
+    direct = gpt2.encode_batch(docs)
     with open_tokens(tmp_path / "a") as td:
         assert td.document(0)[0] == EOT - 1 and td.bos_id == EOT - 1
+        assert td.documents == len(docs)
+        for i in range(len(docs)):  # BOS + the tokenizer's ids + EOS, document by document
+            assert td.document(i).tolist() == [EOT - 1, *direct[i], EOT], i
     # BOS never doubled when the document already starts with it
     pre = [np.array([7, 8]), np.array([9, 7])]
     write_tokens(tmp_path / "c", pre, None, eos_id=1, bos_id=7, num_workers=0, progress=False)
@@ -335,3 +347,54 @@ def test_unsupported_tokenizer_lists_what_is_accepted(bad):
     with pytest.raises(TypeError, match=r"tokenizer must be a tokenizer\.json path, a \(vocab, merges\) pair.*"
                                         r"callable str -> list\[int\].*got "):
         load_tokenizer(bad)
+
+
+def test_window_op_errors_name_the_bad_value():
+    """Argument errors of the window ops (mutation-testing survivors): each names the value and the limit."""
+    tokens = np.arange(50, dtype=np.uint16)
+    for bad in (0, -3, True, 2.0):
+        with pytest.raises(ValueError, match=rf"seq_len must be an int >= 1, got {bad!r}"):
+            num_windows(50, bad)
+    with pytest.raises(ValueError, match=r"the corpus has 10 tokens, fewer than seq_len \+ 1 = 11: no window fits "
+                                         r"\(windows are never padded\); use a smaller seq_len or more data"):
+        num_windows(10, 10)
+    assert num_windows(11, 10) == 1 and num_windows(np.int64(50), np.int32(7)) == 7
+    n = num_windows(50, 7)
+    good_in, good_tgt = np.empty((2, 7), np.int64), np.empty((2, 7), np.int64)
+    for shapes in (((2, 6), (2, 7)), ((2, 7), (2, 6)), ((3, 7), (2, 7))):
+        with pytest.raises(ValueError, match=r"outputs must be \[2, 7\]"):
+            gather_windows(tokens, np.array([0, 1]), 7, np.empty(shapes[0], np.int64), np.empty(shapes[1], np.int64))
+    for ids, named in (([0, n], n), ([n + 5, 0], n + 5), ([1, -1], -1)):
+        with pytest.raises(IndexError, match=rf"window id {named} is out of range: {n} windows of seq_len 7"):
+            gather_windows(tokens, np.array(ids), 7, good_in, good_tgt)
+    # uint32 tokens into int32 inputs: the documented narrowing (ids < 2^31 here) happens, exactly
+    big = np.arange(40, dtype=np.uint32) + np.uint32(2**31 - 100)
+    inp32, tgt = np.empty((1, 5), np.int32), np.empty((1, 5), np.int64)
+    gather_windows(big[:40] - np.uint32(2**31 - 100) + np.uint32(7), np.array([2]), 5, inp32, tgt)
+    assert inp32.tolist() == [[17, 18, 19, 20, 21]] and tgt.tolist() == [[18, 19, 20, 21, 22]]
+    # labels from uint16 targets, cu_seqlens limits and an empty batch
+    lab = labels(np.array([[5, 0, 7]], np.uint16), np.array([[0, 7, 8]], np.uint16), 0)
+    assert lab.dtype == np.int64 and lab.tolist() == [[0, -100, 8]]
+    with pytest.raises(ValueError, match=r"B \* L = 2147483648 does not fit int32"):
+        cu_seqlens(np.lib.stride_tricks.as_strided(np.zeros(1, np.int64), (2**16, 2**15), (0, 0)), 0)
+    cu, mx = cu_seqlens(np.zeros((0, 4), np.int64), 0)
+    assert cu.tolist() == [0] and mx == 0
+
+
+def test_gather_windows_scratch_reuse_and_single_segment():
+    """A caller's scratch of the right shape and dtype is used (it holds the raw windows afterwards); one of
+    another shape or dtype is left alone and a correct one allocated. A row without EOS is one segment of L."""
+    tokens = (np.arange(60, dtype=np.uint16) * 7) % 1000
+    ids = np.array([3, 0, 5])
+    want = np.stack([tokens[w * 8 : w * 8 + 9] for w in ids])
+    inp, tgt = np.empty((3, 8), np.int64), np.empty((3, 8), np.int64)
+    scratch = np.zeros((3, 9), np.uint16)
+    gather_windows(tokens, ids, 8, inp, tgt, scratch)
+    assert np.array_equal(scratch, want)  # the given buffer was the one used
+    for bad in (np.zeros((3, 10), np.uint16), np.zeros((3, 9), np.int8), np.zeros((2, 9), np.uint16)):
+        before = bad.copy()
+        gather_windows(tokens, ids, 8, inp, tgt, bad)
+        assert np.array_equal(bad, before)  # not written: another one was allocated
+        assert np.array_equal(inp, want[:, :-1]) and np.array_equal(tgt, want[:, 1:])
+    cu, mx = cu_seqlens(np.array([[1, 2, 3]]), 0)
+    assert cu.tolist() == [0, 3] and mx == 3

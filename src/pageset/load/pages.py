@@ -1,6 +1,6 @@
 """Page access for the loader's threads: the OS page cache through ``pread``, or a bounded process page cache.
 
-Both read with ``os.preadv`` (which releases the GIL) into memory the process owns, never through a memory map:
+Both read with ``pread`` (in nogil kernels, see ``ops.spans``) into memory the process owns, never through a memory map:
 a file truncated or rewritten in place under a running loader then makes a read come up short or the file's
 size / modification time change, and the batch raises TruncatedFileError (naming the file and the byte range)
 or FileChangedError. A mapped page past the new end of the file would kill the process with SIGBUS instead.
@@ -12,9 +12,10 @@ into the calling thread's staging buffer; the kernel decides what stays resident
 for a 100 KB JPEG, against ~1 ms to decode it).
 
 ``"process"``: whole pages are read into an LRU cache of at most ``capacity`` pages; a record's bytes are then
-copied into the thread's staging buffer. With the quasi-random order a batch touches the pages of one or two
-windows, so ``capacity = 2 * window_pages + prefetch`` bounds the memory whatever the file size. Records larger
-than a page (they own whole pages) are read straight into the staging buffer and are not cached.
+copied into the thread's staging buffer. The cache holds at most ``capacity`` pages in an arena allocated once,
+so its memory is ``capacity * page_size`` bytes at most, whatever the file size (the Loader's default capacity
+is in ``Loader``'s docstring). Records larger than a page (they own whole pages) are read straight into the
+staging buffer and are not cached.
 
 Interface shared by every page source: ``gather(offs, lens, staging) -> (buf, offsets)`` and ``close()``.
 """
@@ -22,10 +23,11 @@ Interface shared by every page source: ``gather(offs, lens, staging) -> (buf, of
 from __future__ import annotations
 
 import collections
-import os
 import threading
 
 import numpy as np
+
+from ..ops import spans
 
 
 def _staging(staging: dict, total: int) -> np.ndarray:
@@ -41,6 +43,7 @@ class PreadPages:
 
     def __init__(self, ds):
         self.ds = ds
+        spans.prepare()
 
     def gather(self, offs: np.ndarray, lens: np.ndarray, staging: dict) -> tuple[np.ndarray, np.ndarray]:
         """(buf uint8[:], offsets int64[n]) such that record j is ``buf[off[j] : off[j] + lens[j]]``.
@@ -53,15 +56,19 @@ class PreadPages:
         out_offs = ends - lens
         buf = _staging(staging, int(ends[-1]) if n else 0)
         if n:
-            # runs of records that follow each other in the file (sequential order, small records): one read each
+            # runs of records that follow each other in the file (sequential order, small records): one read
+            # each, all in one nogil kernel call (~1 us per read, the GIL released once per batch)
             first = np.flatnonzero(np.concatenate([[True], offs[1:] != offs[:-1] + lens[:-1]]))
             last = np.append(first[1:], n) - 1
-            view, fd = memoryview(buf), self.ds.fileno()
-            for off, lo, hi in zip(offs[first].tolist(), out_offs[first].tolist(), ends[last].tolist()):
-                # one pread per run (~1-2 us); a short one (past the end, or > 2 GiB) goes through read_into,
-                # which finishes it or raises TruncatedFileError naming the byte range
-                if hi > lo and os.preadv(fd, [view[lo:hi]], off) != hi - lo:
-                    self.ds.read_into(off, buf[lo:hi])
+            run_offs, run_dst = offs[first], out_offs[first]
+            run_lens = ends[last] - run_dst
+            bad = spans.pread_spans(self.ds.fileno(), run_offs, run_lens, buf, run_dst)
+            while bad >= 0:  # a short read (past the end, or > 2 GiB): read_into finishes it or raises
+                lo, hi = int(run_dst[bad]), int(run_dst[bad] + run_lens[bad])
+                self.ds.read_into(int(run_offs[bad]), buf[lo:hi])
+                rest = bad + 1
+                bad = spans.pread_spans(self.ds.fileno(), run_offs[rest:], run_lens[rest:], buf, run_dst[rest:])
+                bad = bad + rest if bad >= 0 else -1
         self.ds.check_unchanged()
         return buf, out_offs
 
@@ -69,62 +76,173 @@ class PreadPages:
         self.ds = None
 
 
+class _Fill:
+    """A page being read into a slot: ``done`` is set when the read ended, ``ok`` says whether it succeeded."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.ok = False
+
+
 class ProcessPageCache:
     """``page_cache="process"``: a bounded LRU cache of whole pages read with ``pread``; thread-safe.
 
-    Attributes: ``hits``, ``misses`` (page lookups), ``capacity`` (pages), ``page_size`` (bytes).
+    The cache owns one arena of ``capacity * page_size`` bytes, allocated once (untouched parts cost no
+    resident memory), and every cached page lives in one of its ``capacity`` slots: the bytes it holds can
+    never exceed ``capacity * page_size``, whatever the file size, the order or the number of threads.
+    A slot is pinned while a thread copies records out of it and is never evicted then; a page that two
+    threads miss at the same time is read once (the second waits for the first). When every slot is pinned
+    (more threads than slots), the records are read straight into the thread's staging buffer instead.
+
+    Attributes: ``hits``, ``misses`` (page lookups), ``capacity`` (slots), ``page_size`` (bytes),
+    ``peak_resident`` (the most slots ever filled: <= capacity).
     """
+
+    _WAIT_S = 60.0  # a thread waiting for another thread's read of the same page (a pread of one page)
 
     def __init__(self, ds, capacity: int):
         self.ds = ds
         self.data_offset, self.data_length, self.page_size = ds.data_offset, ds.data_length, ds.page_size
-        self.capacity = max(1, int(capacity))
-        self._pages: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+        # never more slots than pages: a small file costs no more than its data
+        self.capacity = max(1, min(int(capacity), max(int(ds.page_count), 1)))
+        try:
+            self._arena = np.empty(self.capacity * self.page_size, dtype=np.uint8)
+        except MemoryError:
+            raise MemoryError(f"{ds.path}: page_cache='process' needs {self.capacity} x {self.page_size} bytes "
+                              "of address space; pass a smaller cache_pages or use page_cache='os'") from None
+        self._slot_page = np.full(self.capacity, -1, dtype=np.int64)  # page held by each slot (-1: none)
+        self._pins = np.zeros(self.capacity, dtype=np.int64)
+        self._lru: collections.OrderedDict[int, int] = collections.OrderedDict()  # page -> slot, oldest first
+        self._loading: dict[int, threading.Event] = {}  # page -> set when its slot is filled (or failed)
+        self._free = list(range(self.capacity - 1, -1, -1))
         self._lock = threading.Lock()
         self.hits = self.misses = 0
+        self.peak_resident = 0
+        spans.prepare()
+
+    @property
+    def resident_pages(self) -> int:
+        """Slots holding a page (or being filled): <= ``capacity``."""
+        return self.capacity - len(self._free)
+
+    def _victim(self) -> int:
+        """A slot to fill: a free one, else the least recently used unpinned one (-1 if all are pinned)."""
+        if self._free:
+            return self._free.pop()
+        for page, slot in self._lru.items():
+            if self._pins[slot] == 0 and page not in self._loading:
+                del self._lru[page]
+                return slot
+        return -1
+
+    def _acquire(self, pages: np.ndarray) -> np.ndarray:
+        """Pin a slot for each page of ``pages`` (distinct, int64[m]), reading missing pages; int64[m] slots,
+        -1 where no slot could be pinned (the caller reads those records directly). Release with _release."""
+        slots = np.full(pages.shape[0], -1, dtype=np.int64)
+        for i, k in enumerate(pages.tolist()):
+            mine = False
+            with self._lock:
+                slot = self._lru.get(k)
+                if slot is not None:
+                    self._lru.move_to_end(k)
+                    self._pins[slot] += 1
+                    self.hits += 1
+                    fill = self._loading.get(k)
+                else:
+                    self.misses += 1
+                    slot = self._victim()
+                    if slot < 0:
+                        continue
+                    self._slot_page[slot] = k
+                    self._pins[slot] += 1
+                    self._lru[k] = slot
+                    self.peak_resident = max(self.peak_resident, self.resident_pages)
+                    fill = self._loading[k] = _Fill()
+                    mine = True
+            if mine:
+                self._fill(k, slot, fill)
+            elif fill is not None and not (fill.done.wait(self._WAIT_S) and fill.ok):
+                # the other thread's read failed (it raises there) or timed out: read these records directly
+                self._release(np.array([slot]))
+                continue
+            slots[i] = slot
+        return slots
+
+    def _fill(self, k: int, slot: int, fill: _Fill) -> None:
+        start = k * self.page_size
+        n = min(self.page_size, self.data_length - start)
+        base = slot * self.page_size
+        try:
+            self.ds.read_into(self.data_offset + start, self._arena[base : base + n])
+            fill.ok = True
+        finally:
+            with self._lock:
+                del self._loading[k]
+                if not fill.ok:  # forget the page; the slot is free again once its waiters unpin it
+                    del self._lru[k]
+                    self._slot_page[slot] = -1
+                    self._unpin(slot)
+            fill.done.set()
+
+    def _unpin(self, slot: int) -> None:
+        """Drop one pin (lock held); a slot whose page was forgotten goes back to the free list when unpinned."""
+        self._pins[slot] -= 1
+        if self._pins[slot] == 0 and self._slot_page[slot] < 0:
+            self._free.append(slot)
+
+    def _release(self, slots: np.ndarray) -> None:
+        with self._lock:
+            for slot in slots.tolist():
+                if slot >= 0:
+                    self._unpin(slot)
 
     def page(self, k: int) -> np.ndarray:
-        """uint8 bytes of page ``k`` (the last page may be short). The array stays valid after eviction."""
-        with self._lock:
-            arr = self._pages.get(k)
-            if arr is not None:
-                self._pages.move_to_end(k)
-                self.hits += 1
-                return arr
-            self.misses += 1
-        start = k * self.page_size
-        arr = np.empty(min(self.page_size, self.data_length - start), dtype=np.uint8)
-        self.ds.read_into(self.data_offset + start, arr)
-        with self._lock:
-            self._pages[k] = arr
-            while len(self._pages) > self.capacity:
-                self._pages.popitem(last=False)
-        return arr
+        """A copy of page ``k``'s bytes (uint8; the last page may be short), through the cache."""
+        slots = self._acquire(np.array([k], dtype=np.int64))
+        try:
+            n = min(self.page_size, self.data_length - k * self.page_size)
+            if slots[0] < 0:
+                out = np.empty(n, dtype=np.uint8)
+                self.ds.read_into(self.data_offset + k * self.page_size, out)
+                return out
+            base = int(slots[0]) * self.page_size
+            return self._arena[base : base + n].copy()
+        finally:
+            self._release(slots)
 
     def gather(self, offs: np.ndarray, lens: np.ndarray, staging: dict) -> tuple[np.ndarray, np.ndarray]:
         """Copy the records into the thread's staging buffer (grown when needed); return (buf, offsets).
 
-        Raises TruncatedFileError / FileChangedError as :meth:`PreadPages.gather` does.
+        One nogil kernel call copies every cached record (no Python work per record); records larger than a
+        page, or on a page no slot could be pinned for, are read with ``pread``. Raises TruncatedFileError /
+        FileChangedError as :meth:`PreadPages.gather` does.
         """
-        buf = _staging(staging, int(lens.sum()))
-        out_offs = np.empty_like(offs)
-        pos = 0
-        for j in range(offs.shape[0]):
-            rel, n = int(offs[j]) - self.data_offset, int(lens[j])
-            out_offs[j] = pos
-            k = rel // self.page_size
-            if n and (rel + n - 1) // self.page_size != k:  # a record larger than a page: not cached
-                self.ds.read_into(self.data_offset + rel, buf[pos : pos + n])
-            elif n:
-                page = self.page(k)
-                start = rel - k * self.page_size
-                buf[pos : pos + n] = page[start : start + n]
-            pos += n
+        ends = np.cumsum(lens)
+        out_offs = ends - lens
+        buf = _staging(staging, int(ends[-1]) if lens.shape[0] else 0)
+        rel = offs - self.data_offset
+        first = rel // self.page_size
+        cached = (np.maximum(rel + lens - 1, rel) // self.page_size) == first  # inside one page
+        pages, inverse = np.unique(first[cached], return_inverse=True)
+        slots = self._acquire(pages)
+        try:
+            src = np.full(offs.shape[0], -1, dtype=np.int64)
+            rec_slot = slots[inverse]
+            src[cached] = np.where(rec_slot >= 0, rec_slot * self.page_size + rel[cached] % self.page_size, -1)
+            spans.copy_spans(self._arena, src, lens, buf, out_offs)
+        finally:
+            self._release(slots)
+        for j in np.flatnonzero(src < 0).tolist():  # larger than a page, or no slot: not cached
+            if lens[j]:
+                self.ds.read_into(int(offs[j]), buf[out_offs[j] : out_offs[j] + lens[j]])
         self.ds.check_unchanged()  # also for cache hits: one rule, whatever is cached
         return buf, out_offs
 
     def close(self) -> None:
-        self._pages.clear()
+        with self._lock:
+            self._lru.clear()
+            self._free = []
+            self._arena = np.empty(0, dtype=np.uint8)
 
 
 class PageVerifier:

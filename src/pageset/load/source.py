@@ -1,10 +1,12 @@
 """One opened pageset file as the loader reads it: page access, one stage per loaded field, and its records.
 
-A Loader reads one ``FileSource`` (a file, or a subset of it) or several (a ``Mixture``); the threads fill
-batch rows from whichever source a row's sample comes from.
+A Loader reads one ``FileSource`` (a file, or a subset of it) or several (a ``Mixture``, through a
+``MixtureReader``); the threads fill batch rows from whichever source a row's sample comes from.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -26,10 +28,11 @@ class FileSource:
     ``page_sizes`` int64[K] records per page; ``spans(ids) -> (starts, lengths)`` absolute byte spans;
     ``verifier`` (PageVerifier or None). Raises PipelineError for pipelines naming fields the file lacks or
     invalid for its fields (``in_mixture``: fields mapped to None may be missing); ``array_type`` ("torch" or
-    "numpy") is what the stages hand out; ``close()`` releases the page access (not ``ds``).
+    "numpy") is what the stages hand out; ``cache_pages`` (``page_cache="process"``) is an int or a function
+    ``(n_records, page_count) -> int``; ``close()`` releases the page access (not ``ds``).
     """
 
-    def __init__(self, ds, pipelines: dict, page_cache: str, cache_pages: int, verify_pages: bool,
+    def __init__(self, ds, pipelines: dict, page_cache: str, cache_pages, verify_pages: bool,
                  in_mixture: bool = False, remote_options: dict | None = None, array_type: str = "torch"):
         self.ds, self.path, self.dataset_id = ds, ds.path, ds.dataset_id
         if ds.remote is not None:  # a URL: whole pages by range request, each CRC-checked on arrival
@@ -37,10 +40,8 @@ class FileSource:
 
             self.pages = RemotePages(ds, **(remote_options or {}))
             verify_pages = False
-        elif page_cache == "os":
+        else:  # "process": a ProcessPageCache replaces it below, sized once the record count is known
             self.pages = PreadPages(ds)
-        else:
-            self.pages = ProcessPageCache(ds, cache_pages)
         try:
             # In a mixture, a field switched off with None may be missing from some of the files.
             unknown = {n for n in pipelines if n not in ds.fields and not (in_mixture and pipelines[n] is None)}
@@ -61,6 +62,12 @@ class FileSource:
                 rec_off = ds.index["_offset"].astype(np.int64)
                 rec_len = ds.index["_length"].astype(np.int64)
                 self.spans = lambda ids: (rec_off[ids], rec_len[ids])
+            if page_cache == "process" and ds.remote is None:
+                capacity = cache_pages(self.n_records, ds.page_count) if callable(cache_pages) else cache_pages
+                self.pages = ProcessPageCache(ds, capacity)
+                for stage in self.stages:
+                    if hasattr(stage, "pages"):
+                        stage.pages = self.pages
             self.verifier = PageVerifier(ds) if verify_pages else None
             self.row_bytes = sum(int(np.prod(shape)) * np.dtype(dt).itemsize
                                  for st in self.stages for shape, dt, _ in st.outputs.values())
@@ -89,7 +96,8 @@ class FileSource:
         if self.row_bytes >= IN_PLACE_ROW_BYTES:
             cuts = [0, *(np.flatnonzero(np.diff(rows) != 1) + 1).tolist(), m]
             for a, b in zip(cuts[:-1], cuts[1:]):
-                self.fill(arrays, int(rows[a]), int(rows[a]) + b - a, ids[a:b], keys[a:b], ctx)
+                self.fill(arrays, int(rows[a]), int(rows[a]) + b - a, ids[a:b], None if keys is None else keys[a:b],
+                          ctx)
             return
         scratch = ctx.get(("rows", id(self)))
         if scratch is None or scratch[0] < m:
@@ -110,6 +118,97 @@ class FileSource:
 
     def close(self) -> None:
         self.pages.close()
+
+
+def split_cache_pages(cache_pages: int, n_files: int) -> list[int]:
+    """``cache_pages`` (the loader's page budget for ``page_cache="process"``) shared evenly by ``n_files``
+    files: ``cache_pages // n_files`` each, one more for the first ``cache_pages % n_files``; sums to
+    ``cache_pages``. ValueError when a file would get no page (``cache_pages < n_files``)."""
+    if cache_pages < n_files:
+        raise ValueError(f"cache_pages={cache_pages} for a Mixture of {n_files} files: each file needs at least one "
+                         f"cached page; pass cache_pages >= {n_files} (the whole loader's budget, shared by the "
+                         f"files), or None for the default per file")
+    share, extra = divmod(int(cache_pages), n_files)
+    return [share + (1 if i < extra else 0) for i in range(n_files)]
+
+
+class MixtureReader:
+    """Fills a slot's rows from the files of a Mixture, each row from the file its sample comes from.
+
+    ``MixtureReader(sources, stages)``: the open FileSources and the stages :func:`check_same_fields` chose.
+    ``fill(arrays, lo, hi, sources, ids, keys, ctx)`` fills rows ``[lo, hi)`` where ``sources`` int16[B] and
+    ``ids`` int64[B] give each row's file and record id (the loader's slot). Results equal filling each row from
+    its own file.
+
+    Token files (one field, the same token dtype) are read window by window, in row order, into one staging
+    buffer and converted once, as a single file's slice is: with ``page_cache="os"`` and no page verification
+    each window is one ``pread`` on its own file (the same reads as one file); otherwise each file gathers its
+    windows through its page source (cache, URL, CRC checks) and they are copied to their rows. Other fields go
+    file by file through :meth:`FileSource.fill_rows`.
+    """
+
+    _STAGING = "mixture windows"  # ctx key of the thread's staging buffer for token windows
+
+    def __init__(self, sources: list[FileSource], stages: list):
+        self.sources = sources
+        self._windows = None  # the token stage whose conversion serves every file, or None
+        firsts = [s.stages[0] if len(s.stages) == 1 else None for s in sources]
+        if all(isinstance(st, TokenStage) for st in firsts) and len({st.dtype for st in firsts}) == 1:
+            self._windows = stages[0]
+            self._row_bytes = (self._windows.seq_len + 1) * self._windows.itemsize
+            self._base = np.array([st.data_offset for st in firsts], dtype=np.int64)
+            self._stride = np.array([st.seq_len * st.itemsize for st in firsts], dtype=np.int64)
+            self._direct = all(type(s.pages) is PreadPages and s.verifier is None for s in sources)
+
+    def fill(self, arrays: list, lo: int, hi: int, sources: np.ndarray, ids: np.ndarray, keys: np.ndarray,
+             ctx: dict) -> None:
+        """Fill rows ``[lo, hi)`` of a slot's ``arrays``; raises what the files' stages and page sources raise."""
+        if self._windows is not None:
+            self._fill_windows(arrays, lo, hi, sources[lo:hi], ids[lo:hi], ctx)
+            return
+        for i, rows in self._groups(sources[lo:hi]):
+            rows = rows + lo
+            self.sources[i].fill_rows(arrays, rows, ids[rows], None if keys is None else keys[rows], ctx)
+
+    @staticmethod
+    def _groups(src: np.ndarray):
+        """``(source, rows)`` for each source present in ``src``: its rows (relative, ascending)."""
+        order = np.argsort(src, kind="stable")
+        ordered = src[order]
+        cuts = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), src.shape[0]]
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            yield int(ordered[a]), order[a:b]
+
+    def _fill_windows(self, arrays: list, lo: int, hi: int, src: np.ndarray, ids: np.ndarray, ctx: dict) -> None:
+        m, w = hi - lo, self._row_bytes
+        buf = ctx.get(self._STAGING)
+        if buf is None or buf.shape[0] < m * w:
+            buf = ctx[self._STAGING] = np.empty(max(m * w, 1 << 16), dtype=np.uint8)
+        if self._direct:
+            # one pread per window on its own file, in row order (adjacent windows overlap by one token: a
+            # single file's gather makes one read per window too)
+            starts = self._base[src] + ids * self._stride[src]
+            src_list = src.tolist()
+            present = dict.fromkeys(src_list)
+            fds = {i: self.sources[i].ds.fileno() for i in present}
+            view, pos = memoryview(buf), 0
+            for i, off in zip(src_list, starts.tolist()):
+                if os.preadv(fds[i], [view[pos : pos + w]], off) != w:
+                    self.sources[i].ds.read_into(off, buf[pos : pos + w])  # finishes it or raises TruncatedFileError
+                pos += w
+            for i in present:
+                self.sources[i].ds.check_unchanged()
+        else:
+            rows2d = buf[: m * w].reshape(m, w)
+            for i, rows in self._groups(src):
+                source = self.sources[i]
+                starts, lens = source.spans(ids[rows])
+                if source.verifier is not None:
+                    source.verifier.check(starts, lens, ids[rows])
+                got, _ = source.pages.gather(starts, lens, ctx)
+                rows2d[rows] = got[: rows.shape[0] * w].reshape(rows.shape[0], w)
+        stage = self._windows
+        stage.fill_windows(arrays[0], lo, hi, buf[: m * w].view(stage.dtype).reshape(m, stage.seq_len + 1))
 
 
 def check_same_fields(sources: list[FileSource]) -> list:

@@ -70,6 +70,7 @@ class Stage:
     to_tensor: bool
     to_device = None
     outputs: dict
+    needs_keys = False  # whether fill() uses the per-sample augmentation keys (else it gets None)
 
     def alloc(self, batch_size: int, empty) -> dict:
         """Buffers for one slot; ``empty(shape, np_dtype)`` allocates (pinned when copying to a GPU)."""
@@ -93,6 +94,8 @@ def _to_torch(arr: np.ndarray, torch_dtype):
 
 class ImageStage(Stage):
     """RGBImage -> [B, H, W, 3] / [B, 3, H, W] via the fused kernel ``ops.image_batch.image_slice``."""
+
+    needs_keys = True  # crop boxes and flips
 
     def __init__(self, name, ops, ds, pages, array_type):
         self.name, self.path, self.pages = name, ds.path, pages
@@ -309,6 +312,9 @@ class TokenStage(Stage):
             raise ValueError(f"{ds.path}: {count} tokens, fewer than seq_len + 1 = {self.seq_len + 1}:"
                              " no window fits (windows are never padded); use a smaller seq_len or more data")
         self.n_records = token_ops.num_windows(count, self.seq_len)
+        # rows per slice: ~64K tokens (~50-100 us of reading and widening) pays for handing a slice to a thread
+        self.min_slice_rows = max(1, (1 << 16) // self.seq_len)
+        token_ops.prepare()
         L = self.seq_len
         self.outputs = {"input": ((L,), np.dtype(op.input_dtype), None), "target": ((L,), np.dtype(np.int64), None)}
         if self.docs:
@@ -334,14 +340,17 @@ class TokenStage(Stage):
         return arrays
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
-        inp, tgt = arrays["input"][lo:hi], arrays["target"][lo:hi]
         # the windows' bytes land back to back in the thread's staging buffer (read, never mapped: a file
         # truncated under the loader raises TruncatedFileError instead of SIGBUS)
         starts, lens = self.spans(ids)
         buf, _ = self.pages.gather(starts, lens, ctx)
         rows = buf[: int(lens.sum())].view(self.dtype).reshape(ids.shape[0], self.seq_len + 1)
-        np.copyto(inp, rows[:, :-1], casting="unsafe")
-        np.copyto(tgt, rows[:, 1:], casting="unsafe")
+        self.fill_windows(arrays, lo, hi, rows)
+
+    def fill_windows(self, arrays, lo, hi, rows):
+        """Fill rows ``[lo, hi)`` from ``rows`` (the windows' tokens, file dtype, ``[hi - lo, seq_len + 1]``)."""
+        inp, tgt = arrays["input"][lo:hi], arrays["target"][lo:hi]
+        token_ops.split_windows(rows, inp, tgt)  # one nogil pass, both outputs
         if self.docs:
             token_ops.position_ids(inp, self.eos_id, out=arrays["position_ids"][lo:hi])
             token_ops.doc_ids(inp, self.eos_id, out=arrays["doc_ids"][lo:hi])

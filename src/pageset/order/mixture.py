@@ -175,8 +175,14 @@ class MixtureSchedule:
             raise AssertionError(f"mixture schedule for quotas {self.quotas} left a slot without a released "
                                  "sample (the EDF bound failed); please report it")
         self.slots.flags.writeable = False
-        # _slot_positions[i]: the slots of source i in one period, sorted (c_i(r) = searchsorted(..., r)).
-        self._slot_positions = [np.flatnonzero(self.slots == i) for i in range(q.size)]
+        # _slot_positions[i]: the slots of source i in one period, sorted (c_i(r) = searchsorted(..., r)); the
+        # same, concatenated (source i's are _flat_positions[_position_bounds[i]:_position_bounds[i + 1]]).
+        self._flat_positions = np.argsort(self.slots, kind="stable").astype(np.int64)
+        self._position_bounds = np.zeros(q.size + 1, dtype=np.int64)
+        np.cumsum(q, out=self._position_bounds[1:])
+        self._quota_array = q
+        self._slot_positions = [self._flat_positions[self._position_bounds[i]:self._position_bounds[i + 1]]
+                                for i in range(q.size)]
 
     @property
     def n_sources(self) -> int:
@@ -207,19 +213,26 @@ class MixtureSchedule:
         k = np.empty(n, dtype=np.int64)
         rows = np.empty(n, dtype=np.int64)
         bounds = np.zeros(self.n_sources + 1, dtype=np.int64)
-        _lookup(self.slots, np.int64(start), self.counts(start), src, k, rows, bounds)
+        _lookup(self.slots, self._flat_positions, self._position_bounds, self._quota_array, np.int64(start), src,
+                k, rows, bounds)
         return src, k, rows, bounds
 
 
 @numba.njit(nogil=True)
-def _lookup(slots, start, base, src, k, rows, bounds):
-    """Kernel of :meth:`MixtureSchedule.grouped`: one pass to count per source, one to place the rows."""
+def _lookup(slots, positions, position_bounds, q, start, src, k, rows, bounds):
+    """Kernel of :meth:`MixtureSchedule.grouped`: one pass to count per source (each present source's count
+    before ``start`` from a binary search of its slots, as :meth:`MixtureSchedule.counts`), one to place the
+    rows."""
     period = slots.shape[0]
     n = src.shape[0]
-    s_count = base.shape[0]
+    s_count = q.shape[0]
+    periods, r = start // period, start % period
     taken = np.zeros(s_count, dtype=np.int64)
+    base = np.full(s_count, -1, dtype=np.int64)
     for j in range(n):
         s = slots[(start + j) % period]
+        if base[s] < 0:
+            base[s] = periods * q[s] + np.searchsorted(positions[position_bounds[s]:position_bounds[s + 1]], r)
         src[j] = s
         k[j] = base[s] + taken[s]
         taken[s] += 1
@@ -238,7 +251,8 @@ class MixtureOrder:
     ``MixtureOrder(schedule, page_sizes, seed, order, window_pages)``: page_sizes is one int64[K_i] per
     source (records per page; N_i = sum). Source i's k-th sample is position ``k % N_i`` of its epoch
     ``k // N_i`` under ``EpochOrder(page_sizes[i], source_seed(seed, i), k // N_i, order, window_pages)``.
-    Keeps the orders of the last two epochs of each source (a tiny source wraps often).
+    Keeps the orders of the last two epochs of each source (a tiny source wraps often) and the order window
+    each source read last (consecutive lookups slice it). One caller at a time (the loader's main thread).
     """
 
     def __init__(self, schedule: MixtureSchedule, page_sizes, seed: int, order: str, window_pages: int = 1):
@@ -252,6 +266,7 @@ class MixtureOrder:
                 raise ValueError(f"source {i} has no records but a positive weight")
         self.seeds = [source_seed(seed, i) for i in range(schedule.n_sources)]
         self._orders: OrderedDict[tuple[int, int], EpochOrder] = OrderedDict()
+        self._windows: dict[int, tuple[int, int, np.ndarray]] = {}  # source -> (epoch, first position, ids)
 
     def _epoch_order(self, source: int, epoch: int) -> EpochOrder:
         key = (source, epoch)
@@ -269,18 +284,30 @@ class MixtureOrder:
         each sample's source file."""
         src, k, rows, bounds = self.schedule.grouped(start, stop)
         ids = np.empty(src.shape[0], dtype=np.int64)
-        for i in range(self.schedule.n_sources):
-            lo, hi = int(bounds[i]), int(bounds[i + 1])
-            if lo == hi:
-                continue
+        b = bounds.tolist()
+        for i in np.flatnonzero(bounds[1:] != bounds[:-1]).tolist():  # the sources present in the range
+            lo, hi = b[i], b[i + 1]
             n, first = self.n_records[i], int(k[rows[lo]])  # the k of source i are first, first + 1, ...
             done = 0
             while done < hi - lo:
                 epoch, pos = divmod(first + done, n)
-                take = min(hi - lo - done, n - pos)
-                ids[rows[lo + done : lo + done + take]] = self._epoch_order(i, epoch).ids(pos, pos + take)
+                w_lo, w_ids = self._window(i, epoch, pos)
+                take = min(hi - lo - done, w_lo + w_ids.shape[0] - pos)
+                ids[rows[lo + done : lo + done + take]] = w_ids[pos - w_lo : pos - w_lo + take]
                 done += take
         return src, ids
+
+    def _window(self, source: int, epoch: int, pos: int) -> tuple[int, np.ndarray]:
+        """``(first position, ids)`` of the window of source ``source``'s order for ``epoch`` that holds position
+        ``pos``: the same ids as ``EpochOrder.ids``, without its per-call work (one window per source is kept)."""
+        cached = self._windows.get(source)
+        if cached is not None and cached[0] == epoch and cached[1] <= pos < cached[1] + cached[2].shape[0]:
+            return cached[1], cached[2]
+        order = self._epoch_order(source, epoch)
+        w = order.window_of(pos)
+        w_lo, w_ids = int(order.window_starts[w]), order.window_ids(w)
+        self._windows[source] = (epoch, w_lo, w_ids)
+        return w_lo, w_ids
 
     def epoch(self, epoch: int, epoch_length: int) -> MixtureEpoch:
         """The view of mixture epoch ``epoch`` (of ``epoch_length`` positions): ``lookup(start, stop)``."""
@@ -329,6 +356,19 @@ def mixture_state(order: MixtureOrder, dataset_ids, samples_per_epoch: int, stat
                     for i, (e, c) in zip(dataset_ids, order.cursors(g))],
     }
     return d
+
+
+def refuse_mixture_state(state, path: str) -> None:
+    """Raise StateMismatchError (field ``"mixture"``) when ``state``, given to the loader of one file ``path``,
+    was saved by a loader reading a Mixture; any other state passes (it is validated as order v1 next)."""
+    if not isinstance(state, Mapping) or "mixture" not in state:
+        return
+    mix = state["mixture"]
+    sources = mix.get("sources") if isinstance(mix, Mapping) else None
+    saved = f"a Mixture of {len(sources)} files" if isinstance(sources, list) else "a Mixture"
+    raise StateMismatchError("mixture", saved, f"one file ({path})",
+                             "The state was saved by a Loader reading a Mixture: resume it with a Loader on the "
+                             "same Mixture (the same files, weights and samples_per_epoch).")
 
 
 def resume_mixture(state, current: dict, order: MixtureOrder, epoch_length: int) -> OrderState:

@@ -1,0 +1,197 @@
+"""The most dangerous mutations (issue 10): each is applied to a temporary copy of ``src/`` and named tests run
+against the copy must FAIL. A mutation here is a bug that corrupts data silently (wrong tokens, wrong order,
+a damaged page read as good, a rank loading another rank's samples): if its tests stop catching it, this fails.
+
+Each mutation is an exact source-text replacement that must match exactly once (``test_every_mutation_applies``
+checks that in the default run, so a refactor that moves a line fails fast and the entry is updated with it).
+The slow test runs each mutation in a subprocess (``PYTHONPATH`` = the mutated copy), two at a time; the named
+tests are narrow so that the whole list takes a few minutes on 2 cores. ``tools/mutation.py`` (mutmut) is the
+broad, generated counterpart; this list is hand-picked and runs in CI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "pageset"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str  # relative to src/pageset
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest node ids, relative to the repository root
+
+
+TL = "tests/test_token_loader.py::test_windows_cover_every_target_once"
+MUTATIONS = [
+    # -- the four planted bugs of the issue
+    Mutation("token window start steps by seq_len + 1 (process page cache)", "load/stages.py",
+             "return self.data_offset + ids * (self.seq_len * self.itemsize), np.full(",
+             "return self.data_offset + ids * ((self.seq_len + 1) * self.itemsize), np.full(",
+             (f"{TL}[16-sequential-process]",)),
+    Mutation("verify_pages checks only a record's first page", "load/pages.py",
+             "for k in range(int(first[j]), min(int(last[j]), self.done.size - 1) + 1):",
+             "for k in range(int(first[j]), int(first[j]) + 1):",
+             ("tests/test_loader.py::test_verify_pages_checks_both_pages_of_a_token_window",
+              "tests/test_loader.py::test_verify_pages_checks_every_page_of_a_record_spanning_pages")),
+    Mutation("ranks swapped in the loader", "load/loader.py",
+             "positions, padding = rank_positions(step, self.dist.rank, self.dist.world_size,",
+             "positions, padding = rank_positions(step, self.dist.world_size - 1 - self.dist.rank, self.dist.world_size,",
+             ("tests/test_loader.py::test_state_dict_resume_matches_control",)),
+    Mutation("verify() skips the last page", "read/reader.py",
+             "for k in range(self.page_count):\n                yield k, self._page_crc(k, scratch)",
+             "for k in range(self.page_count - 1):\n                yield k, self._page_crc(k, scratch)",
+             ("tests/test_read_errors.py::test_verify_checks_every_page_first_middle_and_last",)),
+    # -- order: sharding, shuffle, keys, state
+    Mutation("rank slices in reverse rank order", "order/sharding.py",
+             "start = s * global_batch + r * b",
+             "start = s * global_batch + (world_size - 1 - r) * b",
+             ("tests/test_order.py::test_rank_streams_partition_the_epoch",)),
+    Mutation("Fisher-Yates draws j < i (Sattolo: never a fixed point)", "order/shuffle.py",
+             "j = np.int64(randbelow(key_step(base, i), i + 1))",
+             "j = np.int64(randbelow(key_step(base, i), i))",
+             ("tests/test_order.py::test_fisher_yates_twins",)),
+    Mutation("quasi-random windows drop their last page", "order/shuffle.py",
+             "for q in range(w * window_pages, min((w + 1) * window_pages, n_pages)):",
+             "for q in range(w * window_pages, min((w + 1) * window_pages, n_pages) - 1):",
+             ("tests/test_order.py::test_epoch_permutation_is_a_bijection_equal_to_its_twin",)),
+    Mutation("sample keys ignore the epoch", "order/keys.py",
+             "    h = splitmix64(numba.uint64(seed))\n    h = splitmix64(h ^ numba.uint64(epoch))\n"
+             "    h = splitmix64(h ^ numba.uint64(tag))\n    return splitmix64(h ^ numba.uint64(i))",
+             "    h = splitmix64(numba.uint64(seed))\n    h = splitmix64(h)\n"
+             "    h = splitmix64(h ^ numba.uint64(tag))\n    return splitmix64(h ^ numba.uint64(i))",
+             ("tests/test_keys.py::test_key_twins_and_stream_split",)),
+    Mutation("a state saved at the epoch end repeats the epoch", "order/state.py",
+             "    if cursor == epoch_length:\n        return epoch + 1, 0",
+             "    if cursor == epoch_length:\n        return epoch, 0",
+             ("tests/test_order.py::test_normalize_cursor",)),
+    Mutation("the loader's cursor lags one batch (resume repeats it)", "load/loader.py",
+             "self._cursor = (step + 1) * G",
+             "self._cursor = step * G",
+             ("tests/test_loader.py::test_state_dict_resume_matches_control",)),
+    # -- token windows
+    Mutation("one window too many (reads past the stream)", "ops/tokens.py",
+             "return (int(num_tokens) - 1) // int(seq_len)",
+             "return int(num_tokens) // int(seq_len)",
+             ("tests/test_tokens.py::test_window_properties",)),
+    Mutation("targets are the inputs (no shift)", "ops/tokens.py",
+             'np.copyto(out_target, scratch[:, 1:], casting="unsafe")',
+             'np.copyto(out_target, scratch[:, :-1], casting="unsafe")',
+             ("tests/test_tokens.py::test_window_properties",)),
+    Mutation("labels masked where the TARGET is EOS", "ops/tokens.py",
+             "out[inputs == eos_id] = IGNORE_INDEX",
+             "out[targets == eos_id] = IGNORE_INDEX",
+             ("tests/test_tokens.py::test_document_outputs_edge_cases",)),
+    Mutation("segments start at the EOS instead of after it", "ops/tokens.py",
+             "np.equal(inputs[:, :-1], eos_id, out=starts[:, 1:])",
+             "np.equal(inputs[:, 1:], eos_id, out=starts[:, 1:])",
+             ("tests/test_tokens.py::test_document_outputs_edge_cases",)),
+    Mutation("windows per page counted with floor (order over windows shifts)", "load/stages.py",
+             "first = np.minimum(-(-bounds // stride), self.n_records)",
+             "first = np.minimum(bounds // stride, self.n_records)",
+             ("tests/test_token_loader.py::test_windows_per_page_count_window_starts[100]",)),
+    # -- image crop boxes and resize kernels
+    Mutation("RandomResizedCrop never touches the bottom row", "ops/image.py",
+             "y0 = _randint(key, c + 2, height - h + 1)",
+             "y0 = _randint(key, c + 2, height - h)",
+             ("tests/test_image_ops.py::test_random_resized_crop_golden",
+              "tests/test_image_ops.py::test_random_resized_crop_box_properties")),
+    Mutation("CenterCrop height from the output width", "ops/image.py",
+             "h = max(int(side * (out_h / longest)), 1)",
+             "h = max(int(side * (out_w / longest)), 1)",
+             ("tests/test_image_ops.py::test_center_crop_box_non_square_keeps_output_aspect",
+              "tests/test_loader.py::test_center_crop_matches_reference")),
+    Mutation("resize samples pixel corners, not centres", "ops/image.py",
+             "center = np.float64(in0) + (xx + 0.5) * scale",
+             "center = np.float64(in0) + xx * scale",
+             ("tests/test_image_ops.py::test_resize_equals_pillow_sweep",)),
+    Mutation("horizontal flip off by one column", "ops/image.py",
+             "    if channels_last:\n        for xx in range(out_w):\n            xo = out_w - 1 - xx if flip else xx",
+             "    if channels_last:\n        for xx in range(out_w):\n            xo = (out_w - xx) % out_w if flip else xx",
+             ("tests/test_image_ops.py::test_flip_equals_np_flip",)),
+    # -- page access, checksums, packing
+    Mutation("process page cache reads a record one byte late", "load/pages.py",
+             "rec_slot * self.page_size + rel[cached] % self.page_size, -1)",
+             "rec_slot * self.page_size + rel[cached] % self.page_size + 1, -1)",
+             (f"{TL}[100-random-process]",)),
+    Mutation("records straddle page boundaries", "write/packing.py",
+             "start = cursor if cursor + length <= page_end else page_end",
+             "start = cursor",
+             ("tests/test_properties.py::test_place_record_never_straddles",)),
+    Mutation("a large record does not own its last page", "write/packing.py",
+             "return start, -(-end // page_size) * page_size",
+             "return start, end",
+             ("tests/test_properties.py::test_place_record_never_straddles",)),
+]
+
+
+def _ids():
+    return [m.name for m in MUTATIONS]
+
+
+def test_every_mutation_applies():
+    """Each pattern is found exactly once in today's source (else the list must follow the refactor)."""
+    for m in MUTATIONS:
+        text = (SRC / m.file).read_text()
+        assert text.count(m.old) == 1, f"{m.name}: {m.old!r} found {text.count(m.old)} times in {m.file}"
+        assert m.old != m.new
+        for node in m.tests:
+            assert (ROOT / node.split("::")[0]).is_file(), node
+    assert len({m.name for m in MUTATIONS}) == len(MUTATIONS) >= 20
+
+
+def _mutated_copy(m: Mutation, root: Path) -> Path:
+    dest = root / "src"
+    shutil.copytree(SRC, dest / "pageset", ignore=shutil.ignore_patterns("__pycache__"))
+    target = dest / "pageset" / m.file
+    text = target.read_text()
+    assert text.count(m.old) == 1, m.name
+    target.write_text(text.replace(m.old, m.new))
+    return dest
+
+
+def _run_against(m: Mutation, root: Path) -> tuple[int, str]:
+    src = _mutated_copy(m, root)
+    env = {**os.environ, "PYTHONPATH": str(src), "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("NUMBA_DISABLE_JIT", None)
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+           "-W", "ignore::RuntimeWarning", *m.tests]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired as exc:
+        return -1, f"timed out after {exc.timeout} s"
+    return proc.returncode, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_curated_mutations_are_killed(tmp_path):
+    """Every mutation makes its named tests fail (pytest exit code 1: tests ran and failed; 2-5 would be an
+    interrupted run, a usage error or no tests collected, which prove nothing)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {m.name: pool.submit(_run_against, m, tmp_path / f"m{k}") for k, m in enumerate(MUTATIONS)}
+        results = {name: f.result() for name, f in futures.items()}
+    survivors = {name: out for name, (rc, out) in results.items() if rc != 1}
+    assert not survivors, "\n\n".join(f"SURVIVED: {name}\n{out}" for name, out in survivors.items())
+
+
+def test_a_copy_on_pythonpath_is_what_the_tests_import(tmp_path):
+    """The harness's premise: with PYTHONPATH pointing at a copy, ``import pageset`` loads the copy (not the
+    editable install), in the subprocess and in the tests' conftest."""
+    src = _mutated_copy(MUTATIONS[0], tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    out = subprocess.run([sys.executable, "-c", "import pageset, pageset.load.stages as s; print(s.__file__)"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert Path(out.strip()) == src / "pageset" / "load" / "stages.py"
+    assert MUTATIONS[0].new in Path(out.strip()).read_text()

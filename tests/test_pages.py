@@ -1,0 +1,195 @@
+"""Page access for the loader's threads (``load/pages.py``): the process page cache returns the file's bytes for
+records inside one page, records larger than a page and token windows straddling pages; its LRU holds at most
+``capacity`` pages; a short read is an error naming the byte. And the page verifier checks exactly the pages a
+span touches."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from pageset import Int, RGBImage, TruncatedFileError, open_dataset, write_dataset
+from pageset.load.pages import PageVerifier, PreadPages, ProcessPageCache
+
+
+@pytest.fixture(scope="module")
+def mixed_file(tmp_path_factory, photo_arrays):
+    """Full photos (each record owns several 4 KiB pages) between tiny crops (several per page)."""
+    samples = []
+    for k, a in enumerate(photo_arrays):
+        samples += [(a, k), (np.ascontiguousarray(a[:8, :8]), 100 + k), (np.ascontiguousarray(a[8:16, :8]), 200 + k)]
+    path = tmp_path_factory.mktemp("pages") / "mixed.pageset"
+    write_dataset(path, samples, {"image": RGBImage(jpeg_quality=80), "label": Int()}, num_workers=0,
+                  page_size=4096, progress=False)
+    return path
+
+
+def _layout(path):
+    with open_dataset(path) as ds:
+        return (ds.data_offset, ds.data_length, ds.page_size, ds.index["_offset"].astype(np.int64),
+                ds.index["_length"].astype(np.int64))
+
+
+@pytest.mark.parametrize("source", ["os", "process"])
+def test_page_sources_return_the_file_bytes_for_every_record(mixed_file, source):
+    data_offset, data_length, page_size, offs, lens = _layout(mixed_file)
+    raw = np.frombuffer(mixed_file.read_bytes(), np.uint8)
+    big = lens > page_size
+    assert big.any() and (~big).sum() >= 2 * big.sum()  # both kinds, several small records per page
+    with open_dataset(mixed_file) as ds:
+        pages = PreadPages(ds) if source == "os" else ProcessPageCache(ds, capacity=3)
+        staging: dict = {}
+        rng = np.random.default_rng(0)
+        for t in range(24):
+            if t % 3 == 0:  # neighbours in file order: one read per run of adjacent records
+                lo = int(rng.integers(0, offs.shape[0] - 6))
+                ids = np.arange(lo, lo + int(rng.integers(1, 7)))
+            else:
+                ids = rng.choice(offs.shape[0], size=int(rng.integers(1, 9)), replace=False)
+            buf, out_offs = pages.gather(offs[ids], lens[ids], staging)
+            assert out_offs[0] == 0 and (np.diff(out_offs) == lens[ids][:-1]).all()  # back to back from 0
+            for j, rid in enumerate(ids):
+                got = buf[out_offs[j] : out_offs[j] + lens[rid]]
+                assert np.array_equal(got, raw[offs[rid] : offs[rid] + lens[rid]]), (t, rid)
+        # the staging buffer grows to a batch of the largest records, and is reused when big enough
+        order = np.argsort(lens)[::-1][:4]
+        buf, _ = pages.gather(offs[order], lens[order], staging)
+        assert buf is staging["bytes"] and buf.shape[0] >= lens[order].sum()
+        assert pages.gather(offs[order[:1]], lens[order[:1]], staging)[0] is buf
+        if source == "process":
+            assert len(pages._pages) <= 3
+        pages.close()
+        pages.close()  # idempotent
+
+
+def test_process_cache_lru_hits_misses_and_eviction(mixed_file):
+    data_offset, data_length, page_size, _, _ = _layout(mixed_file)
+    raw = np.frombuffer(mixed_file.read_bytes(), np.uint8)
+    n_pages = -(-data_length // page_size)
+    ds = open_dataset(mixed_file)
+    cache = ProcessPageCache(ds, capacity=2)
+    try:
+        p0 = cache.page(0)
+        assert (cache.hits, cache.misses) == (0, 1)
+        assert cache.page(0) is p0 and (cache.hits, cache.misses) == (1, 1)
+        cache.page(1)
+        cache.page(0)  # page 0 is now the most recent: page 1 is evicted next
+        cache.page(2)
+        assert list(cache._pages) == [0, 2] and (cache.hits, cache.misses) == (2, 3)
+        cache.page(1)
+        assert list(cache._pages) == [2, 1] and cache.misses == 4
+        last = cache.page(n_pages - 1)  # the short last page
+        assert last.shape[0] == data_length - (n_pages - 1) * page_size
+        assert np.array_equal(last, raw[data_offset + (n_pages - 1) * page_size : data_offset + data_length])
+        assert np.array_equal(p0, raw[data_offset : data_offset + page_size])  # valid after eviction
+    finally:
+        cache.close()
+    one = ProcessPageCache(ds, capacity=0)  # at least 1
+    try:
+        assert one.capacity == 1
+        one.page(0)
+        one.page(1)
+        assert list(one._pages) == [1]
+    finally:
+        one.close()
+        ds.close()
+
+
+def test_process_cache_read_of_a_cut_file_names_the_byte_range(mixed_file, tmp_path):
+    data_offset, data_length, page_size, offs, lens = _layout(mixed_file)
+    big = int(np.flatnonzero(lens > page_size)[0])
+    keep = int(offs[big]) + page_size + 100  # the file will end inside the second page of a large record
+    path = tmp_path / "cut.pageset"
+    path.write_bytes(mixed_file.read_bytes())
+    k = (keep - data_offset) // page_size
+    with open_dataset(path) as ds:
+        cache = ProcessPageCache(ds, capacity=4)
+        os.truncate(path, keep)  # cut under the reader
+        assert cache.page(k - 1).shape == (page_size,)
+        page_start = data_offset + k * page_size
+        with pytest.raises(TruncatedFileError, match=rf"short read of bytes \[{page_start}, {page_start + page_size}\)"):
+            cache.page(k)
+        with pytest.raises(TruncatedFileError, match=rf"short read of bytes \[{offs[big]}, {offs[big] + lens[big]}\)"):
+            cache.gather(offs[[big]], lens[[big]], {})  # a large record is read directly, not cached
+        cache.close()
+
+
+def test_page_verifier_checks_exactly_the_touched_pages(mixed_file):
+    data_offset, _, page_size, offs, lens = _layout(mixed_file)
+    with open_dataset(mixed_file) as ds:
+        ver = PageVerifier(ds)
+        big = int(np.flatnonzero(lens > page_size)[0])
+        ver.check(offs[[big]], lens[[big]], np.array([big]))
+        first, last = (offs[big] - data_offset) // page_size, (offs[big] + lens[big] - 1 - data_offset) // page_size
+        assert np.flatnonzero(ver.done).tolist() == list(range(first, last + 1))
+        small = int(np.flatnonzero((lens > 0) & (lens < page_size // 4))[-1])
+        ver.check(offs[[small]], lens[[small]], np.array([small]))
+        page = (offs[small] - data_offset) // page_size
+        assert np.flatnonzero(ver.done).tolist() == sorted({*range(first, last + 1), page})
+
+
+def test_process_cache_serves_records_inside_a_page_from_the_cache(mixed_file):
+    """Records within one page come from cached pages (hits, misses counted); only records larger than a page
+    bypass the cache (mutation survivors: a page test that sends every record to a direct read)."""
+    _, _, page_size, offs, lens = _layout(mixed_file)
+    small = np.flatnonzero((lens > 0) & (lens < page_size // 4))[:6]
+    with open_dataset(mixed_file) as ds:
+        cache = ProcessPageCache(ds, capacity=8)
+        cache.gather(offs[small], lens[small], {})
+        pages = {int((o - ds.data_offset) // page_size) for o in offs[small]}
+        assert cache.misses == len(pages) and cache.hits == len(small) - len(pages)
+        assert set(cache._pages) == pages
+        cache.gather(offs[small], lens[small], {})
+        assert cache.misses == len(pages) and cache.hits == 2 * len(small) - len(pages)
+        big = np.flatnonzero(lens > page_size)[:2]
+        cache.gather(offs[big], lens[big], {})
+        assert cache.misses == len(pages) and set(cache._pages) == pages  # large records are not cached
+        cache.close()
+
+
+def test_page_verifier_span_edges(mixed_file):
+    """Spans ending one byte into a page, spans whose last page is already checked but not their first, and the
+    file's last page: every page a span touches is checked (mutation survivors of PageVerifier.check)."""
+    data_offset, data_length, page_size, _, _ = _layout(mixed_file)
+    with open_dataset(mixed_file) as ds:
+        n = ds.page_count
+        ver = PageVerifier(ds)
+        start = np.array([data_offset + 3 * page_size - 10])
+        ver.check(start, np.array([11]), np.array([0]))  # the last byte is the first byte of page 3
+        assert np.flatnonzero(ver.done).tolist() == [2, 3]
+        ver = PageVerifier(ds)
+        ver.check(np.array([data_offset + 6 * page_size]), np.array([10]), np.array([0]))  # page 6 only
+        ver.check(np.array([data_offset + 5 * page_size + 5]), np.array([page_size + 10]), np.array([1]))
+        assert np.flatnonzero(ver.done).tolist() == [5, 6]  # page 5 checked although page 6 was done
+        ver = PageVerifier(ds)
+        ver.check(np.array([data_offset + (n - 2) * page_size]), np.array([10]), np.array([0]))
+        ver.check(np.array([data_offset + (n - 2) * page_size + 20]), np.array([data_length - (n - 2) * page_size - 20]),
+                  np.array([1]))
+        assert np.flatnonzero(ver.done).tolist() == [n - 2, n - 1]  # the file's last page too
+
+
+def test_pread_pages_runs_and_a_cut_file(mixed_file, tmp_path):
+    """PreadPages merges only records that follow each other in the file (not ones in reverse order); a read
+    past the end of a file cut under the reader names the byte range that came up short."""
+    data_offset, _, page_size, offs, lens = _layout(mixed_file)
+    raw = np.frombuffer(mixed_file.read_bytes(), np.uint8)
+    adjacent = np.flatnonzero(offs[1:] == offs[:-1] + lens[:-1])
+    j = int(adjacent[0])
+    with open_dataset(mixed_file) as ds:
+        pages = PreadPages(ds)
+        for ids in ([j + 1, j], [j, j + 1], [j + 1, j, j + 1]):
+            ids = np.array(ids)
+            buf, out = pages.gather(offs[ids], lens[ids], {})
+            for k, rid in enumerate(ids):
+                assert np.array_equal(buf[out[k] : out[k] + lens[rid]], raw[offs[rid] : offs[rid] + lens[rid]]), ids
+    path = tmp_path / "cut.pageset"
+    path.write_bytes(mixed_file.read_bytes())
+    big = int(np.flatnonzero(lens > page_size)[-1])
+    with open_dataset(path) as ds:
+        pages = PreadPages(ds)
+        os.truncate(path, int(offs[big]) + 10)
+        with pytest.raises(TruncatedFileError, match=rf"short read of bytes \[{offs[big]}, {offs[big] + lens[big]}\): "
+                                                     r"10 bytes read"):
+            pages.gather(offs[[big]], lens[[big]], {})
