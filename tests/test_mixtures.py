@@ -566,14 +566,3 @@ def test_readme_examples_run(tmp_path, heading):
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-
-
-def test_mixture_state_into_one_file_loader_names_the_mixture(files):
-    # The reverse (a one-file state into a Mixture loader) is refused in resume_mixture; this direction must
-    # say the same thing, not "unknown key(s) ['mixture']".
-    with Loader(Mixture(files, [0.5, 0.2, 0.3]), batch_size=5, seed=0) as mix:
-        next(iter(mix))
-        state = mix.state_dict()
-    with Loader(files[0], batch_size=5, seed=0) as one, pytest.raises(StateMismatchError, match="Mixture") as err:
-        one.load_state_dict(state)
-    assert err.value.field == "mixture" and err.value.current is None

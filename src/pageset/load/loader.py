@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +27,6 @@ from ..order import (
     ORDERS,
     EpochOrder,
     OrderState,
-    StateMismatchError,
     check_compatible,
     enable_kernel_cache,
     epoch_length,
@@ -377,9 +375,6 @@ class Loader:
         Raises StateError / StateMismatchError naming the field (another dataset, seed, order, global batch,
         ...). The next batch is step ``cursor / G``; skipped samples are never read.
         """
-        if self._plan is None and isinstance(state, Mapping) and "mixture" in state:
-            raise StateMismatchError("mixture", "a Mixture", None, "The state was saved by a loader on a "
-                                     "Mixture: resume it with a Loader on the same Mixture.")
         if self._plan is not None:
             saved = resume_mixture(state, self._mixture_state(0, 0), self._plan, self.epoch_length)
         else:
