@@ -170,8 +170,9 @@ def _leak_baseline() -> dict:
 
 def _assert_no_leak(base: dict, folder, expected: set, what: str) -> None:
     gc.collect()
-    assert fds() == base["fds"], what
-    assert threading.active_count() == base["py_threads"], what
+    # a leak grows the count; descriptors of earlier tests (e.g. a dropped moto/Dask client) may close meanwhile
+    assert fds() <= base["fds"], (what, fds(), base["fds"])
+    assert threading.active_count() <= base["py_threads"], what
     assert native_threads_at_most(base["threads"]) <= base["threads"], (what, thread_names())
     assert set(os.listdir(folder)) == expected, (what, sorted(set(os.listdir(folder)) - expected))
     import multiprocessing
