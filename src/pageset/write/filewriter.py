@@ -12,6 +12,7 @@ import platform
 import socket
 import sys
 import tempfile
+from concurrent import futures
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -20,6 +21,33 @@ import numpy as np
 from ..format import constants as C
 from ..format.checksum import crc32
 from ..format.layout import HEADER, SECTION_ENTRY
+
+WAIT_ON_FAILURE_S = 600.0  # after a failure, how long to wait for running tasks before deleting their shards
+
+
+def executor_map(executor: futures.Executor, fn, tasks, ahead: int):
+    """Yield ``fn(*task)`` results in task order, keeping at most ``ahead`` tasks submitted and not yet consumed.
+
+    On an exception (here or in a task) or an early exit: tasks not started are cancelled and those running are
+    waited for (up to ``WAIT_ON_FAILURE_S``), so no task writes a shard after the caller removed the folder.
+    """
+    pending: collections.deque = collections.deque()
+    tasks = iter(tasks)
+    try:
+        while True:
+            while len(pending) < ahead:
+                task = next(tasks, None)
+                if task is None:
+                    break
+                pending.append(executor.submit(fn, *task))
+            if not pending:
+                return
+            yield pending.popleft().result()
+    finally:
+        if pending:
+            for fut in pending:
+                fut.cancel()
+            futures.wait(pending, timeout=WAIT_ON_FAILURE_S)
 
 
 def ordered_map(fn, tasks, num_workers: int, initializer, initargs, ahead: int, died: str):
@@ -31,21 +59,10 @@ def ordered_map(fn, tasks, num_workers: int, initializer, initargs, ahead: int, 
     """
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     pool = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=initializer, initargs=initargs)
-    pending: collections.deque = collections.deque()
-    tasks = iter(tasks)
     try:
-        while True:
-            while len(pending) < ahead:
-                task = next(tasks, None)
-                if task is None:
-                    break
-                pending.append(pool.submit(fn, *task))
-            if not pending:
-                return
-            try:
-                yield pending.popleft().result()
-            except BrokenProcessPool as exc:
-                raise RuntimeError(died) from exc
+        yield from executor_map(pool, fn, tasks, ahead)
+    except BrokenProcessPool as exc:
+        raise RuntimeError(died) from exc
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 

@@ -21,7 +21,6 @@ import secrets
 import socket
 import traceback
 import zlib
-from concurrent import futures
 
 import numpy as np
 
@@ -33,7 +32,6 @@ from .sources import SampleError, Source
 
 SHARD_MAGIC = b"PGSHARD1"
 READ_BLOCK = 8 << 20  # bytes per read when streaming a shard back
-WAIT_ON_FAILURE_S = 600.0  # after a failure, how long to wait for running tasks before deleting their shards
 
 
 def cut(n: int, size: int) -> list[tuple[int, int]]:
@@ -335,31 +333,6 @@ def remove_shard_folder(folder: str, storage_options: dict | None) -> None:
     import shutil
 
     shutil.rmtree(local_path(folder), ignore_errors=True)
-
-
-def executor_map(executor: futures.Executor, fn, tasks, ahead: int):
-    """Yield ``fn(*task)`` results in task order, keeping at most ``ahead`` tasks submitted and not yet consumed.
-
-    On an exception (here or in a task) or an early exit: tasks not started are cancelled and those running are
-    waited for (up to ``WAIT_ON_FAILURE_S``), so no task writes a shard after the caller removed the folder.
-    """
-    pending: collections.deque = collections.deque()
-    tasks = iter(tasks)
-    try:
-        while True:
-            while len(pending) < ahead:
-                task = next(tasks, None)
-                if task is None:
-                    break
-                pending.append(executor.submit(fn, *task))
-            if not pending:
-                return
-            yield pending.popleft().result()
-    finally:
-        if pending:
-            for fut in pending:
-                fut.cancel()
-            futures.wait(pending, timeout=WAIT_ON_FAILURE_S)
 
 
 def dumps_for(executor):

@@ -36,6 +36,7 @@ from .filewriter import (
     check_not_input,
     check_output_path,
     check_replaceable,
+    executor_map,
     is_url,
     lineage,
     ordered_map,
@@ -45,7 +46,6 @@ from .filewriter import (
 from .ranges import (
     Shard,
     check_picklable,
-    executor_map,
     new_shard_folder,
     pickled_once,
     remove_shard_folder,

@@ -28,6 +28,7 @@ from .filewriter import (
     check_not_input,
     check_output_path,
     check_replaceable,
+    executor_map,
     is_url,
     ordered_map,
 )
@@ -38,7 +39,6 @@ from .ranges import (
     cut,
     encode_range,
     encode_range_to_shard,
-    executor_map,
     new_shard_folder,
     remove_shard_folder,
 )
