@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from resources import Resources
 from resume_contract import batch_digest
 
 from pageset import (
@@ -295,14 +296,14 @@ def test_exception_in_a_thread_is_reraised_with_traceback(image_file, monkeypatc
 
 
 def test_early_breaks_and_loaders_leave_no_threads(image_file):
-    before = threading.active_count()
+    res = Resources()  # threads other tests left running may exit meanwhile: count only this test's
     with Loader(image_file, batch_size=4, pipelines={"image": RRC}, num_threads=2) as loader:
-        assert threading.active_count() == before + 2
+        assert len(res.new_py_threads()) == 2
         for _ in range(300):
             for _batch in loader:
                 break
-        assert threading.active_count() == before + 2
-    assert threading.active_count() == before
+        assert len(res.new_py_threads()) == 2
+    assert res.new_py_threads() == []
     started = []
     for _ in range(20):
         known = set(threading.enumerate())
@@ -315,7 +316,7 @@ def test_early_breaks_and_loaders_leave_no_threads(image_file):
     for t in started:  # a generous bound for a loaded machine; a thread still alive after it is a leak
         t.join(60)
     assert not [t.name for t in started if t.is_alive()]
-    assert threading.active_count() == before
+    assert res.new_py_threads() == []
 
 
 def test_pipeline_errors(image_file):

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from resources import Resources
 from resume_contract import batch_digest, check_resume
 
 from pageset import (
@@ -269,11 +270,11 @@ def test_files_whose_fields_differ_are_refused(files, tmp_path):
 
 def test_a_missing_file_is_named_and_nothing_stays_open(files, tmp_path):
     missing = tmp_path / "missing.pageset"
-    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    res = Resources() if os.path.isdir("/proc/self/fd") else None
     with pytest.raises(FileNotFoundError, match="missing.pageset"):
         Loader(Mixture([files[0], missing], [1, 1]), batch_size=4)
-    if fds is not None:
-        assert len(os.listdir("/proc/self/fd")) == fds  # the first file was closed again
+    if res is not None:
+        assert res.new_fds() == []  # the first file was closed again
     empty_weight = Mixture([files[0], files[1]], [1, 0])
     with Loader(empty_weight, batch_size=4, num_threads=1) as ld:
         assert set(_run(ld)["src"].tolist()) == {0}

@@ -1,11 +1,13 @@
 """Soak (issue 6, part 3): many epochs, early breaks and loader lifetimes leave no growth in RSS, open file
 descriptors or threads.
 
-Samples come from /proc (psutil is not a dependency): RSS from ``/proc/self/statm``, descriptors from
-``/proc/self/fd``, threads from ``/proc/self/status`` (native threads, numba's and torch's included) and
-``threading.active_count()``. Tolerances: descriptors and Python threads must return EXACTLY to their
-warmed-up values, native threads to their warmed-up count at rest (waited for, bounded: no timing dependence); RSS may move by at most ``RSS_SLACK`` (allocator noise) between the warmed-up sample and the last one,
-and the last quarter of the run may not grow by more than a quarter of that (no steady creep).
+Samples come from /proc (psutil is not a dependency): RSS from ``/proc/self/statm``; descriptors, Python
+threads and native threads (numba's and torch's included) counted by ``tests/resources.py`` as those created
+since the test began, so that something an earlier test left running and that exits meanwhile is not mistaken
+for a change. Tolerances: descriptors and Python threads must return EXACTLY to their warmed-up values, native
+threads to their warmed-up count at rest (waited for, bounded: no timing dependence); RSS may move by at most
+``RSS_SLACK`` (allocator noise) between the warmed-up sample and the last one, and the last quarter of the run
+may not grow by more than a quarter of that (no steady creep).
 The figures are printed (``pytest -s``) for the issue note.
 """
 
@@ -13,11 +15,10 @@ from __future__ import annotations
 
 import gc
 import os
-import threading
-import time
 
 import numpy as np
 import pytest
+from resources import Resources
 
 from pageset import Int, Loader, Normalize, RandomHorizontalFlip, RandomResizedCrop, RGBImage, write_dataset
 
@@ -30,56 +31,27 @@ def rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def sample(res: Resources) -> dict:
+    """RSS, plus the descriptors and threads created since ``res`` was taken (what an earlier test left running
+    and that exits meanwhile is not counted: see tests/resources.py)."""
+    return {"rss": rss(), **res.sample()}
 
 
-def native_threads() -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
-
-
-def native_threads_at_most(target: int, timeout: float = 60.0) -> int:
-    """Native threads, polled until at most ``target`` (bounded by ``timeout``): ``Thread.join()`` returns when
-    the Python side is done and the OS thread leaves the kernel a moment later, which on a loaded machine can
-    take long. Only an excess that lasts ``timeout`` seconds (a leak) is reported."""
-    deadline = time.monotonic() + timeout
-    n = native_threads()
-    while n > target and time.monotonic() < deadline:
-        time.sleep(0.02)
-        n = native_threads()
-    return n
-
-
-def thread_names() -> list[str]:
-    """The native threads' names (``/proc/self/task/*/comm``), for failure messages."""
-    names = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
-        except OSError:  # the thread exited meanwhile
-            pass
-    return sorted(names)
-
-
-def sample() -> dict:
-    return {"rss": rss(), "fds": fds(), "threads": native_threads(), "py_threads": threading.active_count()}
-
-
-def _check(samples: list[dict], warm: int, what: str) -> None:
+def _check(samples: list[dict], warm: int, what: str, res: Resources) -> None:
     base, last = samples[warm], samples[-1]
     q = samples[len(samples) * 3 // 4]
     print(f"\n{what}: {len(samples)} samples; RSS {samples[0]['rss'] / 2**20:.1f} -> warm "
           f"{base['rss'] / 2**20:.1f} -> last {last['rss'] / 2**20:.1f} MiB (max "
-          f"{max(s['rss'] for s in samples) / 2**20:.1f}); fds {base['fds']} -> {last['fds']}; native threads "
-          f"{base['threads']} -> {last['threads']}; python threads {base['py_threads']} -> {last['py_threads']}")
-    assert [s["fds"] for s in samples[warm:]] == [base["fds"]] * (len(samples) - warm), what
-    assert [s["py_threads"] for s in samples[warm:]] == [base["py_threads"]] * (len(samples) - warm), what
+          f"{max(s['rss'] for s in samples) / 2**20:.1f}); new fds {base['fds']} -> {last['fds']}; new native "
+          f"threads {base['threads']} -> {last['threads']}; new python threads {base['py_threads']} -> "
+          f"{last['py_threads']}")
+    assert [s["fds"] for s in samples[warm:]] == [base["fds"]] * (len(samples) - warm), (what, res.new_fds())
+    assert [s["py_threads"] for s in samples[warm:]] == [base["py_threads"]] * (len(samples) - warm), \
+        (what, res.new_py_threads())
     # Native threads: a sample may still count a joined thread on its way out (never fewer than at rest), so the
     # count at rest is the smallest warmed-up sample; the process must come back to exactly that count.
     at_rest = min(s["threads"] for s in samples[warm:])
-    assert native_threads_at_most(at_rest) == at_rest, what
+    assert res.native_threads_at_most(at_rest) == at_rest, (what, res.new_native_threads())
     assert last["rss"] - base["rss"] < RSS_SLACK, what
     assert last["rss"] - q["rss"] < RSS_SLACK // 4, what
 
@@ -94,29 +66,31 @@ def small_file(tmp_path_factory, imagenet_like):
 
 @pytest.mark.slow
 def test_fifty_epochs_no_growth(small_file):
+    res = Resources()
     with Loader(small_file, batch_size=8, pipelines=PIPES, num_threads=2, order="quasi_random") as loader:
-        samples = [sample()]
+        samples = [sample(res)]
         for _ in range(50):
             n = sum(1 for _ in loader)
             assert n == 6
-            samples.append(sample())
+            samples.append(sample(res))
         assert loader.epoch == 50
-        _check(samples, 3, "50 epochs")  # inside: the loader's own threads are part of the count at rest
+        _check(samples, 3, "50 epochs", res)  # inside: the loader's own threads are part of the count at rest
 
 
 @pytest.mark.slow
 def test_thousand_early_broken_epochs_no_growth(small_file):
+    res = Resources()
     with Loader(small_file, batch_size=8, pipelines=PIPES, num_threads=2) as loader:
-        samples = [sample()]
+        samples = [sample(res)]
         for k in range(1000):
             loader.set_epoch(k)  # a fresh epoch each time, broken after its first batch
             for _batch in loader:
                 break
             if k % 50 == 49:
-                samples.append(sample())
+                samples.append(sample(res))
         assert loader.epoch == 999 and loader.steps_remaining == loader.steps_per_epoch - 1
         assert sum(1 for _ in loader) == loader.steps_per_epoch - 1  # the broken epoch's rest is still there
-        _check(samples, 2, "1000 early-broken epochs")
+        _check(samples, 2, "1000 early-broken epochs", res)
 
 
 def _one_batch(loader) -> None:
@@ -126,54 +100,56 @@ def _one_batch(loader) -> None:
 
 @pytest.mark.slow
 def test_hundred_loaders_closed_no_growth(small_file):
-    samples = [sample()]
+    res = Resources()
+    samples = [sample(res)]
     for k in range(100):
         loader = Loader(small_file, batch_size=8, pipelines=PIPES, num_threads=2)
         _one_batch(loader)
         loader.close()
         if k % 10 == 9:
-            samples.append(sample())
+            samples.append(sample(res))
     del loader
-    _check(samples, 2, "100 loaders closed")
+    _check(samples, 2, "100 loaders closed", res)
 
 
 @pytest.mark.slow
 def test_hundred_loaders_dropped_no_growth(small_file):
     """``del loader`` (no close, no gc.collect) must release its threads, mmap and descriptors."""
-    samples = [sample()]
+    res = Resources()
+    samples = [sample(res)]
     for k in range(100):
         loader = Loader(small_file, batch_size=8, pipelines=PIPES, num_threads=2)
         _one_batch(loader)
         del loader
         if k % 10 == 9:
-            samples.append(sample())
-    _check(samples, 2, "100 loaders dropped with del")
+            samples.append(sample(res))
+    _check(samples, 2, "100 loaders dropped with del", res)
 
 
 def test_dropped_loader_releases_threads_and_fds_at_once(small_file):
     """Without gc.collect(): a dropped Loader joins its threads and closes its file when the last reference
     goes (CPython reference counting)."""
     gc.collect()
-    before = sample()
+    res = Resources()
+    before = sample(res)
     for _ in range(3):
         loader = Loader(small_file, batch_size=8, pipelines=PIPES, num_threads=3)
         _one_batch(loader)
         del loader
-    after = sample()
+    after = sample(res)
     assert after["fds"] == before["fds"] and after["py_threads"] == before["py_threads"]
 
 
-def _leak_baseline() -> dict:
+def _leak_baseline() -> Resources:
     gc.collect()
-    return {"fds": fds(), "py_threads": threading.active_count(), "threads": native_threads()}
+    return Resources()
 
 
-def _assert_no_leak(base: dict, folder, expected: set, what: str) -> None:
+def _assert_no_leak(base: Resources, folder, expected: set, what: str) -> None:
     gc.collect()
-    # a leak grows the count; descriptors of earlier tests (e.g. a dropped moto/Dask client) may close meanwhile
-    assert fds() <= base["fds"], (what, fds(), base["fds"])
-    assert threading.active_count() <= base["py_threads"], what
-    assert native_threads_at_most(base["threads"]) <= base["threads"], (what, thread_names())
+    assert base.new_fds() == [], what
+    assert base.new_py_threads() == [], what
+    assert base.native_threads_at_most(0) == 0, (what, base.new_native_threads())
     assert set(os.listdir(folder)) == expected, (what, sorted(set(os.listdir(folder)) - expected))
     import multiprocessing
 
