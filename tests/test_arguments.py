@@ -89,6 +89,7 @@ FIELDS = [
     ("RGBImage", "auto_raw_ratio", 0, V, r"RGBImage\.auto_raw_ratio must be a finite number > 0"),
     ("RGBImage", "auto_raw_ratio", "4", T, r"RGBImage\.auto_raw_ratio must be a number"),
     ("RGBImage", "jpeg_passthrough", "yes", T, r"RGBImage\.jpeg_passthrough must be True or False"),
+    ("RGBImage", "jpeg_draft", 1, T, r"RGBImage\.jpeg_draft must be True or False"),
     ("Int", "dtype", "int", V, r"Int\.dtype must be one of"),
     ("Int", "dtype", "float32", V, r"Int\.dtype must be one of"),
     ("Float", "dtype", "int32", V, r"Float\.dtype must be one of"),
