@@ -150,3 +150,26 @@ def test_same_input_same_bytes_with_0_and_2_workers(tmp_path, real_jpegs, flavou
         write_dataset(out, files, fields, num_workers=w, chunk_size=2, lineage=False, progress=False)
         blobs.add(out.read_bytes())
     assert len(blobs) == 1
+
+
+@pytest.mark.parametrize("max_resolution", [None, 300, 100])
+def test_libjpeg_turbo_path_gives_pillows_pixels(monkeypatch, real_jpegs, flavours, max_resolution):
+    """Plain JPEGs are decoded by libjpeg-turbo (write/turbo.py), at full size, shrunk and drafted: the pixels
+    equal the Pillow path's (its decode is bit-exact with Pillow's at every DCT scale)."""
+    from pageset.write import encode
+
+    inputs = real_jpegs + list(flavours.values())
+    field = RGBImage(max_resolution=max_resolution, encoding="raw")
+    stats: dict = {}
+    fast = [encode_image(data, field, stats) for data in inputs]
+    assert stats["turbo"] == len(inputs)
+    monkeypatch.setattr(encode, "_turbo_decode", lambda img, drafted: None)
+    assert [encode_image(data, field) for data in inputs] == fast
+    # JPEG encoding through libjpeg-turbo: same settings, a decodable baseline JPEG of the same size
+    for data, (raw, cols) in zip(inputs, fast):
+        monkeypatch.undo()
+        jpeg, jcols = encode_image(data, RGBImage(max_resolution=max_resolution, jpeg_quality=90))
+        img = Image.open(io.BytesIO(jpeg))
+        assert img.size == (cols["width"], cols["height"]) == (jcols["width"], jcols["height"])
+        ref = np.frombuffer(raw, np.uint8).reshape(cols["height"], cols["width"], 3)
+        assert _psnr(np.asarray(img.convert("RGB")), ref) > 30.0

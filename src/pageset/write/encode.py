@@ -20,6 +20,7 @@ from PIL import Image, ImageOps
 from ..format.constants import ENCODING_JPEG, ENCODING_RAW
 from ..format.fields import JSON, Bytes, Field, Float, Int, NDArray, RGBImage
 from ..format.schema import canonical_json
+from . import turbo
 
 # JPEG stores sizes in 16 bits and libjpeg caps them at 65500: larger images are stored raw.
 JPEG_MAX_SIDE = 65500
@@ -92,7 +93,8 @@ def _not_an_image(what: str, exc: Exception) -> ValueError:
 
 def to_rgb(img: Image.Image) -> Image.Image:
     """Apply the EXIF orientation and convert any mode to RGB (alpha dropped; palette and CMYK converted)."""
-    img = ImageOps.exif_transpose(img)
+    if img.getexif().get(_ORIENTATION, 1) in range(2, 9):  # exif_transpose would copy the image for nothing
+        img = ImageOps.exif_transpose(img)
     if img.mode == "RGB":
         return img
     if img.mode == "P":  # palette with a transparency entry converts via RGBA; alpha is then dropped
@@ -119,11 +121,12 @@ def shrink(img: Image.Image, max_resolution: int | None) -> Image.Image:
     return img if size is None else img.resize(size, Image.LANCZOS)
 
 
-def draft(img: Image.Image, max_resolution: int | None) -> tuple[tuple[int, int], tuple] | None:
+def draft(img: Image.Image, max_resolution: int | None) -> tuple[tuple[int, int], tuple, int] | None:
     """Before decoding a JPEG that needs a shrink: pick libjpeg's DCT scale (1/2, 1/4 or 1/8) that keeps at
-    least ``DRAFT_GAP`` times the target size (``Image.draft``). Returns ``(target size, box)`` for the LANCZOS
-    step, both in display orientation (after EXIF transposing): the box is the area of the decoded pixels that
-    the original image covers (a scaled decode rounds sizes up). None when no scale was applied."""
+    least ``DRAFT_GAP`` times the target size (``Image.draft``). Returns ``(target size, box, denom)``: the size
+    and box for the LANCZOS step, both in display orientation (after EXIF transposing; the box is the area of the
+    decoded pixels that the original image covers, as a scaled decode rounds sizes up), and the scale's
+    denominator (2, 4 or 8). None when no scale was applied."""
     if img.format != "JPEG" or not hasattr(img, "pageset_bytes"):
         return None
     size = target_size(img.size, max_resolution)
@@ -134,6 +137,7 @@ def draft(img: Image.Image, max_resolution: int | None) -> tuple[tuple[int, int]
     if res is None or img.size == full:
         return None
     box = res[1]
+    denom = round(full[0] / box[2])  # Pillow's box is (0, 0, width / scale, height / scale)
     margins = (box[0], box[1], img.size[0] - box[2], img.size[1] - box[3])
     orientation = img.getexif().get(_ORIENTATION, 1)
     moves = _MARGIN_MOVES.get(orientation, _MARGIN_MOVES[1])
@@ -141,14 +145,17 @@ def draft(img: Image.Image, max_resolution: int | None) -> tuple[tuple[int, int]
     dw, dh = img.size
     if orientation in (5, 6, 7, 8):  # transposed: width and height swap
         size, dw, dh = size[::-1], dh, dw
-    return size, (left, top, dw - right, dh - bottom)
+    return size, (left, top, dw - right, dh - bottom), denom
 
 
 def encode_image(value, field: RGBImage, stats: dict | None = None) -> tuple[bytes, dict]:
     """Payload and index columns (height, width, encoding) of one image value.
 
-    ``stats`` (for benchmarks), when given, accumulates counts ``"images"``, ``"passthrough"`` and ``"draft"``
-    (how often each applied) and thread CPU seconds per stage: ``"open_s"`` (read + header), ``"check_s"``
+    A plain JPEG input (8-bit YCbCr/RGB/gray, no EXIF rotation) is decoded and encoded by libjpeg-turbo
+    (``turbo``: the same pixels as Pillow's decode, no Pillow image copies); other inputs go through Pillow.
+
+    ``stats`` (for benchmarks), when given, accumulates counts ``"images"``, ``"passthrough"``, ``"draft"`` and
+    ``"turbo"`` (how often each applied) and thread CPU seconds per stage: ``"open_s"`` (read + header), ``"check_s"``
     (passthrough's 1/8-scale check decode), ``"decode_s"``, ``"convert_s"`` (EXIF transpose + RGB),
     ``"resize_s"`` and ``"encode_s"`` (JPEG encode or raw copy)."""
     clock = [time.thread_time()] if stats is not None else None
@@ -161,12 +168,31 @@ def encode_image(value, field: RGBImage, stats: dict | None = None) -> tuple[byt
             w, h = src.size
             return kept, {"height": h, "width": w, "encoding": ENCODING_JPEG}
     drafted = draft(src, field.max_resolution) if field.jpeg_draft else None
+    pixels = _turbo_decode(src, drafted)
+    if pixels is not None:  # a plain JPEG: libjpeg-turbo decodes and encodes, Pillow only resizes
+        _tick(stats, clock, "decode_s", "draft" if drafted is not None else None)
+        _tick(stats, clock, "convert_s", "turbo")
+        size = drafted[0] if drafted is not None else target_size(src.size, field.max_resolution)
+        if size is not None:
+            box = drafted[1] if drafted is not None else None
+            pixels = np.asarray(Image.fromarray(pixels).resize(size, Image.LANCZOS, box=box))
+        _tick(stats, clock, "resize_s")
+        h, w = pixels.shape[:2]
+        if field.encoding == "raw":
+            raw = pixels.tobytes()
+            _tick(stats, clock, "encode_s")
+            return raw, {"height": h, "width": w, "encoding": ENCODING_RAW}
+        jpeg = turbo.encode_rgb(pixels, field.jpeg_quality, _SUBSAMPLING[field.jpeg_subsampling])
+        _tick(stats, clock, "encode_s")
+        if field.encoding == "auto" and h * w * 3 <= field.auto_raw_ratio * len(jpeg):
+            return pixels.tobytes(), {"height": h, "width": w, "encoding": ENCODING_RAW}
+        return jpeg, {"height": h, "width": w, "encoding": ENCODING_JPEG}
     decode(src, value)
     _tick(stats, clock, "decode_s", "draft" if drafted is not None else None)
     rgb = to_rgb(src)
     _tick(stats, clock, "convert_s")
     if drafted is not None:
-        size, box = drafted
+        size, box, _ = drafted
         img = rgb.resize(size, Image.LANCZOS, box=box)
     else:
         img = shrink(rgb, field.max_resolution)
@@ -184,6 +210,19 @@ def encode_image(value, field: RGBImage, stats: dict | None = None) -> tuple[byt
     if field.encoding == "auto" and h * w * 3 <= field.auto_raw_ratio * len(jpeg):
         return np.asarray(img, dtype=np.uint8).tobytes(), {"height": h, "width": w, "encoding": ENCODING_RAW}
     return jpeg, {"height": h, "width": w, "encoding": ENCODING_JPEG}
+
+
+def _turbo_decode(img: Image.Image, drafted) -> np.ndarray | None:
+    """RGB pixels of a JPEG input that needs no conversion but the shrink (8-bit YCbCr, RGB or gray, no EXIF
+    rotation), decoded by libjpeg-turbo at the DCT scale ``draft`` chose (equal to Pillow's decode of the same
+    bytes at that scale); None for every other input or when libjpeg-turbo reports anything (Pillow decides)."""
+    data = getattr(img, "pageset_bytes", None)
+    if data is None or img.format != "JPEG" or img.mode not in ("RGB", "L"):
+        return None
+    if img.getexif().get(_ORIENTATION, 1) != 1:
+        return None
+    denom = drafted[2] if drafted is not None else 1
+    return turbo.decode_rgb(data, denom)
 
 
 def _tick(stats: dict | None, clock: list | None, stage: str, count: str | None = None) -> None:
