@@ -173,3 +173,25 @@ def test_libjpeg_turbo_path_gives_pillows_pixels(monkeypatch, real_jpegs, flavou
         assert img.size == (cols["width"], cols["height"]) == (jcols["width"], jcols["height"])
         ref = np.frombuffer(raw, np.uint8).reshape(cols["height"], cols["width"], 3)
         assert _psnr(np.asarray(img.convert("RGB")), ref) > 30.0
+
+
+def test_same_subsampling_is_re_encoded_from_its_ycbcr_planes(monkeypatch, flavours, real_jpegs):
+    """A JPEG that needs no shrink and has the field's subsampling skips the RGB round trip ("yuv"): the result
+    is at least as close to the input as the RGB path's, and only such inputs take that path."""
+    from pageset.write import turbo
+
+    field = RGBImage(jpeg_quality=90, jpeg_subsampling="4:2:0")
+    stats: dict = {}
+    inputs = list(flavours.values()) + real_jpegs
+    outs = [encode_image(data, field, stats) for data in inputs]
+    subsampling = [Image.open(io.BytesIO(d)).layer for d in inputs]  # [(id, h, v, q), ...] per component
+    is_420 = [len(s) == 3 and s[0][1:3] == (2, 2) and s[1][1:3] == (1, 1) for s in subsampling]
+    assert stats.get("yuv", 0) == sum(is_420) >= 2
+    monkeypatch.setattr(turbo, "transcode_yuv", lambda *a: None)
+    for data, (jpeg, cols), yuv in zip(inputs, outs, is_420):
+        rgb_jpeg, rgb_cols = encode_image(data, field)
+        assert cols == rgb_cols and (jpeg != rgb_jpeg) == yuv
+        ref = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        got = np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"))
+        via_rgb = np.asarray(Image.open(io.BytesIO(rgb_jpeg)).convert("RGB"))
+        assert _psnr(got, ref) >= _psnr(via_rgb, ref) - 0.1

@@ -1,7 +1,7 @@
 """FFCV 1.0.2 on the same ImageFolder: convert to .beton, then one measured loader row (runs in benchmarks/.envs/ffcv).
 
     benchmarks/.envs/ffcv/bin/python benchmarks/peers/ffcv_bench.py convert --folder F --out x.beton --max-res 512
-        [--workers 2]   (times DatasetWriter + from_indexed_dataset; peak PSS of the process tree)
+        [--workers 2]   (times DatasetWriter + from_indexed_dataset; CPU and peak PSS of the process tree)
     benchmarks/.envs/ffcv/bin/python benchmarks/peers/ffcv_bench.py load --path x.beton --workers 2 \
         [--order random|quasi_random] [--os-cache 1] [--batch-size 64]
 
@@ -36,7 +36,7 @@ def convert(args):
                 return img.convert("RGB"), files[i][1]
 
     sampler = measure.TreeSampler()
-    t = time.perf_counter()
+    c0, t = measure.cpu_with_children(), time.perf_counter()
     writer = DatasetWriter(args.out, {"image": RGBImageField(write_mode="jpg", max_resolution=args.max_res,
                                                              jpeg_quality=90),
                                       "label": IntField()}, num_workers=args.workers)
@@ -44,7 +44,7 @@ def convert(args):
     dt = time.perf_counter() - t
     sampler.stop()
     measure.emit({"convert_s": dt, "images": len(files), "file_mb": os.path.getsize(args.out) / 1e6,
-                  "peak_rss_mb": sampler.peak_bytes / 2**20})
+                  "peak_rss_mb": sampler.peak_bytes / 2**20, "cpu_s": measure.cpu_with_children() - c0})
 
 
 def load(args):

@@ -152,10 +152,12 @@ def encode_image(value, field: RGBImage, stats: dict | None = None) -> tuple[byt
     """Payload and index columns (height, width, encoding) of one image value.
 
     A plain JPEG input (8-bit YCbCr/RGB/gray, no EXIF rotation) is decoded and encoded by libjpeg-turbo
-    (``turbo``: the same pixels as Pillow's decode, no Pillow image copies); other inputs go through Pillow.
+    (``turbo``: the same pixels as Pillow's decode, no Pillow image copies); other inputs go through Pillow. One
+    that needs no shrink and already has the field's chroma subsampling is re-encoded from its YCbCr planes
+    (``yuv``: no RGB round trip) with ``encoding="jpeg"``.
 
-    ``stats`` (for benchmarks), when given, accumulates counts ``"images"``, ``"passthrough"``, ``"draft"`` and
-    ``"turbo"`` (how often each applied) and thread CPU seconds per stage: ``"open_s"`` (read + header), ``"check_s"``
+    ``stats`` (for benchmarks), when given, accumulates counts ``"images"``, ``"passthrough"``, ``"yuv"``,
+    ``"draft"`` and ``"turbo"`` (how often each applied) and thread CPU seconds per stage: ``"open_s"`` (read + header), ``"check_s"``
     (passthrough's 1/8-scale check decode), ``"decode_s"``, ``"convert_s"`` (EXIF transpose + RGB),
     ``"resize_s"`` and ``"encode_s"`` (JPEG encode or raw copy)."""
     clock = [time.thread_time()] if stats is not None else None
@@ -167,6 +169,11 @@ def encode_image(value, field: RGBImage, stats: dict | None = None) -> tuple[byt
             _tick(stats, clock, "check_s", "passthrough")
             w, h = src.size
             return kept, {"height": h, "width": w, "encoding": ENCODING_JPEG}
+    if field.encoding == "jpeg" and _plain_jpeg(src) and target_size(src.size, field.max_resolution) is None:
+        kept = turbo.transcode_yuv(src.pageset_bytes, field.jpeg_quality, _SUBSAMPLING[field.jpeg_subsampling])
+        if kept is not None:  # same size and subsampling: re-encoded from its YCbCr planes
+            _tick(stats, clock, "encode_s", "yuv")
+            return kept[0], {"height": kept[2], "width": kept[1], "encoding": ENCODING_JPEG}
     drafted = draft(src, field.max_resolution) if field.jpeg_draft else None
     pixels = _turbo_decode(src, drafted)
     if pixels is not None:  # a plain JPEG: libjpeg-turbo decodes and encodes, Pillow only resizes
@@ -216,13 +223,15 @@ def _turbo_decode(img: Image.Image, drafted) -> np.ndarray | None:
     """RGB pixels of a JPEG input that needs no conversion but the shrink (8-bit YCbCr, RGB or gray, no EXIF
     rotation), decoded by libjpeg-turbo at the DCT scale ``draft`` chose (equal to Pillow's decode of the same
     bytes at that scale); None for every other input or when libjpeg-turbo reports anything (Pillow decides)."""
-    data = getattr(img, "pageset_bytes", None)
-    if data is None or img.format != "JPEG" or img.mode not in ("RGB", "L"):
+    if not _plain_jpeg(img):
         return None
-    if img.getexif().get(_ORIENTATION, 1) != 1:
-        return None
-    denom = drafted[2] if drafted is not None else 1
-    return turbo.decode_rgb(data, denom)
+    return turbo.decode_rgb(img.pageset_bytes, drafted[2] if drafted is not None else 1)
+
+
+def _plain_jpeg(img: Image.Image) -> bool:
+    """An encoded 8-bit YCbCr/RGB or gray JPEG input without an EXIF rotation."""
+    return (hasattr(img, "pageset_bytes") and img.format == "JPEG" and img.mode in ("RGB", "L")
+            and img.getexif().get(_ORIENTATION, 1) == 1)
 
 
 def _tick(stats: dict | None, clock: list | None, stage: str, count: str | None = None) -> None:
