@@ -11,10 +11,11 @@ note when missing): two folders, (a) ImageNet-like crops of the real photos (lon
 loader benchmarks use) and (b) the real photos themselves (up to 6000 px), each written with ``--vs-workers``
 processes at ``max_resolution`` 512, JPEG q90, by FFCV (``RGBImageField(write_mode="jpg")``, PIL decode as its
 docs show) and by pageset with the defaults, with ``jpeg_passthrough=True`` and with ``jpeg_draft=False``. Each
-row runs in a fresh process (timed from the writer's construction to its return, imports excluded; peak PSS of
-the process tree), rows interleaved ``--runs`` times: medians with min-max. Then, in this process, where
+row runs in a fresh process (timed from the writer's construction to its return, imports excluded; CPU seconds
+of the process tree), rows interleaved ``--runs`` times: medians with min-max; then one more run per row samples
+the peak PSS of the process tree (apart: reading every process's smaps slowed FFCV's writer by ~50%). Then, in this process, where
 pageset's writer time goes per image (thread CPU: read + header, decode, EXIF/RGB, resize, encode, and the rest:
-pickling, assembly, the file write) and how often passthrough and draft applied. JSON ``"targets"``: pageset /
+pickling, assembly, the file write) and how often each JPEG shortcut applied (passthrough, yuv, turbo, draft). JSON ``"targets"``: pageset /
 FFCV >= 2.0x.
 
 Prints markdown tables and writes JSON (settings, machine, results, estimates). Every write of one encoding must
@@ -235,7 +236,7 @@ def row_main(spec: dict) -> None:
 
     fields = {"image": RGBImage(max_resolution=spec["max_resolution"], jpeg_quality=90, **spec["kw"]),
               "label": Int()}
-    sampler = measure.TreeSampler()
+    sampler = measure.TreeSampler() if spec["memory"] else measure.RusageSampler()  # see ffcv_bench.convert
     c0, t = measure.cpu_with_children(), time.perf_counter()
     res = write_dataset(spec["out"], spec["folder"], fields, num_workers=spec["workers"], progress=False,
                         lineage=False)
@@ -246,14 +247,15 @@ def row_main(spec: dict) -> None:
                   "cpu_s": measure.cpu_with_children() - c0})
 
 
-def _run_row(name, folder, out, args) -> dict:
+def _run_row(name, folder, out, args, memory=False) -> dict:
     kw = VARIANTS[name]
     if kw is None:
         cmd = [str(FFCV_PY), str(ROOT / "benchmarks/peers/ffcv_bench.py"), "convert", "--folder", str(folder),
-               "--out", str(out) + ".beton", "--max-res", str(args.max_resolution), "--workers", str(args.vs_workers)]
+               "--out", str(out) + ".beton", "--max-res", str(args.max_resolution), "--workers", str(args.vs_workers),
+               "--memory", str(int(memory))]
     else:
         spec = {"folder": str(folder), "out": str(out) + ".pageset", "workers": args.vs_workers,
-                "max_resolution": args.max_resolution, "kw": kw}
+                "max_resolution": args.max_resolution, "kw": kw, "memory": memory}
         cmd = [sys.executable, "-m", "benchmarks.write", "--row", json.dumps(spec)]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
@@ -288,7 +290,7 @@ def breakdown(folder, max_resolution, kw) -> dict:
     stages = {k[:-2]: 1e3 * v / n for k, v in stats.items() if k.endswith("_s")}
     stages["pipeline"] = 1e3 * total / n - sum(stages.values())
     return {"images": n, "ms_per_image": stages, "total_ms_per_image": 1e3 * total / n,
-            "passthrough": stats.get("passthrough", 0) / n, "draft": stats.get("draft", 0) / n}
+            **{k: stats.get(k, 0) / n for k in ("passthrough", "yuv", "turbo", "draft")}}
 
 
 def bench_vs_ffcv(args, tmp) -> dict:
@@ -315,7 +317,11 @@ def bench_vs_ffcv(args, tmp) -> dict:
                 row = _run_row(name, folder, Path(tmp) / "o", args)
                 runs[name].append(row)
                 print(f"  {set_name} run {k + 1}: {name}: {row['images_per_s']:.0f} img/s, "
-                      f"{row['cpu_ms_per_image']:.2f} CPU ms/image, peak {row['peak_rss_mb']:.0f} MB", flush=True)
+                      f"{row['cpu_ms_per_image']:.2f} CPU ms/image", flush=True)
+        peak = {}
+        for name in names:  # one more run each, with the PSS sampler (not timed: sampling slows the writers)
+            peak[name] = _run_row(name, folder, Path(tmp) / "o", args, memory=True)["peak_rss_mb"]
+            print(f"  {set_name} memory run: {name}: peak PSS {peak[name]:.0f} MB", flush=True)
         for name, rs in runs.items():
             rates = [r["images_per_s"] for r in rs]
             cpus = [r["cpu_ms_per_image"] for r in rs]
@@ -326,7 +332,7 @@ def bench_vs_ffcv(args, tmp) -> dict:
                                 "images_per_s_min": min(rates), "images_per_s_max": max(rates),
                                 "runs": rates, "cpu_ms_per_image": statistics.median(cpus),
                                 "cpu_ms_per_image_min": min(cpus), "cpu_ms_per_image_max": max(cpus),
-                                "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
+                                "peak_rss_mb": peak[name],
                                 "file_mb": rs[0]["file_mb"]})
         for name in SETS[set_name]:
             out["breakdown"][f"{set_name}: {name}"] = breakdown(folder, args.max_resolution, VARIANTS[name])
@@ -368,15 +374,19 @@ def print_vs(vs, args) -> None:
               f"{r['writer']} | {r['images']} | {r['images_per_s']:.0f} | {r['images_per_s_min']:.0f}-"
               f"{r['images_per_s_max']:.0f} | {ratio} | {r['cpu_ms_per_image']:.2f} | {r['cpu_ms_per_image_min']:.2f}-"
               f"{r['cpu_ms_per_image_max']:.2f} | {r['peak_rss_mb']:.0f} | {r['file_mb']:.1f} |")
-    stages = ["open", "check", "decode", "convert", "resize", "encode", "pipeline"]
-    print("\nWhere pageset's writer time goes (thread CPU ms per image, one process; `pipeline`: source, range "
-          "encoding, assembly, page writes, checksums)\n")
-    print("| folder: writer | " + " | ".join(stages) + " | total | passthrough | draft |")
-    print("|---" * (len(stages) + 4) + "|")
+    stages = ["open", "check", "transcode", "decode", "convert", "resize", "encode", "pipeline"]
+    print("\nWhere pageset's writer time goes (thread CPU ms per image averaged over all images, one process; "
+          "`check`: passthrough's 1/8-scale decode; `transcode`: the YCbCr re-encode, decode and encode together; "
+          "`pipeline`: source, range encoding, assembly, page writes, checksums)\n")
+    print("| folder: writer | " + " | ".join(stages) + " | total | passthrough | yuv | turbo | draft |")
+    print("|---" * (len(stages) + 6) + "|")
     for name, b in vs["breakdown"].items():
         ms = b["ms_per_image"]
         print(f"| {name} | " + " | ".join(f"{ms.get(s, 0.0):.2f}" for s in stages) +
-              f" | {b['total_ms_per_image']:.2f} | {100 * b['passthrough']:.0f}% | {100 * b['draft']:.0f}% |")
+              f" | {b['total_ms_per_image']:.2f} | " + " | ".join(f"{100 * b[k]:.0f}%" for k in
+                                                               ("passthrough", "yuv", "turbo", "draft")) + " |")
+    print("\n(passthrough: stored as given; yuv: re-encoded from its YCbCr planes; turbo: libjpeg-turbo decode + "
+          "encode; draft: decoded at a reduced DCT scale; the rest went through Pillow)")
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """FFCV 1.0.2 on the same ImageFolder: convert to .beton, then one measured loader row (runs in benchmarks/.envs/ffcv).
 
     benchmarks/.envs/ffcv/bin/python benchmarks/peers/ffcv_bench.py convert --folder F --out x.beton --max-res 512
-        [--workers 2]   (times DatasetWriter + from_indexed_dataset; CPU and peak PSS of the process tree)
+        [--workers 2] [--memory 1]  (times DatasetWriter + from_indexed_dataset: CPU of the process tree;
+        with --memory 1, peak PSS of the tree, sampled, which slows the run)
     benchmarks/.envs/ffcv/bin/python benchmarks/peers/ffcv_bench.py load --path x.beton --workers 2 \
         [--order random|quasi_random] [--os-cache 1] [--batch-size 64]
 
@@ -35,7 +36,9 @@ def convert(args):
             with Image.open(files[i][0]) as img:
                 return img.convert("RGB"), files[i][1]
 
-    sampler = measure.TreeSampler()
+    # The PSS sampler reads /proc/<pid>/smaps of every process, which costs CPU and contends with the workers'
+    # page faults: a timed run goes without it (peak RSS of this process only), a --memory run with it.
+    sampler = measure.TreeSampler() if args.memory else measure.RusageSampler()
     c0, t = measure.cpu_with_children(), time.perf_counter()
     writer = DatasetWriter(args.out, {"image": RGBImageField(write_mode="jpg", max_resolution=args.max_res,
                                                              jpeg_quality=90),
@@ -80,6 +83,7 @@ def main():
     c.add_argument("--out", required=True)
     c.add_argument("--max-res", type=int, default=512)
     c.add_argument("--workers", type=int, default=os.cpu_count())
+    c.add_argument("--memory", type=int, default=0, help="1: sample the process tree's PSS (slows the run)")
     lo = sub.add_parser("load")
     lo.add_argument("--path", required=True)
     lo.add_argument("--workers", type=int, default=os.cpu_count())

@@ -159,7 +159,7 @@ def encode_image(value, field: RGBImage, stats: dict | None = None) -> tuple[byt
     ``stats`` (for benchmarks), when given, accumulates counts ``"images"``, ``"passthrough"``, ``"yuv"``,
     ``"draft"`` and ``"turbo"`` (how often each applied) and thread CPU seconds per stage: ``"open_s"`` (read + header), ``"check_s"``
     (passthrough's 1/8-scale check decode), ``"decode_s"``, ``"convert_s"`` (EXIF transpose + RGB),
-    ``"resize_s"`` and ``"encode_s"`` (JPEG encode or raw copy)."""
+    ``"resize_s"``, ``"encode_s"`` (JPEG encode or raw copy) and ``"transcode_s"`` (the YCbCr re-encode)."""
     clock = [time.thread_time()] if stats is not None else None
     src = open_image(value)
     _tick(stats, clock, "open_s", "images")
@@ -172,7 +172,7 @@ def encode_image(value, field: RGBImage, stats: dict | None = None) -> tuple[byt
     if field.encoding == "jpeg" and _plain_jpeg(src) and target_size(src.size, field.max_resolution) is None:
         kept = turbo.transcode_yuv(src.pageset_bytes, field.jpeg_quality, _SUBSAMPLING[field.jpeg_subsampling])
         if kept is not None:  # same size and subsampling: re-encoded from its YCbCr planes
-            _tick(stats, clock, "encode_s", "yuv")
+            _tick(stats, clock, "transcode_s", "yuv")
             return kept[0], {"height": kept[2], "width": kept[1], "encoding": ENCODING_JPEG}
     drafted = draft(src, field.max_resolution) if field.jpeg_draft else None
     pixels = _turbo_decode(src, drafted)
