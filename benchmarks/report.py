@@ -125,7 +125,8 @@ def md_table(headers: list[str], rows: list[list]) -> list[str]:
 
 
 def markdown_tables(text: str) -> list[dict]:
-    """The markdown tables a benchmark printed: [{"caption": the nearest non-table line above, "lines": [...]}]."""
+    """The markdown tables a benchmark printed: [{"caption": the last non-blank line printed between the previous
+    table and this one ("" if none), "lines": [...]}]; blocks of fewer than 2 lines are dropped."""
     out, caption, cur = [], "", None
     for line in text.splitlines():
         s = line.rstrip()
@@ -133,6 +134,7 @@ def markdown_tables(text: str) -> list[dict]:
             if cur is None:
                 cur = {"caption": caption, "lines": []}
                 out.append(cur)
+                caption = ""  # a caption belongs to one table
             cur["lines"].append(s)
         else:
             cur = None

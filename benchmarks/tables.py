@@ -67,8 +67,8 @@ def block_loaders(res: dict) -> str:
     lines = _header(res, [
         f"Data: ImageNet-like folders cut from {d['source_photos']} {d['source']} ({d['source_mb']} MB of "
         f"sources), JPEG q{s['jpeg_quality']}; {sets}. Every loader: {s['pipeline']}, batch {s['batch_size']}. "
-        "Each row is a fresh process: images/s of its second epoch, first batch from process start, CPU time of "
-        "the process tree per image, peak PSS of the process tree; "
+        "Each row is a fresh process: images/s of its second epoch, first batch from process start (warm Numba "
+        "kernel cache), CPU time of the process tree per image, peak PSS of the process tree; "
         f"median (min-max) of {s['runs']} runs, rows interleaved."])
     lines += report.md_table(["max side", "loader", "format / order", "threads / workers", "images/s",
                               "vs DataLoader", "vs FFCV", "first batch s", "CPU ms/image", "peak RSS MB"],

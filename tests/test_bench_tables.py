@@ -86,10 +86,12 @@ def test_stats_are_median_and_range_of_the_runs():
 
 
 def test_markdown_tables_are_collected_from_a_benchmark_output():
-    out = "load average 1.0\n| a | b |\n|---|---|\n| 1 | 2 |\n\nJSON: x\nwriter\n| c |\n|---|\n"
+    out = ("load average 1.0\n| a | b |\n|---|---|\n| 1 | 2 |\n\nJSON: x\nwriter\n| c |\n|---|\n\n| d |\n|---|\n"
+           "| lone |\n")
     got = report.markdown_tables(out)
     assert got == [{"caption": "load average 1.0", "lines": ["| a | b |", "|---|---|", "| 1 | 2 |"]},
-                   {"caption": "writer", "lines": ["| c |", "|---|"]}]
+                   {"caption": "writer", "lines": ["| c |", "|---|"]},
+                   {"caption": "", "lines": ["| d |", "|---|", "| lone |"]}]
 
 
 def test_peak_rss_sees_an_allocation_made_inside_the_block():
