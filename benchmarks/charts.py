@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 
@@ -38,7 +39,8 @@ def _targets_chart(plt, result, path):
     ts = [t for t in result.get("targets", []) if isinstance(t, dict) and t.get("target")]
     if not ts:
         return None
-    fig, ax = plt.subplots(figsize=(10, 0.32 * len(ts) + 1.4))
+    fig, ax = plt.subplots(figsize=(11, 0.4 * len(ts) + 1.6))
+    cap = 3.0  # bars past 3x the goal are cut there; the label keeps the value
     for i, t in enumerate(ts):
         name = f"{t.get('benchmark', '')}: {t['name']}"
         if t.get("measured") is None:
@@ -46,19 +48,20 @@ def _targets_chart(plt, result, path):
             continue
         # lower-is-better targets are drawn as goal / measured, so > 1 always means better than the goal
         v = t["measured"] / t["target"] if t.get("higher_is_better", True) else t["target"] / max(t["measured"], 1e-12)
-        ax.barh(i, v, color="tab:green" if t["met"] else "tab:red")
-        ax.text(v, i, f" {v:.2f}", va="center", fontsize=7)
+        ax.barh(i, min(v, cap), color="tab:green" if t["met"] else "tab:red")
+        ax.text(min(v, cap), i, f" {v:.2f}", va="center", fontsize=7)
         name += "" if t.get("higher_is_better", True) else " (goal / measured)"
         ts[i] = dict(t, _label=name)
-    ax.set_yticks(range(len(ts)), [t.get("_label", f"{t.get('benchmark', '')}: {t['name']}") for t in ts],
-                  fontsize=6)
+    ax.set_yticks(range(len(ts)), [textwrap.fill(t.get("_label", f"{t.get('benchmark', '')}: {t['name']}"), 60)
+                                   for t in ts], fontsize=6)
     ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlim(0, cap + 0.4)
     ax.invert_yaxis()
     ax.set_xlabel("measured / goal (>= 1: target met; green met, red not met)")
     ax.set_title(f"targets: {result.get('command', '')}\n{result['machine'].get('cpu_model', '')}, "
                  f"{result['machine'].get('cpus')} cores, {result['machine'].get('time_utc', '')}", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.36, right=0.97, top=1 - 0.9 / fig.get_figheight(), bottom=0.7 / fig.get_figheight())
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -98,9 +101,9 @@ def _loader_charts(plt, result, out_dir):
         ax.set_title(f"max side {S} px", fontsize=10)
         ax.legend(fontsize=8)
         ax.grid(axis="x", alpha=0.3)
-    fig.suptitle(f"RandomResizedCrop(224)+flip+normalize -> float32, batch 64; {cpus}-core "
+    fig.suptitle(f"RandomResizedCrop(224)+flip+normalize -> float32, batch 64\n{cpus}-core "
                  f"{result['machine'].get('cpu_model', 'CPU')}, {ld['settings']['images']} real-photo JPEGs per size",
-                 fontsize=10)
+                 fontsize=9)
     fig.tight_layout()
     p = out_dir / "images_per_s.png"
     fig.savefig(p, dpi=110)
