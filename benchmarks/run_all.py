@@ -3,7 +3,7 @@
     python -m benchmarks.run_all --quick              # every benchmark at its smallest settings (minutes)
     python -m benchmarks.run_all                      # the full tables (quiet machine)
     python -m benchmarks.run_all [--quick] --publish  # = --out docs/bench, then rewrite README's marked tables
-    python -m benchmarks.run_all --only loaders tokens --runs 5
+    python -m benchmarks.run_all --only loaders tokens --runs 5   # re-measure some sections, keep the others
 
     # optional peers, each in its own virtual environment (built once; their rows say "not run: ..." if absent):
     bash benchmarks/peers/setup_ffcv.sh         # FFCV 1.0.2        -> benchmarks/.envs/ffcv
@@ -489,11 +489,31 @@ def _detail(s, a, b, unit):
             f"{a['images_per_s']['median']:.0f} vs {b['images_per_s']['median']:.0f} {unit}")
 
 
+def keep_earlier_sections(result: dict, path: Path) -> None:
+    """``--only``: the sections this run skipped are taken from the results already in ``--out`` (each keeps its
+    own "run": command, machine, load), so one section can be re-measured without re-running the others."""
+    if not path.exists():
+        return
+    old = json.loads(path.read_text())
+    kept = []
+    if "loaders" not in result and old.get("loaders", {}).get("run"):
+        result["loaders"] = old["loaders"]
+        kept.append("loaders")
+    for name, sec in old.get("benchmarks", {}).items():
+        if name not in result["benchmarks"] and name in BENCHES and sec.get("run"):
+            result["benchmarks"][name] = sec
+            kept.append(name)
+    result["benchmarks"] = {n: result["benchmarks"][n] for n in BENCHES if n in result["benchmarks"]}
+    result["kept_from_earlier_runs"] = kept
+    if kept:
+        log(f"kept from the published results: {', '.join(kept)}")
+
+
 # ---- the driver ----------------------------------------------------------------------------------------------
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="every benchmark at its smallest settings")
-    ap.add_argument("--only", nargs="+", choices=SECTIONS, default=None, help="run only these sections")
+    ap.add_argument("--only", nargs="+", choices=SECTIONS, default=None, help="run only these sections; the others are kept from <out>/results.json if there")
     ap.add_argument("--runs", type=int, default=3, help="runs of every rate (median, min-max); at least 3")
     ap.add_argument("--images", type=int, default=None, help="loaders: images per folder (2000; 320 --quick)")
     ap.add_argument("--sizes", type=int, nargs="+", default=None, help="loaders: max sides (256 512; 512 --quick)")
@@ -531,6 +551,12 @@ def main(argv=None) -> None:
             result["benchmarks"][name] = run_bench(name, args.quick, args.runs, out, work)
     result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     result["total_s"] = time.perf_counter() - t_all
+    run = {k: result[k] for k in ("command", "quick", "runs", "machine", "loadavg_end")}
+    for sec in [result.get("loaders"), *result["benchmarks"].values()]:
+        if sec is not None:
+            sec["run"] = run  # each section's own header (an --only run keeps the other sections' results)
+    if args.only:
+        keep_earlier_sections(result, out / "results.json")
     result["targets"] = (result.get("loaders", {}).get("targets", [])
                          + [t for b in result["benchmarks"].values() for t in b["targets"]])
 

@@ -27,18 +27,19 @@ README = ROOT / "README.md"
 MARKER = re.compile(r"<!-- bench:([a-z_]+) -->\n(.*?)<!-- /bench:\1 -->", re.S)
 
 
-def _header(res: dict, extra: list[str] = ()) -> list[str]:
-    m = res["machine"]
-    end = res.get("loadavg_end")
-    mode = "quick settings" if res.get("quick") else "full settings"
-    lines = [f"Measured with `{res['command']}` ({mode}, every rate the median of {res.get('runs', '?')} runs "
-             f"with min-max unless a table says otherwise) on {report.machine_line(m, end)}."]
+def _header(res: dict, extra: list[str] = (), section: dict | None = None) -> list[str]:
+    run = (section or {}).get("run") or res  # the run that measured this section
+    mode = "quick settings" if run.get("quick") else "full settings"
+    lines = [f"Measured with `{run['command']}` ({mode}, every rate the median of {run.get('runs', '?')} runs "
+             f"with min-max unless a table says otherwise) on {report.machine_line(run['machine'], run.get('loadavg_end'))}."]
     lines += list(extra)
     return [" ".join(lines), ""] if len(lines) == 1 else [lines[0], "", *lines[1:], ""]
 
 
 def block_targets(res: dict) -> str:
-    lines = _header(res)
+    kept = res.get("kept_from_earlier_runs")
+    lines = _header(res, [f"Kept from earlier runs (their tables below name their own command and machine): "
+                          f"{', '.join(kept)}."] if kept else [])
     lines += report.targets_table(res.get("targets", []))
     return "\n".join(lines) + "\n"
 
@@ -69,7 +70,7 @@ def block_loaders(res: dict) -> str:
         f"sources), JPEG q{s['jpeg_quality']}; {sets}. Every loader: {s['pipeline']}, batch {s['batch_size']}. "
         "Each row is a fresh process: images/s of its second epoch, first batch from process start (warm Numba "
         "kernel cache), CPU time of the process tree per image, peak PSS of the process tree; "
-        f"median (min-max) of {s['runs']} runs, rows interleaved."])
+        f"median (min-max) of {s['runs']} runs, rows interleaved."], ld)
     lines += report.md_table(["max side", "loader", "format / order", "threads / workers", "images/s",
                               "vs DataLoader", "vs FFCV", "first batch s", "CPU ms/image", "peak RSS MB"],
                              [_row_cells(r, ld["rows"]) for r in ld["rows"]])
@@ -99,7 +100,7 @@ def block_bench(res: dict, name: str) -> str:
         extra.append("Settings: " + ", ".join(f"{k}={_short(v)}" for k, v in info.items() if k != "json") + ".")
     for note in b.get("notes", []):
         extra.append(f"Note: {note}.")
-    lines = _header(res, extra)
+    lines = _header(res, extra, b)
     if "error" in b:
         lines.append(f"Not run: {b['error']}")
     for t in b.get("tables", []):

@@ -104,3 +104,20 @@ def test_peak_rss_sees_an_allocation_made_inside_the_block():
         del a
     assert mem.method in ("VmHWM", "sampled", "ru_maxrss")
     assert mem.peak_mb - mem.start_mb >= 50, (mem.method, mem.start_mb, mem.peak_mb)
+
+
+def test_only_run_keeps_the_other_sections_with_their_own_header(tmp_path):
+    from benchmarks import run_all
+
+    old = _committed()
+    (tmp_path / "results.json").write_text(json.dumps(old))
+    run = dict(old["benchmarks"]["mixture"]["run"], command="python -m benchmarks.run_all --only mixture")
+    new = {"command": run["command"], "quick": True, "runs": 3, "machine": run["machine"], "loadavg_end": [1, 1, 1],
+           "benchmarks": {"mixture": dict(old["benchmarks"]["mixture"], run=run)}}
+    run_all.keep_earlier_sections(new, tmp_path / "results.json")
+    assert set(new["kept_from_earlier_runs"]) == {"loaders", *old["benchmarks"]} - {"mixture"}
+    assert list(new["benchmarks"]) == [n for n in run_all.BENCHES if n in new["benchmarks"]]
+    b = tables.blocks(new)
+    assert b["mixture"].startswith("Measured with `python -m benchmarks.run_all --only mixture`")
+    assert b["tokens"].startswith(f"Measured with `{old['command']}`")  # kept: the run that measured it
+    assert "Kept from earlier runs" in b["targets"]
