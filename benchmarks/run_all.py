@@ -151,16 +151,21 @@ def run_process(cmd, log_path: Path, timeout: float) -> dict:
     with open(log_path, "w") as out:
         p = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline, timed_out = time.monotonic() + timeout, False
-        while True:
-            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                timed_out = True
-                os.killpg(p.pid, signal.SIGKILL)  # its own session: the benchmark and the servers it started
-                pid, status, ru = os.wait4(p.pid, 0)
-                break
-            time.sleep(0.2)
+        try:
+            while True:
+                pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    os.killpg(p.pid, signal.SIGKILL)  # its own session: the benchmark and the servers it started
+                    pid, status, ru = os.wait4(p.pid, 0)
+                    break
+                time.sleep(0.2)
+        except BaseException:  # Ctrl-C or an error here: do not leave the benchmark running
+            os.killpg(p.pid, signal.SIGKILL)
+            os.wait4(p.pid, 0)
+            raise
         p.returncode = os.waitstatus_to_exitcode(status)
     return {"rc": p.returncode, "wall_s": time.perf_counter() - t, "peak_rss_mb": ru.ru_maxrss / 1024,
             "timed_out": timed_out}

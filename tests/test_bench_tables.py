@@ -121,3 +121,15 @@ def test_only_run_keeps_the_other_sections_with_their_own_header(tmp_path):
     assert b["mixture"].startswith("Measured with `python -m benchmarks.run_all --only mixture`")
     assert b["tokens"].startswith(f"Measured with `{old['command']}`")  # kept: the run that measured it
     assert "Kept from earlier runs" in b["targets"]
+
+
+def test_run_process_reports_the_benchmark_peak_rss_and_stops_it_at_the_timeout(tmp_path):
+    from benchmarks.run_all import run_process
+
+    grow = "import numpy as np; a = np.ones(100 * 2**20 // 8); a += 1; print('| x |'); print('|---|')"
+    r = run_process([sys.executable, "-c", grow], tmp_path / "a.log", timeout=120)
+    assert r["rc"] == 0 and not r["timed_out"] and r["peak_rss_mb"] >= 100, r
+    assert report.markdown_tables((tmp_path / "a.log").read_text()) == [{"caption": "", "lines": ["| x |", "|---|"]}]
+    t0 = time.perf_counter()
+    r = run_process([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "b.log", timeout=1)
+    assert r["timed_out"] and r["rc"] == -9 and time.perf_counter() - t0 < 30, r
