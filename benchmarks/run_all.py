@@ -190,8 +190,11 @@ def bench_command(name: str, quick: bool, runs: int, out: Path) -> tuple[list[st
             else:
                 notes.append(f"{flag} not supported by benchmarks/{name}.py: its default used")
     runs_flag = next((f for f in ("--runs", "--repeats") if f in flags), None)
-    if runs_flag:
-        cmd = [c for i, c in enumerate(cmd) if not (c == runs_flag or (i and cmd[i - 1] == runs_flag))]
+    if runs_flag:  # --runs, or more where the settings ask for more (mixture's noisy pairs: 9)
+        if runs_flag in cmd:
+            k = cmd.index(runs_flag)
+            runs = max(runs, int(cmd[k + 1]))
+            del cmd[k:k + 2]
         cmd += [runs_flag, str(runs)]
     else:
         notes.append(f"benchmarks/{name}.py has no --runs/--repeats: its rates are single runs")
