@@ -4,7 +4,8 @@ LocalCluster of as many single-threaded worker processes (``executor=``), then a
 conversions from the measured per-core rates.
 
     .venv/bin/python -m benchmarks.write [--images 600] [--workers 1 2] [--no-dask] [--json out/bench_write.json]
-    .venv/bin/python -m benchmarks.write --quick      (only the FFCV comparison and its breakdown, ~2 min)
+    .venv/bin/python -m benchmarks.write --quick      (the FFCV comparison, then 200 images with 1 and 2
+                                                      processes, no Dask, no tokens: ~3 min on 2 cores)
 
 Against FFCV 1.0.2 (``benchmarks/.envs/ffcv``, built by ``bash benchmarks/peers/setup_ffcv.sh``; skipped with a
 note when missing): two folders, (a) ImageNet-like crops of the real photos (long side 410-512 px, q90, as the
@@ -400,7 +401,7 @@ def main() -> None:
     ap.add_argument("--no-dask", dest="dask", action="store_false")
     ap.add_argument("--no-tokens", dest="tokens", action="store_false")
     ap.add_argument("--json", default="out/bench_write.json")
-    ap.add_argument("--quick", action="store_true", help="only the FFCV comparison and its breakdown")
+    ap.add_argument("--quick", action="store_true", help="FFCV comparison + --images 200 --no-dask --no-tokens")
     ap.add_argument("--no-vs-ffcv", dest="vs_ffcv", action="store_false")
     ap.add_argument("--vs-images", type=int, default=1000, help="ImageNet-like JPEGs for the FFCV comparison")
     ap.add_argument("--vs-workers", type=int, default=2)
@@ -410,20 +411,18 @@ def main() -> None:
     if args.row:
         return row_main(json.loads(args.row))
 
+    if args.quick:  # the FFCV comparison, then a small engine table: 200 images, no Dask, no tokens
+        args.vs_ffcv, args.images, args.dask, args.tokens = True, min(args.images, 200), False, False
     photos = wheel_photos() + debian_photos()
-    vs, image_rows, src_mb, token_rows, corpus = None, [], 0.0, [], None
+    vs = None
     with tempfile.TemporaryDirectory() as tmp:
-        if args.vs_ffcv or args.quick:
+        if args.vs_ffcv:
             vs = bench_vs_ffcv(args, tmp)
-        if not args.quick:
-            image_rows, src_mb = bench_images(args, tmp, photos)
-            token_rows, corpus = bench_tokens(args, tmp) if args.tokens else ([], None)
+        image_rows, src_mb = bench_images(args, tmp, photos)
+        token_rows, corpus = bench_tokens(args, tmp) if args.tokens else ([], None)
     targets = vs_targets(vs) if vs else []
     if vs:
         print_vs(vs, args)
-    if args.quick:
-        return _save(args, {"benchmark": "write", "settings": vars(args), "machine": _machine(), "vs_ffcv": vs,
-                            "targets": targets})
     base = {r["encoding"]: r["images_per_s"] for r in image_rows if r["engine"] == "processes"
             and r["workers"] == args.workers[0]}
     print(f"\nwrite_dataset on {args.images} ImageNet-like JPEGs ({src_mb:.1f} MB, long side 400-500 px, "

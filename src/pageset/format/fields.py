@@ -83,7 +83,9 @@ class RGBImage(Field):
 
     Conversion at write time: EXIF orientation is applied; grayscale, palette, CMYK, and images with alpha are
     converted to RGB (alpha is dropped, not composited; composite yourself beforehand if you need a
-    background colour). Index columns: ``.offset``, ``.length``, ``.height`` and ``.width`` (u32 pixels),
+    background colour). A JPEG input that needs no shrink and already has ``jpeg_subsampling`` is re-encoded
+    from its YCbCr planes (no RGB round trip, so closer to the input); other JPEGs are decoded to the same RGB
+    pixels as Pillow's decoder gives. Index columns: ``.offset``, ``.length``, ``.height`` and ``.width`` (u32 pixels),
     ``.encoding`` (u8: 0 raw, 1 jpeg).
     """
 
