@@ -222,10 +222,10 @@ def build_folders(tmp, n_images):
     folders = {"imagenet-like": make_imagenet_like(Path(tmp) / "inet", n_images, long_side=(410, 512),
                                                    photos=photos, quality=(90, 90))}
     big = Path(tmp) / "photos"
-    for p in photos:
+    for k, p in enumerate(photos):
         if p.lower().endswith(".jpg"):  # the photos as they are: JPEG files only (FFCV's reader wants .jpg)
-            (big / Path(p).stem).mkdir(parents=True, exist_ok=True)
-            shutil.copy(p, big / Path(p).stem / "0.jpg")
+            (big / f"{k:03d}").mkdir(parents=True)  # one class each (KDE wallpapers share file names)
+            shutil.copy(p, big / f"{k:03d}" / "0.jpg")
     folders["photos"] = big
     return folders
 
