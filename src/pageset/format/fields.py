@@ -77,8 +77,8 @@ class RGBImage(Field):
             a decode at the 1/8 DCT scale (a truncated or corrupt file is an error, as when converting it).
         jpeg_draft: a JPEG input at least ``4 * max_resolution`` on its longer side is decoded at a reduced DCT
             scale (libjpeg's scaled IDCT, 1/2 to 1/8; Pillow's ``Image.draft``) that still keeps at least twice
-            the target size, then shrunk with LANCZOS as usual: 2-3x faster on large photos, and within 45 dB
-            PSNR of a full decode + LANCZOS (mean 55-65 dB on the Debian wallpaper photos at max_resolution
+            the target size, then shrunk with LANCZOS as usual: 2x less CPU on large photos, at PSNR >= 44.9 dB
+            against a full decode + LANCZOS (mean 55-65 dB; the 58 wheel and Debian JPEG photos at max_resolution
             224-512). ``False`` decodes every input in full.
 
     Conversion at write time: EXIF orientation is applied; grayscale, palette, CMYK, and images with alpha are
