@@ -10,14 +10,9 @@ import functools
 import numba
 
 from pageset.format.constants import ENCODING_RAW
-from pageset.ops import jpeg
-from pageset.ops.image import (
-    center_crop_box,
-    random_flip,
-    random_resized_crop_box,
-    resize_crop_flip_normalize,
-    resize_scratch_size,
-)
+from pageset.ops import jpeg, jpeg_kernels, jpeg_scale
+from pageset.ops.crop import center_crop_box, random_flip, random_resized_crop_box
+from pageset.ops.resize import resize_crop_flip_normalize, resize_scratch_size
 
 CROP_RANDOM_RESIZED = 0
 CROP_CENTER = 1
@@ -56,8 +51,8 @@ def plan_slice(heights, widths, encodings, keys, crop_mode, params, flip_p, out_
             num, den = 1, 1
             rh, rw = ch, cw
         else:
-            num, den = jpeg.choose_scale(w, h, cw, ch, out_w, out_h)
-            sx, sy, rw, rh = jpeg.scale_region(w, h, x, y, cw, ch, num, den)
+            num, den = jpeg_scale.choose_scale(w, h, cw, ch, out_w, out_h)
+            sx, sy, rw, rh = jpeg_scale.scale_region(w, h, x, y, cw, ch, num, den)
             need_dec = max(need_dec, rh * rw * 3)
             need_jpeg = max(need_jpeg, (rw + JPEG_WINDOW_MARGIN) * rh * 4)
         boxes[j, 0] = x
@@ -81,12 +76,12 @@ def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flip
     :func:`plan_slice`. table: [3, 256] value table (``image.normalize_table`` / ``pixel_table``), dtype equal to
     out's. out: [n, 3, H, W] or, with ``channels_last``, [n, H, W, 3]. decoded, jpeg_scratch (uint8) and
     resize_scratch (int32): at least the sizes :func:`plan_slice` returned. status: int64[n], written with the
-    decoder status per sample (0 ok, 1 libjpeg warning, < 0 error; ``jpeg.ERR_SCRATCH`` asks for a larger
+    decoder status per sample (0 ok, 1 libjpeg warning, < 0 error; ``jpeg_kernels.ERR_SCRATCH`` asks for a larger
     jpeg_scratch: a JPEG whose subsampling cannot be cropped needs its whole scaled width).
 
     The crop box is torchvision's (RandomResizedCrop) or FFCV's (CenterCrop) in stored pixels. JPEGs are
     decoded only over the crop's region, at the smallest DCT scale keeping the crop >= the output size
-    (``jpeg.choose_scale``); at scale 1/1 the result is Pillow's ``img.crop(box).resize(size, BILINEAR)`` bit
+    (``jpeg_scale.choose_scale``); at scale 1/1 the result is Pillow's ``img.crop(box).resize(size, BILINEAR)`` bit
     for bit; at smaller scales the box is mapped into the scaled image (a sub-pixel position).
     """
     for j in range(offs.shape[0]):
@@ -100,9 +95,9 @@ def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flip
                                        resize_scratch)
             status[j] = 0
             continue
-        sx, sy, sw, sh = jpeg.scale_region(w, h, x, y, cw, ch, num, den)
+        sx, sy, sw, sh = jpeg_scale.scale_region(w, h, x, y, cw, ch, num, den)
         region = decoded[: sh * sw * 3].reshape((sh, sw, 3))
-        st = jpeg.jpeg_decode(handle, data, num, den, sx, sy, sw, sh, region, jpeg_scratch)
+        st = jpeg_kernels.jpeg_decode(handle, data, num, den, sx, sy, sw, sh, region, jpeg_scratch)
         status[j] = st
         if st < 0:
             return j
