@@ -241,5 +241,3 @@ def jpeg_decode(handle, data, scale_num, scale_denom, x, y, w, h, out, scratch):
     else:
         _copy_rgb(scratch, w0 * 3, x - x0, y - y0, out, h, w)
     return status
-
-

@@ -139,4 +139,3 @@ def window_bytes(width, height, subsamp, colorspace, num, denom, x, y, w, h):
 def scratch_bound(max_width, max_height):
     """Scratch bytes enough for any scale and region of any image up to ``max_width x max_height``."""
     return max_width * max_height * 4
-
