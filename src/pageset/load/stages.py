@@ -185,8 +185,8 @@ class ImageStage(Stage):
                 self._buffer(ctx, "resize_scratch", need_rs, np.int32), status)
             if bad < 0 or status[bad] != jpeg.ERR_SCRATCH or attempt:
                 break
-            # A JPEG whose chroma sampling cannot be cropped is decoded over its whole scaled width.
-            need_jpeg = int(heights[bad] * widths[bad] * 4)
+            # A JPEG whose chroma sampling cannot be cropped is decoded whole (at its scale, into both buffers).
+            need_dec = need_jpeg = int(heights[bad] * widths[bad] * 4)
         if bad >= 0:
             code = int(status[bad])
             detail = jpeg.error_string(handle) if code == jpeg.ERR_LIBJPEG else jpeg.STATUS_MESSAGES.get(code, "")

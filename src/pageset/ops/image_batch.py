@@ -53,7 +53,7 @@ def plan_slice(heights, widths, encodings, keys, crop_mode, params, flip_p, out_
         else:
             num, den = jpeg_scale.choose_scale(w, h, cw, ch, out_w, out_h)
             sx, sy, rw, rh = jpeg_scale.scale_region(w, h, x, y, cw, ch, num, den)
-            need_dec = max(need_dec, rh * rw * 3)
+            need_dec = max(need_dec, (rw + JPEG_WINDOW_MARGIN) * rh * 3)  # the decode window (jpeg_decode_window)
             need_jpeg = max(need_jpeg, (rw + JPEG_WINDOW_MARGIN) * rh * 4)
         boxes[j, 0] = x
         boxes[j, 1] = y
@@ -76,8 +76,9 @@ def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flip
     :func:`plan_slice`. table: [3, 256] value table (``image.normalize_table`` / ``pixel_table``), dtype equal to
     out's. out: [n, 3, H, W] or, with ``channels_last``, [n, H, W, 3]. decoded, jpeg_scratch (uint8) and
     resize_scratch (int32): at least the sizes :func:`plan_slice` returned. status: int64[n], written with the
-    decoder status per sample (0 ok, 1 libjpeg warning, < 0 error; ``jpeg_kernels.ERR_SCRATCH`` asks for a larger
-    jpeg_scratch: a JPEG whose subsampling cannot be cropped needs its whole scaled width).
+    decoder status per sample (0 ok, 1 libjpeg warning, < 0 error; ``jpeg_kernels.ERR_SCRATCH`` asks for larger
+    decoded and jpeg_scratch buffers: a JPEG whose subsampling cannot be cropped is decoded whole, so
+    ``height * width * 4`` bytes each suffice).
 
     The crop box is torchvision's (RandomResizedCrop) or FFCV's (CenterCrop) in stored pixels. JPEGs are
     decoded only over the crop's region, at the smallest DCT scale keeping the crop >= the output size
@@ -96,11 +97,13 @@ def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flip
             status[j] = 0
             continue
         sx, sy, sw, sh = jpeg_scale.scale_region(w, h, x, y, cw, ch, num, den)
-        region = decoded[: sh * sw * 3].reshape((sh, sw, 3))
-        st = jpeg_kernels.jpeg_decode(handle, data, num, den, sx, sy, sw, sh, region, jpeg_scratch)
+        # decoded where libjpeg-turbo writes it (an iMCU-aligned window a few columns wider): no copy
+        st, h0, w0, row, col = jpeg_kernels.jpeg_decode_window(handle, data, num, den, sx, sy, sw, sh, decoded,
+                                                                jpeg_scratch)
         status[j] = st
         if st < 0:
             return j
+        region = jpeg_kernels.window_view(decoded, h0, w0, row, col, sh, sw)
         f = num / den
         bx0 = min(max(x * f - sx, 0.0), sw - 1e-3)
         by0 = min(max(y * f - sy, 0.0), sh - 1e-3)

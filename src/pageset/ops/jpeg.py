@@ -31,7 +31,9 @@ from pageset.ops.jpeg_kernels import (  # noqa: F401  (re-exported)
     STATUS_MESSAGES,
     WARNING,
     jpeg_decode,
+    jpeg_decode_window,
     jpeg_info,
+    window_view,
 )
 from pageset.ops.jpeg_scale import (  # noqa: F401  (re-exported)
     SCALES,

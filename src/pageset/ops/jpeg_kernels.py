@@ -241,3 +241,51 @@ def jpeg_decode(handle, data, scale_num, scale_denom, x, y, w, h, out, scratch):
     else:
         _copy_rgb(scratch, w0 * 3, x - x0, y - y0, out, h, w)
     return status
+
+
+@numba.njit(nogil=True)
+def jpeg_decode_window(handle, data, scale_num, scale_denom, x, y, w, h, buf, scratch):
+    """:func:`jpeg_decode` without the final copy: the region is decoded where libjpeg-turbo writes it.
+
+    Same arguments and statuses as :func:`jpeg_decode`, except ``buf``: uint8[:] contiguous, receiving the
+    :func:`pageset.ops.jpeg_scale.decode_window` (iMCU-aligned, a few columns wider than the region) as packed
+    RGB rows. Returns ``(status, h0, w0, row, col)``: the region is
+    ``buf[:h0 * w0 * 3].reshape((h0, w0, 3))[row:row + h, col:col + w]`` (see :func:`window_view`), bit for bit
+    what :func:`jpeg_decode` writes. Needs ``buf.size >= window_bytes(...) // 4 * 3`` (at most
+    ``(w + 96) * h * 3`` for a croppable image; the whole scaled image otherwise), else ``ERR_SCRATCH``;
+    ``scratch`` is used only by CMYK/YCCK files (converted into ``buf`` as an ``h x w`` image, row = col = 0).
+    Saves the copy of every decoded pixel (about 0.1 ms for a 300 x 300 region).
+    """
+    status, width, height, subsamp, colorspace = jpeg_info(handle, data)
+    if status < 0:
+        return status, 0, 0, 0, 0
+    if not is_supported_scale(scale_num, scale_denom):
+        return ERR_SCALE, 0, 0, 0, 0
+    sw = scaled_size(width, scale_num, scale_denom)
+    sh = scaled_size(height, scale_num, scale_denom)
+    if x < 0 or y < 0 or w <= 0 or h <= 0 or x + w > sw or y + h > sh:
+        return ERR_REGION, 0, 0, 0, 0
+    if buf.strides[0] != 1:
+        return ERR_DATA, 0, 0, 0, 0
+    if tj3SetScalingFactor(handle, _pack2(scale_num, scale_denom)) != 0:
+        return ERR_LIBJPEG, 0, 0, 0, 0
+    warned = status == WARNING
+    x0, y0, w0, h0 = decode_window(width, height, subsamp, scale_num, scale_denom, x, y, w, h)
+    ps = _pixel_size(colorspace)
+    if ps == 4:
+        if buf.size < h * w * 3:
+            return ERR_SCRATCH, 0, 0, 0, 0
+        out = buf[:h * w * 3].reshape((h, w, 3))
+        return jpeg_decode(handle, data, scale_num, scale_denom, x, y, w, h, out, scratch), h, w, 0, 0
+    if buf.size < w0 * h0 * 3:
+        return ERR_SCRATCH, 0, 0, 0, 0
+    if _set_region(handle, sw, sh, x0, y0, w0, h0) != 0:
+        return ERR_LIBJPEG, 0, 0, 0, 0
+    rc = tj3Decompress8(handle, data.ctypes.data, data.size, buf.ctypes.data, w0 * 3, TJPF_RGB)
+    return _status_after(rc, handle, warned), h0, w0, y - y0, x - x0
+
+
+@numba.njit(nogil=True)
+def window_view(buf, h0, w0, row, col, h, w):
+    """The ``h x w`` region inside a window written by :func:`jpeg_decode_window`: uint8[h, w, 3], a view."""
+    return buf[:h0 * w0 * 3].reshape((h0, w0, 3))[row:row + h, col:col + w]

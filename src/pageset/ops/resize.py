@@ -21,6 +21,12 @@ from numpy.lib.stride_tricks import as_strided
 
 from pageset.ops.resize_weights import _HALF, _clip8, _coeffs, _mac, resize_taps
 
+# Stages of the kernel, as bits of _resize's ``stages`` (benchmarks/images.py times them by difference).
+STAGE_HORIZONTAL = 1  # horizontal pass (with the flip: mirrored columns)
+STAGE_VERTICAL = 2  # vertical pass
+STAGE_STORE = 4  # round, map through the value table, write the output row
+ALL_STAGES = STAGE_HORIZONTAL | STAGE_VERTICAL | STAGE_STORE
+
 
 @numba.njit(nogil=True)
 def _vertical_first(src_h, src_w, out_h, out_w):
@@ -77,9 +83,11 @@ def resize_scratch_size(src_h, src_w, out_h, out_w):
 
 
 @numba.njit(nogil=True)
-def _horizontal_src_rows(pixels, row, pair, out_w, taps, bounds, weights, dst_a, dst_b):
+def _horizontal_src_rows(pixels, row, pair, out_w, taps, bounds, weights, flip, dst_a, dst_b):
     """Horizontal pass of source ``row`` (and ``row + 1`` when ``pair``) -> int32[3*out_w] rows, RGB
-    interleaved, rounded to 0..255 like Pillow's temporary image. pixels: uint8[h, 3*w] source rows.
+    interleaved, rounded to 0..255 like Pillow's temporary image, mirrored when ``flip`` (output pixel xx is
+    written at ``out_w - 1 - xx``: the flip commutes with the vertical pass, and here it costs nothing).
+    pixels: uint8[h, 3*w] source rows.
 
     Doing two rows per sweep shares the weight loads and loop control: ~25% faster on 400 -> 224. The tap
     loop is short (``n`` ~ 2 * scale + 1) and gathers interleaved RGB, so it stays scalar."""
@@ -100,13 +108,14 @@ def _horizontal_src_rows(pixels, row, pair, out_w, taps, bounds, weights, dst_a,
                 b1 = _mac(b1, b[j + 1], k)
                 b2 = _mac(b2, b[j + 2], k)
             j += 3
-        dst_a[3 * xx] = _clip8(a0)
-        dst_a[3 * xx + 1] = _clip8(a1)
-        dst_a[3 * xx + 2] = _clip8(a2)
+        o = 3 * (out_w - 1 - xx) if flip else 3 * xx
+        dst_a[o] = _clip8(a0)
+        dst_a[o + 1] = _clip8(a1)
+        dst_a[o + 2] = _clip8(a2)
         if pair:
-            dst_b[3 * xx] = _clip8(b0)
-            dst_b[3 * xx + 1] = _clip8(b1)
-            dst_b[3 * xx + 2] = _clip8(b2)
+            dst_b[o] = _clip8(b0)
+            dst_b[o + 1] = _clip8(b1)
+            dst_b[o + 2] = _clip8(b2)
 
 
 @numba.njit(nogil=True)
@@ -139,8 +148,9 @@ def _vertical_src_rows(pixels, ymin, n, weights, x_lo, x_hi, dst):
 
 
 @numba.njit(nogil=True)
-def _horizontal_buf_row(buf, x_lo, out_w, taps, bounds, weights, acc):
-    """Horizontal pass of one buffered row (columns from x_lo) -> ``acc`` int32[3*out_w], fixed point."""
+def _horizontal_buf_row(buf, x_lo, out_w, taps, bounds, weights, flip, acc):
+    """Horizontal pass of one buffered row (columns from x_lo) -> ``acc`` int32[3*out_w], fixed point,
+    mirrored when ``flip``."""
     for xx in range(out_w):
         j = 3 * (bounds[2 * xx] - x_lo)
         n = bounds[2 * xx + 1]
@@ -152,24 +162,46 @@ def _horizontal_buf_row(buf, x_lo, out_w, taps, bounds, weights, acc):
             s1 = _mac(s1, buf[j + 1], k)
             s2 = _mac(s2, buf[j + 2], k)
             j += 3
-        acc[3 * xx] = s0
-        acc[3 * xx + 1] = s1
-        acc[3 * xx + 2] = s2
+        o = 3 * (out_w - 1 - xx) if flip else 3 * xx
+        acc[o] = s0
+        acc[o + 1] = s1
+        acc[o + 2] = s2
 
 
 @numba.njit(nogil=True)
-def _store_row(acc, y, out_w, flip, table, out, channels_last):
-    """Round ``acc`` to uint8, map through ``table`` (normalize + dtype) and write output row ``y``."""
-    if channels_last:
+def _store_row(acc, y, out_w, table, identity, out, flat, channels_last):
+    """Round ``acc`` (already mirrored) to uint8, map through ``table`` (normalize + dtype), write output row
+    ``y``. ``flat``: ``out`` as [H, 3*W] rows when channels_last; ``identity``: the table is
+    :func:`pixel_table`'s, so the rounded values are stored as they are (a loop LLVM vectorizes)."""
+    if channels_last and out.strides[1] != 3 * out.strides[2]:  # pixels of a row not contiguous
         for xx in range(out_w):
-            xo = out_w - 1 - xx if flip else xx
             for c in range(3):
-                out[y, xo, c] = table[c, _clip8(acc[3 * xx + c])]
+                out[y, xx, c] = table[c, _clip8(acc[3 * xx + c])]
+    elif channels_last:
+        line = flat[y]
+        if identity:
+            for i in range(3 * out_w):
+                line[i] = _clip8(acc[i])
+        else:
+            for xx in range(out_w):
+                for c in range(3):
+                    line[3 * xx + c] = table[c, _clip8(acc[3 * xx + c])]
     else:
         for c in range(3):
+            plane = out[c, y]
+            lut = table[c]
             for xx in range(out_w):
-                xo = out_w - 1 - xx if flip else xx
-                out[c, y, xo] = table[c, _clip8(acc[3 * xx + c])]
+                plane[xx] = lut[_clip8(acc[3 * xx + c])]
+
+
+@numba.njit(nogil=True)
+def _is_identity(table):
+    """True when ``table[c, v] == v`` everywhere (:func:`pixel_table`): 768 compares per call."""
+    for c in range(3):
+        for v in range(256):
+            if table[c, v] != v:
+                return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -237,6 +269,13 @@ def resize_crop_flip_normalize(src, x0, y0, x1, y1, flip, table, out, channels_l
     H * W * 3 * Ty multiply-adds (horizontal first). Raises ValueError on bad shapes or strides, a dtype
     mismatch, a box outside the image or a small scratch. Allocates nothing.
     """
+    return _resize(src, x0, y0, x1, y1, flip, table, out, channels_last, scratch, ALL_STAGES)
+
+
+@numba.njit(nogil=True)
+def _resize(src, x0, y0, x1, y1, flip, table, out, channels_last, scratch, stages):
+    """:func:`resize_crop_flip_normalize`, running only the passes whose ``STAGE_*`` bit is set in ``stages``
+    (the weights always): benchmarks/images.py times each stage by difference. ALL_STAGES is the kernel."""
     fx0 = np.float32(x0)
     fy0 = np.float32(y0)
     fx1 = np.float32(x1)
@@ -247,6 +286,9 @@ def resize_crop_flip_normalize(src, x0, y0, x1, y1, flip, table, out, channels_l
     # The same pixels as uint8[h, 3*w]: flat rows let LLVM vectorize the vertical pass (6x faster than
     # indexing [x, c]); as_strided because numba cannot reshape a non-contiguous view (e.g. a crop).
     pixels = as_strided(src, shape=(src_h, 3 * src_w), strides=(src.strides[0], src.strides[2]))
+    # out as [H, 3*W] rows (read only when channels_last and a row's pixels are contiguous): a vectorizable store.
+    flat = as_strided(out, shape=(out_h, 3 * out_w), strides=(out.strides[0], out.strides[2]))
+    identity = _is_identity(table)
     taps_x = resize_taps(np.float64(fx1 - fx0), out_w)
     taps_y = resize_taps(np.float64(fy1 - fy0), out_h)
     rows_len = _rows_len(src_h, src_w, out_h, out_w, taps_y)
@@ -268,9 +310,12 @@ def resize_crop_flip_normalize(src, x0, y0, x1, y1, flip, table, out, channels_l
         for y in range(out_h):
             ymin = y_bounds[2 * y]
             n = y_bounds[2 * y + 1]
-            _vertical_src_rows(pixels, ymin, n, y_weights[y * taps_y:], x_lo, x_hi, rows)
-            _horizontal_buf_row(rows, x_lo, out_w, taps_x, x_bounds, x_weights, acc)
-            _store_row(acc, y, out_w, flip, table, out, channels_last)
+            if stages & STAGE_VERTICAL:
+                _vertical_src_rows(pixels, ymin, n, y_weights[y * taps_y:], x_lo, x_hi, rows)
+            if stages & STAGE_HORIZONTAL:
+                _horizontal_buf_row(rows, x_lo, out_w, taps_x, x_bounds, x_weights, flip, acc)
+            if stages & STAGE_STORE:
+                _store_row(acc, y, out_w, table, identity, out, flat, channels_last)
     else:
         row_len = 3 * out_w
         ring_rows = taps_y + 1  # a window spans <= taps_y rows, plus one row computed ahead by a pair
@@ -284,9 +329,12 @@ def resize_crop_flip_normalize(src, x0, y0, x1, y1, flip, table, out, channels_l
                 pair = row + 1 < y_last
                 a = (row % ring_rows) * row_len
                 b = ((row + 1) % ring_rows) * row_len
-                _horizontal_src_rows(pixels, row, pair, out_w, taps_x, x_bounds, x_weights,
-                                     rows[a:a + row_len], rows[b:b + row_len])
+                if stages & STAGE_HORIZONTAL:
+                    _horizontal_src_rows(pixels, row, pair, out_w, taps_x, x_bounds, x_weights, flip,
+                                         rows[a:a + row_len], rows[b:b + row_len])
                 row += 2 if pair else 1
             next_row = max(next_row, row)
-            _vertical_ring(rows, ring_rows, row_len, ymin, n, y_weights[y * taps_y:], acc)
-            _store_row(acc, y, out_w, flip, table, out, channels_last)
+            if stages & STAGE_VERTICAL:
+                _vertical_ring(rows, ring_rows, row_len, ymin, n, y_weights[y * taps_y:], acc)
+            if stages & STAGE_STORE:
+                _store_row(acc, y, out_w, table, identity, out, flat, channels_last)
