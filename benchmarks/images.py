@@ -13,8 +13,10 @@ kernel cache. Prints a markdown table and writes JSON.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import io
 import json
+import math
 import os
 import platform
 import statistics
@@ -247,6 +249,7 @@ def stage_breakdown(path, size=224, reps=5, epoch=1, seed=0):
     for _ in range(reps):
         for name in names:
             times[name].append(run(name) / n * 1e3)
+    fast = _fast_flags_lever(dec, run, out, reps)
     dec.close()
     med = {k: statistics.median(v) for k, v in times.items()}
     stages = {
@@ -260,7 +263,37 @@ def stage_breakdown(path, size=224, reps=5, epoch=1, seed=0):
     return {"images": n, "mean_width": float(widths.mean()), "mean_height": float(heights.mean()),
             "scales": scales, "stages_ms": stages, "variants_ms": {k: _median_range(v) for k, v in times.items()},
             "kernel_ms": med["image_slice"], "full_decode_kernel_ms": med["full_decode"],
-            "full_decode_python_ms": med["python_decode"]}
+            "full_decode_python_ms": med["python_decode"], "fast_flags_lever": fast}
+
+
+TJPARAM_FASTUPSAMPLE, TJPARAM_FASTDCT = 9, 10  # turbojpeg.h (TurboJPEG 3.0 enum TJPARAM)
+
+
+def _fast_flags_lever(dec, run, out, reps):
+    """A lever measured, not used: libjpeg-turbo's fast chroma upsampling + fast integer IDCT on the handle.
+
+    Sets both on the benchmark's own handle (``tj3Set``), times the region decode and the fused kernel (which
+    writes ``out``), compares its uint8 outputs with the exact ones ``out`` held before (equal to Pillow's at
+    scale 1/1), then resets both flags to 0."""
+    fn = dec._lib.cdll.tj3Set
+    fn.restype, fn.argtypes = ctypes.c_int, (ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
+    run("image_slice")
+    exact = out.copy()
+    for param in (TJPARAM_FASTUPSAMPLE, TJPARAM_FASTDCT):
+        assert fn(dec.handle, param, 1) == 0, "tj3Set failed"
+    try:
+        times = {"region": [], "image_slice": []}
+        for _ in range(reps):
+            for name in times:
+                times[name].append(run(name) / out.shape[0] * 1e3)
+        diff = np.abs(exact.astype(np.int16) - out.astype(np.int16))
+    finally:
+        for param in (TJPARAM_FASTUPSAMPLE, TJPARAM_FASTDCT):
+            fn(dec.handle, param, 0)
+    mse = float((diff.astype(np.float64) ** 2).mean())
+    return {"region_ms": _median_range(times["region"]), "kernel_ms": _median_range(times["image_slice"]),
+            "mean_abs_diff": float(diff.mean()), "max_abs_diff": int(diff.max()),
+            "psnr_db": 10 * math.log10(255 ** 2 / mse) if mse else math.inf}
 
 
 def loader_uint8(path, threads, batch_size, epochs=2):
@@ -315,6 +348,11 @@ def breakdown_table(bd) -> str:
     lines.append(f"| reference: full decode, nogil kernel loop, reused buffer | {bd['full_decode_kernel_ms']:.3f} |")
     lines.append(f"| reference: full decode, JpegDecoder.decode (new array per image) | "
                  f"{bd['full_decode_python_ms']:.3f} |")
+    f = bd["fast_flags_lever"]
+    lines.append(f"| lever, not used: fast upsampling + fast IDCT: region decode | {f['region_ms']['median']:.3f} |")
+    lines.append(f"| lever, not used: fast upsampling + fast IDCT: fused kernel | {f['kernel_ms']['median']:.3f} "
+                 f"(vs exact: mean |diff| {f['mean_abs_diff']:.2f}, max {f['max_abs_diff']}, PSNR "
+                 f"{f['psnr_db']:.1f} dB) |")
     one, two = bd["loader_1_thread"]["images_per_s"], bd["loader_2_threads"]["images_per_s"]
     lines.append(f"\nLoader uint8 wall rate: 1 thread {one['median']:.0f} img/s ({one['min']:.0f}-{one['max']:.0f}), "
                  f"2 threads {two['median']:.0f} ({two['min']:.0f}-{two['max']:.0f}); load average "
