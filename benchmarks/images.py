@@ -1,6 +1,7 @@
 """Image loading throughput: pageset vs a PyTorch DataLoader + Pillow, same files, same transforms, same cores.
 
     .venv/bin/python -m benchmarks.images [--images 1000] [--batch-size 64] [--json out/bench_images.json]
+    .venv/bin/python -m benchmarks.images --breakdown-only [--data x.pageset] [--runs 3]   # stages + targets only
 
 Data: an ImageNet-like set derived from the real photos on this machine (max side 512, JPEG q90).
 Pipeline: RandomResizedCrop(224) + RandomHorizontalFlip + Normalize -> float32 NCHW tensors, for both.
@@ -336,6 +337,30 @@ def breakdown(path, batch_size, reps=3):
     return bd
 
 
+FFCV_PYTHON = Path(__file__).resolve().parent / ".envs" / "ffcv" / "bin" / "python"
+FFCV_BENCH = Path(__file__).resolve().parent / "peers" / "ffcv_bench.py"
+
+
+def ffcv_uint8_per_thread(folder, tmp, batch_size, runs):
+    """FFCV 1.0.2 (benchmarks/.envs/ffcv, if built) on the same folder: the uint8 RRC + flip pipeline, 1 worker.
+
+    Returns None without the env; else CPU ms per image (process tree, median of ``runs`` fresh processes) and
+    images/s. The .beton is written from the same JPEG folder (max side 512, q90)."""
+    if not FFCV_PYTHON.exists():
+        return None
+    beton = Path(tmp) / "train.beton"
+    subprocess.run([str(FFCV_PYTHON), str(FFCV_BENCH), "convert", "--folder", str(folder), "--out", str(beton),
+                    "--max-res", "512"], check=True, capture_output=True, text=True, timeout=1800)
+    rows = []
+    for _ in range(runs):
+        r = subprocess.run([str(FFCV_PYTHON), str(FFCV_BENCH), "load", "--path", str(beton), "--workers", "1",
+                            "--batch-size", str(batch_size), "--uint8"], check=True, capture_output=True,
+                           text=True, timeout=1800)
+        rows.append(json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1]))
+    return {"cpu_ms_per_image": _median_range([r["cpu_s_per_image"] * 1e3 for r in rows]),
+            "images_per_s": _median_range([r["images_per_s"] for r in rows])}
+
+
 def breakdown_table(bd) -> str:
     lines = [f"\nPer-stage cost, one thread, CPU ms per image ({bd['images']} JPEGs, mean {bd['mean_width']:.0f}x"
              f"{bd['mean_height']:.0f}, q90; {UINT8_PIPE}; DCT scales {bd['scales']}):\n",
@@ -354,6 +379,9 @@ def breakdown_table(bd) -> str:
                  f"(vs exact: mean |diff| {f['mean_abs_diff']:.2f}, max {f['max_abs_diff']}, PSNR "
                  f"{f['psnr_db']:.1f} dB) |")
     one, two = bd["loader_1_thread"]["images_per_s"], bd["loader_2_threads"]["images_per_s"]
+    if bd.get("ffcv_1_worker"):
+        f = bd["ffcv_1_worker"]["cpu_ms_per_image"]
+        lines.append(f"| FFCV 1.0.2, same pipeline, 1 worker (process CPU) | {f['median']:.3f} |")
     lines.append(f"\nLoader uint8 wall rate: 1 thread {one['median']:.0f} img/s ({one['min']:.0f}-{one['max']:.0f}), "
                  f"2 threads {two['median']:.0f} ({two['min']:.0f}-{two['max']:.0f}); load average "
                  f"{', '.join(f'{v:.2f}' for v in bd['load_average'])}")
@@ -377,6 +405,11 @@ def breakdown_targets(bd) -> list[dict]:
                f"strict reference: tj3Decompress8 in a nogil loop into a reused buffer, "
                f"{bd['full_decode_kernel_ms']:.3f} ms/image; the region decode alone is "
                f"{bd['variants_ms']['region']['median']:.3f} ms"),
+        *([target("images: fused Loader vs FFCV, per thread",
+                  bd["ffcv_1_worker"]["cpu_ms_per_image"]["median"] / loader_ms, 1.5,
+                  f"CPU ms per image, same uint8 RRC + flip pipeline, 1 thread vs FFCV 1 worker: "
+                  f"{loader_ms:.3f} vs {bd['ffcv_1_worker']['cpu_ms_per_image']['median']:.3f}")]
+          if bd.get("ffcv_1_worker") else []),
         target("images: Loader 2 threads / 1 thread", two / one, 1.8,
                f"wall images/s, {one:.0f} -> {two:.0f}, interleaved runs; load average "
                f"{bd['load_average'][0]:.2f} on {os.cpu_count()} cores"),
@@ -421,7 +454,7 @@ def main() -> None:
     ap.add_argument("--json", default="out/bench_images.json")
     ap.add_argument("--breakdown-only", action="store_true",
                     help="only the per-stage breakdown, the uint8 Loader rows and their targets (~2 min)")
-    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions of each breakdown row")
+    ap.add_argument("--runs", type=int, default=3, help="interleaved runs of each breakdown row (median, min-max)")
     ap.add_argument("--data", default=None, help="an existing image .pageset for --breakdown-only (field 'image')")
     args = ap.parse_args()
     if args.data and not args.breakdown_only:
@@ -430,7 +463,9 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder, path = (None, Path(args.data)) if args.data else build_data(tmp, args.images)
-        bd = breakdown(path, args.batch_size, reps=args.reps)
+        bd = breakdown(path, args.batch_size, reps=args.runs)
+        bd["ffcv_1_worker"] = None if folder is None else ffcv_uint8_per_thread(folder, tmp, args.batch_size,
+                                                                                 args.runs)
         if not args.breakdown_only:
             files = sorted((str(p), 0) for p in folder.rglob("*.jpg"))
             for threads in sorted({1, cores}):
