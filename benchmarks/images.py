@@ -210,6 +210,7 @@ def stage_breakdown(path, size=224, reps=5, epoch=1, seed=0):
     jpeg_scratch = np.empty(max(need_jpeg, int((heights * widths).max()) * 4), dtype=np.uint8)
     resize_scratch = np.empty(need_rs, dtype=np.int32)
     status = np.zeros(n, dtype=np.int64)
+    rows = np.arange(n, dtype=np.int64)
     dec = JpegDecoder()
     h = dec.handle
     variants = {
@@ -226,7 +227,7 @@ def stage_breakdown(path, size=224, reps=5, epoch=1, seed=0):
         if name == "image_slice":
             t = time.thread_time()
             bad = image_batch.image_slice(h, buf, offs, lens, heights, widths, encodings, boxes, flips, table, out,
-                                          True, decoded, jpeg_scratch, resize_scratch, status)
+                                          rows, True, decoded, jpeg_scratch, resize_scratch, status)
             dt = time.thread_time() - t
             assert bad < 0, f"sample {bad} failed to decode"
             return dt

@@ -75,35 +75,54 @@ class FileSource:
             self.pages.close()
             raise
 
-    def fill(self, arrays: list, lo: int, hi: int, ids: np.ndarray, keys: np.ndarray, ctx: dict) -> None:
-        """Fill rows ``[lo, hi)`` of a slot's ``arrays`` (one dict per stage) with records ``ids`` of this file."""
-        if self.verifier is not None:
-            self.verifier.check(*self.spans(ids), ids)
-        for stage, out in zip(self.stages, arrays):
-            stage.fill(out, lo, hi, ids, keys, ctx)
+    def fill(self, arrays: list, lo: int, hi: int, ids: np.ndarray, keys: np.ndarray, ctx: dict,
+             stages=None) -> None:
+        """Fill rows ``[lo, hi)`` of a slot's ``arrays`` (one dict per stage) with records ``ids`` of this file.
+
+        ``stages``: indices of the stages to run (default all; else the caller has checked the pages)."""
+        if stages is None:
+            if self.verifier is not None:
+                self.verifier.check(*self.spans(ids), ids)
+            stages = range(len(self.stages))
+        for k in stages:
+            self.stages[k].fill(arrays[k], lo, hi, ids, keys, ctx)
 
     def fill_rows(self, arrays: list, rows: np.ndarray, ids: np.ndarray, keys: np.ndarray, ctx: dict) -> None:
         """Fill the (sorted, possibly scattered) rows ``rows`` of a slot's ``arrays`` with records ``ids``.
 
-        Contiguous rows are filled in place; so are scattered rows with large outputs (one call per run of
-        rows, see IN_PLACE_ROW_BYTES); others are filled into the thread's scratch buffers in one call per stage
-        and copied to their rows.
+        Contiguous rows are filled in place. Scattered rows: stages that write rows themselves (images) do, in
+        one call; the others are filled in place one call per run of rows when their outputs are large (see
+        IN_PLACE_ROW_BYTES), else into the thread's scratch buffers in one call per stage and copied to their rows.
         """
         m = rows.shape[0]
         if int(rows[-1]) - int(rows[0]) == m - 1:
             self.fill(arrays, int(rows[0]), int(rows[0]) + m, ids, keys, ctx)
             return
-        if self.row_bytes >= IN_PLACE_ROW_BYTES:
+        if self.verifier is not None:
+            self.verifier.check(*self.spans(ids), ids)
+        rest = []
+        for k, stage in enumerate(self.stages):
+            if stage.fills_rows:
+                stage.fill_rows(arrays[k], rows, ids, keys, ctx)
+            else:
+                rest.append(k)
+        if not rest:
+            return
+        row_bytes = sum(int(np.prod(shape)) * np.dtype(dt).itemsize
+                        for k in rest for shape, dt, _ in self.stages[k].outputs.values())
+        if row_bytes >= IN_PLACE_ROW_BYTES:
             cuts = [0, *(np.flatnonzero(np.diff(rows) != 1) + 1).tolist(), m]
             for a, b in zip(cuts[:-1], cuts[1:]):
                 self.fill(arrays, int(rows[a]), int(rows[a]) + b - a, ids[a:b], None if keys is None else keys[a:b],
-                          ctx)
+                          ctx, rest)
             return
         scratch = ctx.get(("rows", id(self)))
         if scratch is None or scratch[0] < m:
-            scratch = ctx[("rows", id(self))] = (m, [st.alloc(m, np.empty) for st in self.stages])
-        self.fill(scratch[1], 0, m, ids, keys, ctx)
-        for stage, src, dst in zip(self.stages, scratch[1], arrays):
+            scratch = ctx[("rows", id(self))] = (m, [None if st.fills_rows else st.alloc(m, np.empty)
+                                                     for st in self.stages])
+        self.fill(scratch[1], 0, m, ids, keys, ctx, rest)
+        for k in rest:
+            stage, src, dst = self.stages[k], scratch[1][k], arrays[k]
             for key, value in src.items():
                 out = dst[key]
                 if isinstance(value, list):  # JSON: Python objects

@@ -71,6 +71,7 @@ class Stage:
     to_device = None
     outputs: dict
     needs_keys = False  # whether fill() uses the per-sample augmentation keys (else it gets None)
+    fills_rows = False  # whether fill_rows(arrays, rows, ...) writes scattered rows itself (no scratch copy)
 
     def alloc(self, batch_size: int, empty) -> dict:
         """Buffers for one slot; ``empty(shape, np_dtype)`` allocates (pinned when copying to a GPU)."""
@@ -162,8 +163,16 @@ class ImageStage(Stage):
             buf = ctx[name] = np.empty(max(int(size), 1), dtype=dtype)
         return buf
 
+    fills_rows = True  # the slice kernel writes out[rows[j]]: a mixture's scattered rows cost no copy
+
     def fill(self, arrays, lo, hi, ids, keys, ctx):
-        out = arrays[self.name][lo:hi]
+        rows = self._buffer(ctx, "rows", hi - lo, np.int64)[: hi - lo]
+        rows[:] = np.arange(lo, hi)
+        self.fill_rows(arrays, rows, ids, keys, ctx)
+
+    def fill_rows(self, arrays, rows, ids, keys, ctx):
+        """Write sample j (record ``ids[j]``, key ``keys[j]``) at row ``rows[j]`` of the slot's buffer."""
+        out = arrays[self.name]
         n = ids.shape[0]
         heights, widths, encodings, lens = self.heights[ids], self.widths[ids], self.encodings[ids], self.lens[ids]
         # per-thread buffers, reused across slices: boxes int64[n, 6], flips bool[n], status int64[n]
@@ -179,7 +188,7 @@ class ImageStage(Stage):
         status = self._buffer(ctx, "status", n, np.int64)[:n]
         for attempt in range(2):
             bad = image_batch.image_slice(
-                handle, buf, offs, lens, heights, widths, encodings, boxes, flips, self.table, out,
+                handle, buf, offs, lens, heights, widths, encodings, boxes, flips, self.table, out, rows,
                 self.channels_last, self._buffer(ctx, "decoded", need_dec, np.uint8),
                 self._buffer(ctx, "jpeg_scratch", need_jpeg, np.uint8),
                 self._buffer(ctx, "resize_scratch", need_rs, np.int32), status)

@@ -66,15 +66,16 @@ def plan_slice(heights, widths, encodings, keys, crop_mode, params, flip_p, out_
 
 
 @numba.njit(nogil=True)
-def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flips, table, out, channels_last,
-                decoded, jpeg_scratch, resize_scratch, status):
-    """Fill ``out[j]`` for every sample j of a slice; returns -1, or the first j whose JPEG failed to decode.
+def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flips, table, out, rows,
+                channels_last, decoded, jpeg_scratch, resize_scratch, status):
+    """Fill ``out[rows[j]]`` for every sample j of a slice; returns -1, or the first j whose JPEG failed to decode.
 
     handle: int, the thread's ``JpegDecoder.handle``. buf: uint8[:], bytes holding the records (the thread's
     staging copy, read with pread); offs, lens: int64[n] byte offset and length of each image in ``buf``; heights,
     widths: int64[n] stored size in pixels; encodings: uint8[n] (0 raw HWC RGB, 1 JPEG); boxes, flips: from
     :func:`plan_slice`. table: [3, 256] value table (``image.normalize_table`` / ``pixel_table``), dtype equal to
-    out's. out: [n, 3, H, W] or, with ``channels_last``, [n, H, W, 3]. decoded, jpeg_scratch (uint8) and
+    out's. out: [B, 3, H, W] or, with ``channels_last``, [B, H, W, 3]; rows: int64[n], the row of ``out`` each
+    sample is written to (``arange`` for a slice; a mixture's scattered rows of one file: no copy). decoded, jpeg_scratch (uint8) and
     resize_scratch (int32): at least the sizes :func:`plan_slice` returned. status: int64[n], written with the
     decoder status per sample (0 ok, 1 libjpeg warning, < 0 error; ``jpeg_kernels.ERR_SCRATCH`` asks for larger
     decoded and jpeg_scratch buffers: a JPEG whose subsampling cannot be cropped is decoded whole, so
@@ -92,7 +93,7 @@ def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flip
         data = buf[offs[j] : offs[j] + lens[j]]
         if encodings[j] == ENCODING_RAW:
             src = data.reshape((h, w, 3))[y : y + ch, x : x + cw]
-            resize_crop_flip_normalize(src, 0.0, 0.0, float(cw), float(ch), flips[j], table, out[j], channels_last,
+            resize_crop_flip_normalize(src, 0.0, 0.0, float(cw), float(ch), flips[j], table, out[rows[j]], channels_last,
                                        resize_scratch)
             status[j] = 0
             continue
@@ -109,7 +110,7 @@ def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flip
         by0 = min(max(y * f - sy, 0.0), sh - 1e-3)
         bx1 = min(max((x + cw) * f - sx, bx0 + 1e-3), float(sw))
         by1 = min(max((y + ch) * f - sy, by0 + 1e-3), float(sh))
-        resize_crop_flip_normalize(region, bx0, by0, bx1, by1, flips[j], table, out[j], channels_last,
+        resize_crop_flip_normalize(region, bx0, by0, bx1, by1, flips[j], table, out[rows[j]], channels_last,
                                    resize_scratch)
     return -1
 
