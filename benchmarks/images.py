@@ -4,6 +4,12 @@
     .venv/bin/python -m benchmarks.images --breakdown-only [--data x.pageset] [--runs 3]   # stages + targets only
 
 Data: an ImageNet-like set derived from the real photos on this machine (max side 512, JPEG q90).
+Breakdown (always; alone with --breakdown-only): CPU ms per image of each stage of the fused uint8 path
+(RandomResizedCrop(224) + flip) on one thread -- entropy decode, IDCT + upsampling + colour conversion of the
+crop's region, resize weights, horizontal pass, vertical pass, store, Loader overhead -- next to a plain full
+decode of the same bytes, libjpeg-turbo's fast-IDCT/fast-upsampling flags as a measured (unused) lever, FFCV's
+uint8 pipeline on one worker when benchmarks/.envs/ffcv exists, and the Loader at 1 and 2 threads; the JSON
+gets "breakdown" and "targets" (fused vs full decode per thread >= 1.0x, vs FFCV >= 1.5x, 2/1 threads >= 1.8x).
 Pipeline: RandomResizedCrop(224) + RandomHorizontalFlip + Normalize -> float32 NCHW tensors, for both.
 Rows: pageset at 1 and all threads (random and quasi_random order, os and process page cache); the baseline
 DataLoader with 0 (in-process), 1 and all workers; decode-only rates of the same bytes (Pillow, and
@@ -413,7 +419,10 @@ def breakdown_targets(bd) -> list[dict]:
           if bd.get("ffcv_1_worker") else []),
         target("images: Loader 2 threads / 1 thread", two / one, 1.8,
                f"wall images/s, {one:.0f} -> {two:.0f}, interleaved runs; load average "
-               f"{bd['load_average'][0]:.2f} on {os.cpu_count()} cores"),
+               f"{bd['load_average'][0]:.2f} on {os.cpu_count()} cores. CPU ms per image (all threads) "
+               f"{bd['loader_1_thread']['cpu_ms_per_image']['median']:.3f} with 1 thread, "
+               f"{bd['loader_2_threads']['cpu_ms_per_image']['median']:.3f} with 2: the wall ratio needs two idle "
+               "cores"),
     ]
 
 
