@@ -42,9 +42,9 @@ class WorkerFailed(RuntimeError):
 class ThreadPool:
     """``num_threads`` daemon threads executing ``(slot, lo, hi, generation)`` tasks with ``run_slice``.
 
-    The consumer runs queued tasks itself while it waits (:meth:`help`): work shorter than a thread wake-up
-    (a batch of token windows: ~0.05 ms) then gets done without a hand-off, and a loader-bound training loop
-    gets one more worker for free.
+    The consumer runs queued tasks itself while it waits (:meth:`help`): a loader-bound training loop gets one
+    more worker for free. (Batches cheaper than a hand-off, a token batch, never come here: the Loader fills
+    them on the calling thread and starts the pool with no threads.)
     """
 
     def __init__(self, num_threads: int, run_slice, name: str = "pageset"):
