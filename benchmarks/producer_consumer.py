@@ -1,7 +1,7 @@
 """Does the training loop wait on data? A real CPU model fed by pageset, versus the same loop on preloaded batches.
 
     .venv/bin/python -m benchmarks.producer_consumer [--images 1000] [--steps 60] [--loader-threads 1]
-        [--model-threads 1] [--target-step-ms 10 25 50 100] [--json out/bench/producer_consumer.json]
+        [--model-threads 1] [--target-step-ms 10 25 50 100] [--repeats 3] [--json out/bench/producer_consumer.json]
 
 Data: an ImageNet-like folder from the real photos (max side 256, JPEG q90) converted to pageset; batches of 64
 RandomResizedCrop(64) + flip + normalize float32 [B, 3, 64, 64] (NCHW tensors); labels are the source photos.
@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -85,6 +86,7 @@ def main() -> None:
     ap.add_argument("--loader-threads", type=int, default=1)
     ap.add_argument("--model-threads", type=int, default=1)
     ap.add_argument("--target-step-ms", type=float, nargs="+", default=[10, 25, 50, 100])
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of every measurement (median, min-max)")
     ap.add_argument("--json", default="out/bench/producer_consumer.json")
     args = ap.parse_args()
     torch.set_num_threads(args.model_threads)  # this script's choice for its model
@@ -105,59 +107,77 @@ def main() -> None:
             loss.backward()
             opt.step()
 
-        # P1: the loader alone, one thread -> CPU seconds per batch; and the loader alone at --loader-threads
-        rates = {}
-        for threads in sorted({1, args.loader_threads}):
-            with make_loader(path, threads) as ld:
-                next(iter(ld))  # compile / warm
-                ld.set_epoch(1)
-                t, n = time.perf_counter(), 0
-                for b in ld:
-                    n += len(b["_index"])
-                rates[threads] = n / (time.perf_counter() - t)
-        t_cpu = B / rates[1]
+        # --repeats rounds, each: P1 (the loader alone, one thread -> CPU seconds per batch; and at
+        # --loader-threads), C (preloaded batches), the loader-fed loop. Tables give the median (min-max).
+        runs = []
+        for _ in range(args.repeats):
+            rates = {}
+            for threads in sorted({1, args.loader_threads}):
+                with make_loader(path, threads) as ld:
+                    next(iter(ld))  # compile / warm
+                    ld.set_epoch(1)
+                    t, n = time.perf_counter(), 0
+                    for b in ld:
+                        n += len(b["_index"])
+                    rates[threads] = n / (time.perf_counter() - t)
 
-        # C: preloaded batches (list(loader) keeps each batch: safe, see the Loader docstring)
-        with make_loader(path, args.loader_threads) as ld:
-            pre = list(ld)
-        for b in pre[:3]:
-            step(b)  # warm-up (allocator, oneDNN primitives)
-        t = time.perf_counter()
-        for i in range(args.steps):
-            step(pre[i % len(pre)])
-        t_step = (time.perf_counter() - t) / args.steps
-
-        # the loader-fed loop
-        with make_loader(path, args.loader_threads) as ld:
-            it = batches_forever(ld)
-            for _ in range(3):
-                step(next(it))
-            wait = 0.0
+            # C: preloaded batches (list(loader) keeps each batch: safe, see the Loader docstring)
+            with make_loader(path, args.loader_threads) as ld:
+                pre = list(ld)
+            for b in pre[:3]:
+                step(b)  # warm-up (allocator, oneDNN primitives)
             t = time.perf_counter()
-            for _ in range(args.steps):
-                t0 = time.perf_counter()
-                b = next(it)
-                wait += time.perf_counter() - t0
-                step(b)
-            t_fed = (time.perf_counter() - t) / args.steps
-            it.close()
+            for i in range(args.steps):
+                step(pre[i % len(pre)])
+            t_step = (time.perf_counter() - t) / args.steps
+            del pre
 
+            # the loader-fed loop
+            with make_loader(path, args.loader_threads) as ld:
+                it = batches_forever(ld)
+                for _ in range(3):
+                    step(next(it))
+                wait = 0.0
+                t = time.perf_counter()
+                for _ in range(args.steps):
+                    t0 = time.perf_counter()
+                    b = next(it)
+                    wait += time.perf_counter() - t0
+                    step(b)
+                t_fed = (time.perf_counter() - t) / args.steps
+                it.close()
+            runs.append({"loader_images_per_s": {str(k): v for k, v in rates.items()}, "step_s_preloaded": t_step,
+                         "step_s_loader_fed": t_fed, "wait_s_per_step": wait / args.steps,
+                         "wait_fraction": wait / (t_fed * args.steps)})
+
+    def med(key, sub=None):
+        vals = [r[key][sub] if sub else r[key] for r in runs]
+        return float(np.median(vals)), min(vals), max(vals)
+
+    def mm(v, scale=1.0, fmt="{:.1f}"):
+        return f"{fmt.format(v[0] * scale)} ({fmt.format(v[1] * scale)}-{fmt.format(v[2] * scale)})"
+
+    r1, t_step_m, t_fed_m = med("loader_images_per_s", "1"), med("step_s_preloaded"), med("step_s_loader_fed")
+    t_cpu, t_step = B / r1[0], t_step_m[0]
+    wait_m, frac_m = med("wait_s_per_step"), med("wait_fraction")
     targets = sorted(set(args.target_step_ms) | {round(1000 * t_step, 1)})
     rec = {f"{ms:g}": max(1, math.ceil(t_cpu / (ms / 1000))) for ms in targets}
-    res = {"benchmark": "producer_consumer", "settings": vars(args), "cpus": os.cpu_count(),
-           "loader_images_per_s": {str(k): v for k, v in rates.items()}, "t_cpu_per_batch_ms": 1000 * t_cpu,
-           "step_ms_preloaded": 1000 * t_step, "step_ms_loader_fed": 1000 * t_fed,
-           "wait_ms_per_step": 1000 * wait / args.steps, "wait_fraction": wait / (t_fed * args.steps),
-           "slowdown_vs_preloaded": t_fed / t_step, "recommended_num_threads": rec}
+    res = {"benchmark": "producer_consumer", "settings": vars(args), "cpus": os.cpu_count(), "runs": runs,
+           "loader_images_per_s": {k: med("loader_images_per_s", k)[0] for k in runs[0]["loader_images_per_s"]},
+           "t_cpu_per_batch_ms": 1000 * t_cpu, "step_ms_preloaded": 1000 * t_step,
+           "step_ms_loader_fed": 1000 * t_fed_m[0], "wait_ms_per_step": 1000 * wait_m[0],
+           "wait_fraction": frac_m[0], "slowdown_vs_preloaded": t_fed_m[0] / t_step, "recommended_num_threads": rec,
+           "targets": []}
     print(f"\nsmall ResNet on 64x64 crops, batch {B}, model threads {args.model_threads}, loader threads "
-          f"{args.loader_threads}, {os.cpu_count()} cores\n")
+          f"{args.loader_threads}, {os.cpu_count()} cores; median (min-max) of {args.repeats} rounds\n")
     print("| measurement | value |\n|---|---|")
-    print(f"| loader alone, 1 thread | {rates[1]:.0f} images/s = {1000 * t_cpu:.1f} CPU ms per batch |")
+    print(f"| loader alone, 1 thread | {mm(r1, fmt='{:.0f}')} images/s = {1000 * t_cpu:.1f} CPU ms per batch |")
     if args.loader_threads != 1:
-        print(f"| loader alone, {args.loader_threads} threads | {rates[args.loader_threads]:.0f} images/s |")
-    print(f"| step, batches preloaded (C) | {1000 * t_step:.1f} ms |")
-    print(f"| step, fed by the Loader | {1000 * t_fed:.1f} ms ({t_fed / t_step:.2f}x) |")
-    print(f"| waiting in next() | {1000 * wait / args.steps:.2f} ms per step = {100 * res['wait_fraction']:.1f}% |")
+        print(f"| loader alone, {args.loader_threads} threads | "
+              f"{mm(med('loader_images_per_s', str(args.loader_threads)), fmt='{:.0f}')} images/s |")
+    print(f"| step, batches preloaded (C) | {mm(t_step_m, 1000)} ms |")
+    print(f"| step, fed by the Loader | {mm(t_fed_m, 1000)} ms ({t_fed_m[0] / t_step:.2f}x) |")
+    print(f"| waiting in next() | {mm(wait_m, 1000, '{:.2f}')} ms per step = {mm(frac_m, 100)}% |")
     print("\n| target step ms | recommended num_threads = ceil(t_cpu / t_step) |\n|---|---|")
     for ms, n in rec.items():
         print(f"| {ms}{' (this model, measured)' if float(ms) == round(1000 * t_step, 1) else ''} | {n} |")

@@ -287,6 +287,29 @@ def summarize(runs: list[dict], keys) -> dict:
     return out
 
 
+def remote_targets(rows, latencies) -> list[dict]:
+    """Issue 11's targets at the largest latency, quasi_random: >= 80% of the local rate, read amplification
+    <= 1.1, first batch < 3 s; per source (s3, http), from the medians of the runs."""
+    lat = max(latencies)
+    out = []
+    for source in ("s3", "http"):
+        r = next((x for x in rows if x["source"] == source and x["latency_ms"] == lat
+                  and x["order"] == "quasi_random"), None)
+        for key, name, goal, unit, higher in (("vs_local", "images/s vs the local file", 0.8, "x", True),
+                                              ("read_amplification", "read amplification", 1.1, "x", False),
+                                              ("first_batch_s", "first batch", 3.0, "s", False)):
+            full = f"{source}:// at {lat:g} ms, quasi_random: {name}"
+            if r is None or key not in r:
+                out.append({"name": full, "measured": None, "target": goal, "unit": unit, "met": None,
+                            "detail": "not run: no quasi_random row at this latency (--orders / --latencies)"})
+                continue
+            m = r[key]
+            out.append({"name": full, "measured": m, "target": goal, "unit": unit,
+                        "met": bool(m >= goal if higher else m <= goal), "higher_is_better": higher,
+                        "detail": f"median of {len(r['runs'])} runs ({r[key + '_min']:.2f}-{r[key + '_max']:.2f})"})
+    return out
+
+
 def _mm(r, k, fmt, scale=1.0, unit=""):
     if k not in r:
         return "-"
@@ -507,7 +530,7 @@ def main() -> None:
         print(f"\nbenchmark wall time: {wall / 60:.1f} min")
         for f in peer_failures:
             print(f"peer failure: {f}")
-        result = {"floors": floors, "rows": rows, "peer_rows": peer_rows, "peer_failures": peer_failures,
+        result = {"targets": remote_targets(rows, latencies), "floors": floors, "rows": rows, "peer_rows": peer_rows, "peer_failures": peer_failures,
                   "au_rows": au_rows,
                   "token_rows": tok_rows, "compute_s": compute, "images": res.records, "file_bytes": size,
                   "page_size": args.page_size, "repeats": args.repeats, "wall_s": wall}

@@ -90,6 +90,13 @@ def test_convert_text_with_gpt2_files_and_inspect(tmp_path, capsys):
     assert main(["inspect", str(out)]) == 0
     text = capsys.readouterr().out
     assert "tokens in 3 documents" in text
+    one = tmp_path / "one"
+    one.write_text("Only one fortune.\n")
+    assert main(["convert-text", str(one), str(tmp_path / "one.pageset"), "--tokenizer", str(site / "encoder.json"),
+                 "--merges", str(site / "vocab.bpe"), "--num-workers", "0", "--no-progress"]) == 0
+    assert main(["inspect", str(tmp_path / "one.pageset")]) == 0
+    text = capsys.readouterr().out
+    assert ": 1 document, " in text and " in 1 document," in text and "1 documents" not in text
 
 
 def test_python_dash_m_pageset(tmp_path):

@@ -164,7 +164,9 @@ def test_corruption_and_old_readers(tmp_path):
     raw[4096 + 10] ^= 1  # a token byte: page checksums catch it
     bad.write_bytes(raw)
     with open_tokens(bad) as td, pytest.raises(ChecksumMismatchError, match="page 0"):
-        td.dataset.verify()
+        td.verify()
+    with open_tokens(path) as td:
+        td.verify()  # the intact file passes
     import pageset.format.constants as C
 
     old = C.KNOWN_REQUIRED_FEATURES

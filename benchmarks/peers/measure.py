@@ -104,6 +104,67 @@ class RusageSampler:
         self.peak_bytes = self._r.getrusage(self._r.RUSAGE_SELF).ru_maxrss * 1024
 
 
+class PeakRSS:
+    """Peak resident memory of this process over a ``with`` block, for one row of a benchmark that runs several
+    rows in one process (threads share the process's memory, so this is the whole loader's).
+
+        with PeakRSS() as mem:
+            ...run the row...
+        row["peak_rss_mb"] = mem.peak_mb          # also mem.start_mb (RSS when the block began), mem.method
+
+    On Linux the kernel's high-water mark (``VmHWM``) is reset at the start of the block (writing 5 to
+    ``/proc/self/clear_refs``) and read at its end: exact, no sampling. Where that reset is refused, a thread
+    samples ``VmRSS`` every ``interval`` seconds (``method == "sampled"``); without ``/proc`` it falls back to
+    ``getrusage`` (``method == "ru_maxrss"``: the process's peak since it started, an upper bound). Memory of
+    child processes is not counted (run_all measures each benchmark process with ``wait4``)."""
+
+    def __init__(self, interval: float = 0.02):
+        self.interval, self.peak_mb, self.start_mb, self.method = interval, 0.0, 0.0, ""
+        self._stop, self._thread = threading.Event(), None
+
+    @staticmethod
+    def _status_mb(key: str) -> float:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) / 1024  # kB
+        raise KeyError(key)
+
+    def __enter__(self):
+        try:
+            self.start_mb = self._status_mb("VmRSS")
+        except OSError:
+            self.method = "ru_maxrss"
+            return self
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.method = "VmHWM"
+        except OSError:
+            self.method = "sampled"
+            self.peak_mb = self.start_mb
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(self.interval):
+            self.peak_mb = max(self.peak_mb, self._status_mb("VmRSS"))
+
+    def __exit__(self, *exc):
+        if self.method == "VmHWM":
+            self.peak_mb = self._status_mb("VmHWM")
+        elif self.method == "sampled":
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self.peak_mb = max(self.peak_mb, self._status_mb("VmRSS"))
+        else:
+            import resource
+
+            self.peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return False
+
+
 def batch_len(batch) -> int:
     if isinstance(batch, dict):
         return len(batch["_index"])

@@ -125,7 +125,7 @@ def cmd_convert_text(args) -> int:
     finally:
         if client is not None:
             client.close()
-    print(f"wrote {r.path}: {r.documents} documents, {r.tokens} tokens ({r.dtype}), {r.bytes / 1e6:.1f} MB in "
+    print(f"wrote {r.path}: {_n(r.documents, 'document')}, {_n(r.tokens, 'token')} ({r.dtype}), {r.bytes / 1e6:.1f} MB in "
           f"{r.seconds:.1f} s ({r.tokens / max(r.seconds, 1e-9) / 1e6:.2f} M tokens/s), id {r.dataset_id[:16]}")
     return 0
 
@@ -139,8 +139,9 @@ def cmd_merge(args) -> int:
     except ValueError as exc:
         print(f"pageset merge: {exc}", file=sys.stderr)
         return 1
-    count = f"{r.documents} documents, {r.tokens} tokens" if hasattr(r, "tokens") else f"{r.records} records"
-    print(f"wrote {r.path}: {count} from {len(args.inputs)} files, {r.bytes / 1e6:.1f} MB in {r.seconds:.1f} s, "
+    count = (f"{_n(r.documents, 'document')}, {_n(r.tokens, 'token')}" if hasattr(r, "tokens")
+             else _n(r.records, "record"))
+    print(f"wrote {r.path}: {count} from {_n(len(args.inputs), 'file')}, {r.bytes / 1e6:.1f} MB in {r.seconds:.1f} s, "
           f"id {r.dataset_id[:16]}")
     return 0
 
@@ -198,11 +199,16 @@ def describe(ds) -> dict:
     }
 
 
+def _n(count: int, noun: str) -> str:
+    """'1 document', '2 documents'."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def _count(ds) -> str:
     """'N records', or for a token file 'T tokens in D documents'."""
     if ds.tokens_info is not None:
-        return f"{ds.tokens_info['count']} tokens in {ds.tokens_info['documents']} documents"
-    return f"{len(ds)} records"
+        return f"{_n(ds.tokens_info['count'], 'token')} in {_n(ds.tokens_info['documents'], 'document')}"
+    return _n(len(ds), "record")
 
 
 INSPECT_SKIPPED = 20  # skipped samples listed by the text form of ``inspect``
@@ -225,7 +231,7 @@ def cmd_inspect(args) -> int:
                      f" encodings {f['encodings']}")
         elif f["kind"] == "tokens":
             tok = f.get("tokenizer") or {}
-            extra = (f" {f['count']} tokens in {f['documents']} documents (mean {f['doc_tokens'].get('mean', 0):.0f}),"
+            extra = (f" {_n(f['count'], 'token')} in {_n(f['documents'], 'document')} (mean {f['doc_tokens'].get('mean', 0):.0f}),"
                      f" eos_id {f['eos_id']}, bos_id {f['bos_id']}, tokenizer {tok.get('name')}")
         elif "min" in f:
             extra = f" range [{f['min']}, {f['max']}]"

@@ -173,6 +173,15 @@ class TokenDataset:
             )
         return (len(self) - 1) // int(seq_len)
 
+    def verify(self) -> None:
+        """Recompute every page CRC-32 and the dataset id (the whole file, token stream and document index).
+
+        Raises ChecksumMismatchError naming the first bad page, its byte offset and what it holds; FormatError for
+        damage elsewhere; TruncatedFileError / FileChangedError for a file changed in place since it was opened.
+        Same as ``td.dataset.verify()``.
+        """
+        self.dataset.verify()
+
     def close(self) -> None:
         """Release the mmap; ``tokens`` and ``doc_offsets`` must not be used afterwards."""
         self._tokens = np.empty(0, self.dtype)
