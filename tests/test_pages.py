@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from pageset import Int, RGBImage, TruncatedFileError, open_dataset, write_dataset, write_tokens
-from pageset.read import Dataset
 from pageset.load.pages import PageVerifier, PreadPages, ProcessPageCache
+from pageset.read import Dataset
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from resources import Resources
 
 from pageset import Loader, PipelineError, ToDevice, TokenWindows, ToTensor, open_tokens, write_tokens
