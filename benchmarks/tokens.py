@@ -89,6 +89,9 @@ class _LoaderStep:
             next(self.it)
 
     def close(self):
+        if not self.loader._inline:  # the fills were slow (> 2 ms): the rest of the row ran on the threads
+            print(f"note: a Loader ({self.loader.num_threads} threads) moved from filling batches inline to its "
+                  "threads during this row")
         self.it = None
         self.loader.close()
 

@@ -94,7 +94,8 @@ class Loader:
             queued work while the batch it asks for is not ready, instead of sleeping (local files only). A
             local token file's batch of under ~256K tokens (``batch_size * seq_len``) is filled by the thread
             calling ``next()``, in one kernel call (~0.05-0.2 ms), and no thread is started: a hand-off to a
-            thread would cost as much as the batch.
+            thread would cost as much as the batch. If those fills take over ~2 ms (median of 16: reads waiting
+            on a disk or a network file system), the threads start and prepare batches ahead from then on.
         batches_ahead: batches prepared ahead of the consumer (default 2 per thread, at least 2; none when
             batches are filled by the thread calling ``next()``).
         rank, world_size: explicit values win; else an initialised torch.distributed; else torchrun's RANK /
@@ -145,6 +146,11 @@ class Loader:
     for bad pipelines, FormatError for a damaged file; an exception raised while preparing a batch is re-raised
     by ``next()`` with the thread's traceback.
     """
+
+    # Inline filling (see _inline_batches) gives way to the threads when the median of this many fills exceeds
+    # this many seconds: several times a batch of the largest inline size read from the page cache (256K tokens,
+    # ~0.3-0.5 ms on a busy 2-core VM), less than its reads waiting on a disk or a network file system.
+    _INLINE_CHECK, _INLINE_SLOW_S = 16, 2e-3
 
     def __init__(self, path, *, batch_size: int, pipelines: dict | None = None, order: str = "random",
                  seed: int = 0, drop_last: bool = True, num_threads: int | None = None,
@@ -249,8 +255,11 @@ class Loader:
         # A batch of one slice whose stages are cheap kernels (token windows: one call reads and widens the batch,
         # ~0.05-0.2 ms) is filled by the thread calling next(), and no thread is started: waking a thread and
         # handing the GIL back costs as much as the work, so more threads could only make it slower.
+        # Should such fills take long after all (reads waiting on a disk or a network file system), the loader
+        # starts its threads and prepares batches ahead instead (see _inline_batches).
         self._inline = (self._n_slices == 1 and self._help
                         and all(getattr(s, "inline", False) for s in self._stages))
+        self._fill_times: list[float] = []  # seconds of the inline fills since the last check
 
     def _default_cache_pages(self, n_records: int, page_count: int) -> int:
         """Default ``cache_pages`` of a file: ``window_pages * ceil(in_flight / records_per_window) + 2``.
@@ -426,8 +435,9 @@ class Loader:
         first = self._cursor // G
         order = self._epoch_order(epoch)
         if self._inline:
-            yield from self._inline_batches(order, epoch, first, steps)
-            return
+            first = yield from self._inline_batches(order, epoch, first, steps)
+            if first is None:  # the epoch is done
+                return
         scheduled: list[Slot] = []
         nxt = first
         # remote pages: fetch the next steps' pages ahead (unless only index columns are loaded: no page reads)
@@ -456,17 +466,40 @@ class Loader:
                 self._wait(slot, raise_errors=False)
 
     def _inline_batches(self, order, epoch: int, first: int, steps: int):
-        """Steps ``[first, steps)`` of ``epoch``, each filled here, by the thread calling next() (``_inline``)."""
+        """Steps ``[first, steps)`` of ``epoch``, each filled here, by the thread calling next() (``_inline``).
+
+        Returns None at the end of the epoch, or the next step when the fills turned out slow (the median of
+        ``_INLINE_CHECK`` fills above ``_INLINE_SLOW_S``: reads waiting on a disk or a network file system): the
+        threads are then started and the caller prepares the rest of the epoch ahead with them.
+        """
         G, B, n_slots = self.global_batch_size, self.batch_size, len(self._slots)
+        times = self._fill_times
         for step in range(first, steps):
             slot = self._slots[step % n_slots]
             self._reclaim(slot)
             self._prepare(slot, order, epoch, step)
+            t0 = time.perf_counter()
             self._run_slice(slot, 0, B, self._ctx)
+            times.append(time.perf_counter() - t0)
             batch = self._handout(slot, owned=True)
             self._cursor = (step + 1) * G
+            if len(times) >= self._INLINE_CHECK:
+                slow = sorted(times)[len(times) // 2] > self._INLINE_SLOW_S
+                times.clear()
+                if slow:
+                    self._leave_inline()
+                    yield batch
+                    return step + 1
             yield batch
         self._epoch, self._cursor = epoch + 1, 0
+        return None
+
+    def _leave_inline(self) -> None:
+        """From now on, prepare batches ahead on ``num_threads`` threads (the ring of slots grows to match)."""
+        self._inline = False
+        self._slots += [Slot(i, [s.alloc(self.batch_size, self._empty) for s in self._stages])
+                        for i in range(len(self._slots), self.batches_ahead + 2)]
+        self._pool.start(self.num_threads)
 
     def _step_pages(self, order: EpochOrder, step: int) -> np.ndarray:
         """Sorted unique pages this rank reads at ``step`` (the remote page source prefetches them)."""

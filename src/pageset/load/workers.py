@@ -55,9 +55,16 @@ class ThreadPool:
         self._run_slice = weakref.WeakMethod(run_slice)
         self._lock = threading.Lock()
         self.generation = 0
-        self.threads = [threading.Thread(target=self._loop, args=(i,), name=f"{name}-{i}", daemon=True)
-                        for i in range(num_threads)]
-        for t in self.threads:
+        self._name = name
+        self.threads: list[threading.Thread] = []
+        self.start(num_threads)
+
+    def start(self, num_threads: int) -> None:
+        """Start threads until ``num_threads`` run (a pool made with none starts them when first needed)."""
+        new = [threading.Thread(target=self._loop, args=(i,), name=f"{self._name}-{i}", daemon=True)
+               for i in range(len(self.threads), num_threads)]
+        self.threads += new
+        for t in new:
             t.start()
 
     def submit(self, slot: Slot, lo: int, hi: int) -> None:
