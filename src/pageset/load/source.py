@@ -6,10 +6,9 @@ A Loader reads one ``FileSource`` (a file, or a subset of it) or several (a ``Mi
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from ..ops import tokens as token_ops
 from .pages import PageVerifier, PreadPages, ProcessPageCache
 from .stages import BytesStage, PipelineError, TokenStage, build_stage
 
@@ -203,30 +202,37 @@ class MixtureReader:
         buf = ctx.get(self._STAGING)
         if buf is None or buf.shape[0] < m * w:
             buf = ctx[self._STAGING] = np.empty(max(m * w, 1 << 16), dtype=np.uint8)
-        if self._direct:
-            # one pread per window on its own file, in row order (adjacent windows overlap by one token: a
-            # single file's gather makes one read per window too)
-            starts = self._base[src] + ids * self._stride[src]
-            src_list = src.tolist()
-            present = dict.fromkeys(src_list)
-            fds = {i: self.sources[i].ds.fileno() for i in present}
-            view, pos = memoryview(buf), 0
-            for i, off in zip(src_list, starts.tolist()):
-                if os.preadv(fds[i], [view[pos : pos + w]], off) != w:
-                    self.sources[i].ds.read_into(off, buf[pos : pos + w])  # finishes it or raises TruncatedFileError
-                pos += w
-            for i in present:
-                self.sources[i].ds.check_unchanged()
-        else:
-            rows2d = buf[: m * w].reshape(m, w)
-            for i, rows in self._groups(src):
-                source = self.sources[i]
-                starts, lens = source.spans(ids[rows])
-                if source.verifier is not None:
-                    source.verifier.check(starts, lens, ids[rows])
-                got, _ = source.pages.gather(starts, lens, ctx)
-                rows2d[rows] = got[: rows.shape[0] * w].reshape(rows.shape[0], w)
         stage = self._windows
+        if self._direct:
+            # one pread per window on its own file, in row order, read and widened in one nogil kernel call (as
+            # a single file's batch is)
+            inp, tgt = arrays[0]["input"][lo:hi], arrays[0]["target"][lo:hi]
+            fds = np.array([s.ds.fileno() for s in self.sources], dtype=np.int64)
+            row = buf[:w].view(stage.dtype)
+            done = 0
+            while done < m:
+                bad = token_ops.pread_mixed_windows(fds, self._base, self._stride, src[done:], ids[done:], row,
+                                                    inp[done:], tgt[done:])
+                if bad < 0:
+                    break
+                j = done + bad  # a short read: read_into finishes it or raises TruncatedFileError
+                i = int(src[j])
+                self.sources[i].ds.read_into(int(self._base[i] + ids[j] * self._stride[i]), row)
+                token_ops.split_windows(row[None], inp[j : j + 1], tgt[j : j + 1])
+                done = j + 1
+            for i in np.unique(src).tolist():
+                self.sources[i].ds.check_unchanged()
+            if stage.docs:
+                stage.fill_documents(arrays[0], lo, hi)
+            return
+        rows2d = buf[: m * w].reshape(m, w)
+        for i, rows in self._groups(src):
+            source = self.sources[i]
+            starts, lens = source.spans(ids[rows])
+            if source.verifier is not None:
+                source.verifier.check(starts, lens, ids[rows])
+            got, _ = source.pages.gather(starts, lens, ctx)
+            rows2d[rows] = got[: rows.shape[0] * w].reshape(rows.shape[0], w)
         stage.fill_windows(arrays[0], lo, hi, buf[: m * w].view(stage.dtype).reshape(m, stage.seq_len + 1))
 
 
