@@ -72,7 +72,7 @@ OPS_LAYERS = {
     "image": {"crop", "resize", "resize_weights"},  # value tables; re-exports crop and resize
     "image_batch": {"jpeg", "jpeg_kernels", "jpeg_scale", "crop", "resize", "resize_weights"},
     "spans": set(),
-    "tokens": set(),
+    "tokens": {"spans"},  # token windows read with spans.pread_full
     "transforms": set(),
 }
 
