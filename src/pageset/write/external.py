@@ -15,6 +15,7 @@ import bisect
 import glob
 import os
 import re
+import threading
 from collections.abc import Mapping
 
 from ..format import arguments as check
@@ -134,9 +135,10 @@ def _index_shard(url: str, storage_options: dict | None) -> list[tuple[str, dict
                 raise _shard_error(url, f"not a readable tar file ({type(exc).__name__}: {exc})") from None
             if members:
                 last_end = members[-1]["data"][0] + members[-1]["data"][1]
-                if stream is raw and last_end > raw.size:
+                size = getattr(raw, "size", None) if stream is raw else None
+                if size is not None and last_end > size:
                     raise _shard_error(url, f"truncated: member {members[-1]['fname']!r} ends at byte {last_end} "
-                                            f"but the file has {raw.size} bytes")
+                                            f"but the file has {size} bytes")
             if tail.strip(b"\x00"):
                 raise _shard_error(url, f"invalid tar header at byte {end} (after {len(members)} members): the "
                                         "file is corrupt from there on")
@@ -211,20 +213,25 @@ class WebDatasetSource:
         self._spans = np.asarray(spans, dtype=np.int64).reshape(len(keys), len(exts), 2)
         self._present = present
         self._open: tuple | None = None  # (shard number, fsspec file, stream) of this process; not pickled
+        self._lock = threading.Lock()  # one open shard per source: reads from several threads take turns
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_open": None}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_open", "_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _open=None, _lock=threading.Lock())
 
     def __len__(self) -> int:
         return len(self._keys)
 
     def _read(self, s: int, offset: int, size: int) -> bytes:
-        if self._open is None or self._open[0] != s:
-            self.close()
-            self._open = (s, *_open_shard(self.urls[s], self.storage_options))
-        stream = self._open[2]
-        stream.seek(offset)
-        data = stream.read(size)
+        with self._lock:
+            if self._open is None or self._open[0] != s:
+                self._close()
+                self._open = (s, *_open_shard(self.urls[s], self.storage_options))
+            stream = self._open[2]
+            stream.seek(offset)
+            data = stream.read(size)
         if len(data) != size:
             raise _shard_error(self.urls[s], f"truncated: {size} bytes expected at byte {offset}, {len(data)} read "
                                              "(did the shard change after this source was built?)")
@@ -232,6 +239,10 @@ class WebDatasetSource:
 
     def close(self) -> None:
         """Close the shard file this process has open (reopened by the next read)."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._open is not None:
             _, raw, stream = self._open
             self._open = None
@@ -253,7 +264,11 @@ class WebDatasetSource:
                 raise SampleError(f"WebDataset shard {url}", i, name,
                                   f"member {key!r} has no {ext!r} file (it has {self._present.get(i)}); add the "
                                   "file to the shard or map the field to an extension every member has")
-            data = self._read(s, offset, size)
+            try:
+                data = self._read(s, offset, size)
+            except OSError as exc:  # the store failed: name the shard and member (the writer adds the sample)
+                raise OSError(f"WebDataset shard {url}: reading member {key}.{ext} ({size} bytes at byte {offset}) "
+                              f"failed: {type(exc).__name__}: {exc}") from exc
             if ext.lower() in _DECODED_EXTENSIONS:
                 try:
                     decoded = basichandlers(ext, data)
