@@ -34,6 +34,7 @@ from pageset import (
     RGBImage,
     TokenWindows,
     ToTensor,
+    ToTorchImage,
     write_dataset,
     write_tokens,
 )
@@ -365,6 +366,26 @@ def test_in_place_and_scatter_fills_agree(image_files, monkeypatch):
     monkeypatch.setattr(source_mod, "IN_PLACE_ROW_BYTES", 1 << 60)
     assert digests() == in_place and len(in_place) == 96 // 8
 
+
+
+def test_image_rows_written_in_place_equal_the_copied_rows(image_files, monkeypatch):
+    """A mixture's scattered image rows are written by the slice kernel at their rows (``image_slice``'s rows
+    argument); the same batches come out of the scratch-and-copy path (ImageStage.fills_rows off), uint8 and
+    float32, NHWC and NCHW."""
+    from pageset.load.stages import ImageStage
+
+    def digests(pipe):
+        with Loader(Mixture(image_files, [0.5, 0.5]), batch_size=8, seed=3, num_threads=2,
+                    pipelines={"image": pipe}) as ld:
+            return [batch_digest(b) for b in ld]
+
+    for pipe in ([RandomResizedCrop(20), RandomHorizontalFlip(), ToTensor()],
+                 [RandomResizedCrop(20), RandomHorizontalFlip(), Normalize(), ToTorchImage(channels_last=False)]):
+        direct = digests(pipe)
+        monkeypatch.setattr(ImageStage, "fills_rows", False)
+        copied = digests(pipe)
+        monkeypatch.setattr(ImageStage, "fills_rows", True)
+        assert direct == copied and len(direct) == 96 // 8
 
 @pytest.fixture(scope="module")
 def token_files(tmp_path_factory):

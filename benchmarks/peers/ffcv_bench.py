@@ -2,7 +2,7 @@
 
     benchmarks/.envs/ffcv/bin/python benchmarks/peers/ffcv_bench.py convert --folder F --out x.beton --max-res 512
     benchmarks/.envs/ffcv/bin/python benchmarks/peers/ffcv_bench.py load --path x.beton --workers 2 \
-        [--order random|quasi_random] [--os-cache 1] [--batch-size 64]
+        [--order random|quasi_random] [--os-cache 1] [--batch-size 64] [--uint8]
 
 Pipeline: RandomResizedCropRGBImageDecoder(224) + RandomHorizontalFlip + NormalizeImage(float32) + ToTensor +
 ToTorchImage: float32 NCHW-shaped tensors in channels_last memory, like pageset's default ToTorchImage.
@@ -52,16 +52,21 @@ def load(args):
 
     mean = np.array(measure.MEAN) * 255
     std = np.array(measure.STD) * 255
-    pipes = {"image": [RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip(),
-                       NormalizeImage(mean, std, np.float32), ToTensor(), ToTorchImage()],
-             "label": [IntDecoder(), ToTensor()]}
+    image = [RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip()]
+    if args.uint8:  # FFCV's uint8 recipe (normalize on the GPU): uint8 [B, 224, 224, 3]
+        image += [ToTensor()]
+    else:
+        image += [NormalizeImage(mean, std, np.float32), ToTensor(), ToTorchImage()]
+    pipes = {"image": image, "label": [IntDecoder(), ToTensor()]}
     order = {"random": OrderOption.RANDOM, "quasi_random": OrderOption.QUASI_RANDOM}[args.order]
     loader = Loader(args.path, batch_size=args.batch_size, num_workers=args.workers, order=order,
                     os_cache=bool(args.os_cache), drop_last=True, pipelines=pipes)
 
     def check(batch):
         img = batch[0]
-        assert tuple(img.shape) == (args.batch_size, 3, 224, 224) and img.dtype == torch.float32, (img.shape, img.dtype)
+        want = ((args.batch_size, 224, 224, 3), torch.uint8) if args.uint8 else ((args.batch_size, 3, 224, 224),
+                                                                                  torch.float32)
+        assert (tuple(img.shape), img.dtype) == want, (img.shape, img.dtype)
 
     row = measure.measure(lambda epoch: iter(loader), check)
     row.update({"torch_threads": torch.get_num_threads()})
@@ -82,6 +87,7 @@ def main():
     lo.add_argument("--order", default="random")
     lo.add_argument("--os-cache", type=int, default=1)
     lo.add_argument("--batch-size", type=int, default=64)
+    lo.add_argument("--uint8", action="store_true", help="RRC + flip only: uint8 NHWC, no NormalizeImage")
     args = ap.parse_args()
     convert(args) if args.cmd == "convert" else load(args)
 
