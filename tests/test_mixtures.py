@@ -253,6 +253,24 @@ def test_samples_per_epoch_sets_the_epoch(files):
         assert ld.steps_per_epoch == 9
 
 
+def test_drop_last_false_rounds_up_with_the_next_samples_of_the_stream(files):
+    """A Mixture's stream has no end to wrap to: drop_last=False rounds the epoch up to whole global batches
+    with the stream's next samples (real ones, none flagged as padding), and the next epoch continues after
+    them, so nothing is repeated: two epochs of samples_per_epoch=23 read what two of 24 read."""
+    kw = dict(batch_size=4, order="quasi_random", seed=1, num_threads=1)
+
+    def two_epochs(loader):
+        with loader:
+            runs = [_run(loader) for _ in range(2)]  # _run asserts that no sample is flagged as padding
+            return [np.concatenate([r[k] for r in runs]).tolist() for k in ("src", "idx")]
+
+    rounded = Loader(Mixture(files, [0.5, 0.3, 0.2], samples_per_epoch=23), drop_last=False, **kw)
+    assert len(rounded) == 6
+    whole = Loader(Mixture(files, [0.5, 0.3, 0.2], samples_per_epoch=24), **kw)
+    got, want = two_epochs(rounded), two_epochs(whole)
+    assert len(got[0]) == 48 and got == want
+
+
 def test_files_whose_fields_differ_are_refused(files, tmp_path):
     other = tmp_path / "float.pageset"
     write_dataset(other, [(float(i), b"x") for i in range(20)], {"label": Float(), "payload": Bytes()},

@@ -14,6 +14,7 @@ Order, rank slices and resume are order v1 (``pageset.order``): the batches of a
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import weakref
@@ -440,16 +441,15 @@ class Loader:
                 return
         scheduled: list[Slot] = []
         nxt = first
-        # remote pages: fetch the next steps' pages ahead (unless only index columns are loaded: no page reads)
-        # (one file only: the files of a Mixture fetch the pages their rows ask for, on demand)
-        advance = (getattr(self._pages, "advance", None)
-                   if self._plan is None and any(hasattr(s, "pages") for s in self._stages) else None)
-        if advance is not None:
-            self._pages.plan(lambda s: self._step_pages(order, s), first, steps, min_ahead=self.batches_ahead)
+        # remote pages: fetch the next steps' pages ahead (unless only index columns are loaded: no page reads);
+        # a Mixture plans each remote file with the pages of its own samples in each step
+        planned = self._remote_plans(order)
+        for pages, pages_of_step in planned:
+            pages.plan(pages_of_step, first, steps, min_ahead=self.batches_ahead)
         try:
             for step in range(first, steps):
-                if advance is not None:
-                    advance(step)
+                for pages, _ in planned:
+                    pages.advance(step)
                 while nxt < steps and nxt - step < self.batches_ahead:
                     scheduled.append(self._schedule(order, epoch, nxt))
                     nxt += 1
@@ -464,6 +464,29 @@ class Loader:
             self._pool.cancel()
             for slot in scheduled:  # let in-flight slices finish before their buffers are reused
                 self._wait(slot, raise_errors=False)
+
+    def _remote_plans(self, order) -> list:
+        """``[(remote pages, pages_of_step)]`` of the files whose pages are fetched ahead (URLs whose stages read
+        pages): the file, or each file of a Mixture (its own samples' pages in each step)."""
+        if self._plan is None:
+            use = hasattr(self._pages, "advance") and any(hasattr(s, "pages") for s in self._stages)
+            return [(self._pages, lambda step: self._step_pages(order, step))] if use else []
+        return [(src.pages, functools.partial(self._mixture_step_pages, order, k))
+                for k, src in enumerate(self._sources)
+                if hasattr(src.pages, "advance") and any(hasattr(s, "pages") for s in src.stages)]
+
+    def _mixture_step_pages(self, order, k: int, step: int) -> np.ndarray:
+        """Sorted unique pages of the Mixture's file ``k`` that this rank reads at ``step``."""
+        from .remote_pages import span_pages
+
+        positions, _ = rank_positions(step, self.dist.rank, self.dist.world_size, self.global_batch_size,
+                                      self.n_records, self.drop_last)
+        sources, ids = order.lookup(int(positions[0]), int(positions[-1]) + 1)
+        src = self._sources[k]
+        starts, lens = src.spans(ids[sources == k])
+        ds = src.ds
+        return span_pages(np.asarray(starts, np.int64), np.asarray(lens, np.int64), ds.data_offset, ds.page_size,
+                          ds.page_count)
 
     def _inline_batches(self, order, epoch: int, first: int, steps: int):
         """Steps ``[first, steps)`` of ``epoch``, each filled here, by the thread calling next() (``_inline``).
@@ -515,9 +538,21 @@ class Loader:
 
     def remote_stats(self) -> dict | None:
         """For a URL: what was fetched (requests, bytes_fetched, pages_fetched, pages_used, memory_hits, waits,
-        disk_hits / disk_misses with cache_dir); None for a local file."""
-        stats = getattr(self._pages, "stats", None)
-        return stats() if stats is not None else None
+        disk_hits / disk_misses with cache_dir); None for a local file. For a Mixture: those counters summed
+        over its files read from URLs, plus ``"per_source"``: each file's own dict (None for a local file);
+        None when every file is local."""
+        if self._plan is None:
+            stats = getattr(self._pages, "stats", None)
+            return stats() if stats is not None else None
+        per_source = [src.pages.stats() if hasattr(src.pages, "stats") else None for src in self._sources]
+        remote = [d for d in per_source if d is not None]
+        if not remote:
+            return None
+        total: dict = {}
+        for d in remote:
+            for key, value in d.items():
+                total[key] = total.get(key, 0) + value
+        return {**total, "per_source": per_source}
 
     def _prefetch_to_device(self, slot: Slot | None) -> None:
         """Issue the next batch's host-to-device copy now, if it is ready, so it overlaps the step the consumer
