@@ -161,7 +161,7 @@ class MixtureSchedule:
 
     ``MixtureSchedule(quotas)``: quotas as from :func:`quotas` (ints >= 0, at least one positive, at most
     MAX_SOURCES). Attributes: ``quotas``, ``period`` (D), ``slots`` (read-only int16[D], the source of each
-    slot of a period).
+    slot of a period), ``rank`` (read-only int32[D], the slots of the same source before each slot).
     """
 
     def __init__(self, quota_values):
@@ -183,6 +183,13 @@ class MixtureSchedule:
         self._quota_array = q
         self._slot_positions = [self._flat_positions[self._position_bounds[i]:self._position_bounds[i + 1]]
                                 for i in range(q.size)]
+        # rank[r]: slots of source slots[r] before slot r in a period, so count_i(g) for i = slots[g mod D] is
+        # (g // D) * q_i + rank[g mod D] (the index of the sample at g in its source's stream) in O(1)
+        rank = np.empty(self.period, dtype=np.int32)
+        rank[self._flat_positions] = (np.arange(self.period, dtype=np.int64)
+                                      - np.repeat(self._position_bounds[:-1], q)).astype(np.int32)
+        rank.flags.writeable = False
+        self.rank = rank
 
     @property
     def n_sources(self) -> int:
@@ -201,48 +208,44 @@ class MixtureSchedule:
     def lookup(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """``(sources int16[n], k int64[n])`` for global positions ``[start, stop)``: ``k[j]`` is the index of
         that sample within its source's own stream (``count_source(start + j)``)."""
-        src, k, _, _ = self.grouped(start, stop)
-        return src, k
-
-    def grouped(self, start: int, stop: int):
-        """``(sources, k, rows, bounds)`` for global positions ``[start, stop)``: sources int16[n] and k
-        int64[n] as :meth:`lookup`; rows int64[n], the positions (relative to start) sorted by source, stable;
-        bounds int64[S + 1], source i's rows are ``rows[bounds[i]:bounds[i + 1]]`` (its k are consecutive)."""
-        n = int(stop) - int(start)
-        src = np.empty(n, dtype=np.int16)
-        k = np.empty(n, dtype=np.int64)
-        rows = np.empty(n, dtype=np.int64)
-        bounds = np.zeros(self.n_sources + 1, dtype=np.int64)
-        _lookup(self.slots, self._flat_positions, self._position_bounds, self._quota_array, np.int64(start), src,
-                k, rows, bounds)
-        return src, k, rows, bounds
+        g = np.arange(int(start), int(stop), dtype=np.int64)
+        periods, r = np.divmod(g, self.period)
+        src = self.slots[r]
+        return src, periods * self._quota_array[src] + self.rank[r]
 
 
 @numba.njit(nogil=True)
-def _lookup(slots, positions, position_bounds, q, start, src, k, rows, bounds):
-    """Kernel of :meth:`MixtureSchedule.grouped`: one pass to count per source (each present source's count
-    before ``start`` from a binary search of its slots, as :meth:`MixtureSchedule.counts`), one to place the
-    rows."""
+def _mixture_ids(slots, rank, q, n_records, start, win_epoch, win_lo, win_len, win_off, win_buf, src, ids, j0):
+    """Kernel of :meth:`MixtureOrder.lookup`: global positions ``start + j`` for ``j`` in ``[j0, n)`` ->
+    ``src[j]`` (the source, from the period's slots) and ``ids[j]`` (the record id, from the cached window of
+    that source's order holding the sample).
+
+    The sample at g = start + j is sample ``k = (g // D) * q[s] + rank[g % D]`` of source ``s = slots[g % D]``:
+    position ``k % n_records[s]`` of its epoch ``k // n_records[s]``. Source s has two window slots, ``2s`` and
+    ``2s + 1``: slot t holds positions ``[win_lo[t], win_lo[t] + win_len[t])`` of epoch ``win_epoch[t]`` (-1:
+    empty) at ``win_buf[win_off[t]:]``. Returns -1 when every row is written, else the first j whose window is
+    in neither slot, with ``src[j] = s`` and ``ids[j] = k`` (the caller loads that window and calls again from
+    j).
+    """
     period = slots.shape[0]
-    n = src.shape[0]
-    s_count = q.shape[0]
-    periods, r = start // period, start % period
-    taken = np.zeros(s_count, dtype=np.int64)
-    base = np.full(s_count, -1, dtype=np.int64)
-    for j in range(n):
-        s = slots[(start + j) % period]
-        if base[s] < 0:
-            base[s] = periods * q[s] + np.searchsorted(positions[position_bounds[s]:position_bounds[s + 1]], r)
+    for j in range(j0, src.shape[0]):
+        g = start + j
+        r = g % period
+        s = slots[r]
+        k = (g // period) * q[s] + rank[r]
+        n = n_records[s]
+        epoch = k // n
+        pos = k - epoch * n
+        t = 2 * s
+        if not (win_epoch[t] == epoch and win_lo[t] <= pos < win_lo[t] + win_len[t]):
+            t += 1
+            if not (win_epoch[t] == epoch and win_lo[t] <= pos < win_lo[t] + win_len[t]):
+                src[j] = s
+                ids[j] = k
+                return j
         src[j] = s
-        k[j] = base[s] + taken[s]
-        taken[s] += 1
-    for i in range(s_count):
-        bounds[i + 1] = bounds[i] + taken[i]
-    fill = bounds[:-1].copy()
-    for j in range(n):
-        s = src[j]
-        rows[fill[s]] = j
-        fill[s] += 1
+        ids[j] = win_buf[win_off[t] + pos - win_lo[t]]
+    return -1
 
 
 class MixtureOrder:
@@ -251,8 +254,10 @@ class MixtureOrder:
     ``MixtureOrder(schedule, page_sizes, seed, order, window_pages)``: page_sizes is one int64[K_i] per
     source (records per page; N_i = sum). Source i's k-th sample is position ``k % N_i`` of its epoch
     ``k // N_i`` under ``EpochOrder(page_sizes[i], source_seed(seed, i), k // N_i, order, window_pages)``.
-    Keeps the orders of the last two epochs of each source (a tiny source wraps often) and the order window
-    each source read last (consecutive lookups slice it). One caller at a time (the loader's main thread).
+    Keeps the orders of the last two epochs of each source (a tiny source wraps often) and, in one flat
+    buffer, the ids of the two order windows each source read last: a lookup is one kernel call
+    (:func:`_mixture_ids`) unless a sample lies in a window not loaded yet. One caller at a time (the
+    loader's main thread).
     """
 
     def __init__(self, schedule: MixtureSchedule, page_sizes, seed: int, order: str, window_pages: int = 1):
@@ -266,7 +271,26 @@ class MixtureOrder:
                 raise ValueError(f"source {i} has no records but a positive weight")
         self.seeds = [source_seed(seed, i) for i in range(schedule.n_sources)]
         self._orders: OrderedDict[tuple[int, int], EpochOrder] = OrderedDict()
-        self._windows: dict[int, tuple[int, int, np.ndarray]] = {}  # source -> (epoch, first position, ids)
+        self._records = np.asarray(self.n_records, dtype=np.int64)
+        # Two window slots per source (2i, 2i + 1): the epoch (-1: empty), first position and length of the
+        # window each holds, and its place in the flat buffer, sized for the largest window of the source's
+        # order (the window_pages largest pages; "random": the whole epoch). A slot whose window turns out
+        # larger gets a new buffer (_grow).
+        s = schedule.n_sources
+        self._win_epoch = np.full(2 * s, -1, dtype=np.int64)
+        self._win_lo = np.zeros(2 * s, dtype=np.int64)
+        self._win_len = np.zeros(2 * s, dtype=np.int64)
+        cap = np.zeros(2 * s, dtype=np.int64)
+        for i, (sizes, q) in enumerate(zip(self.page_sizes, schedule.quotas)):
+            if q > 0:
+                m = sizes.shape[0] if order == "random" else self.window_pages
+                cap[2 * i : 2 * i + 2] = np.sort(sizes)[::-1][:m].sum()
+        self._win_cap = cap
+        self._win_off = np.zeros(2 * s, dtype=np.int64)
+        np.cumsum(cap[:-1], out=self._win_off[1:])
+        self._win_buf = np.empty(int(cap.sum()), dtype=np.int64)
+        self._win_loaded = [0] * (2 * s)  # when each slot was last loaded (the older of a source's two goes)
+        self._loads = 0
 
     def _epoch_order(self, source: int, epoch: int) -> EpochOrder:
         key = (source, epoch)
@@ -280,34 +304,49 @@ class MixtureOrder:
         return order
 
     def lookup(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(sources int16[n], ids int64[n])`` for global positions ``[start, stop)``: record ids within
-        each sample's source file."""
-        src, k, rows, bounds = self.schedule.grouped(start, stop)
-        ids = np.empty(src.shape[0], dtype=np.int64)
-        b = bounds.tolist()
-        for i in np.flatnonzero(bounds[1:] != bounds[:-1]).tolist():  # the sources present in the range
-            lo, hi = b[i], b[i + 1]
-            n, first = self.n_records[i], int(k[rows[lo]])  # the k of source i are first, first + 1, ...
-            done = 0
-            while done < hi - lo:
-                epoch, pos = divmod(first + done, n)
-                w_lo, w_ids = self._window(i, epoch, pos)
-                take = min(hi - lo - done, w_lo + w_ids.shape[0] - pos)
-                ids[rows[lo + done : lo + done + take]] = w_ids[pos - w_lo : pos - w_lo + take]
-                done += take
-        return src, ids
+        """``(sources int16[n], ids int64[n])`` for global positions ``[start, stop)`` (new arrays): record ids
+        within each sample's source file."""
+        n = int(stop) - int(start)
+        src = np.empty(n, dtype=np.int16)
+        ids = np.empty(n, dtype=np.int64)
+        sched, j = self.schedule, 0
+        while True:
+            j = _mixture_ids(sched.slots, sched.rank, sched._quota_array, self._records, np.int64(start),
+                             self._win_epoch, self._win_lo, self._win_len, self._win_off, self._win_buf, src, ids,
+                             np.int64(j))
+            if j < 0:
+                return src, ids
+            s = int(src[j])
+            self._load_window(s, *divmod(int(ids[j]), self.n_records[s]))
 
-    def _window(self, source: int, epoch: int, pos: int) -> tuple[int, np.ndarray]:
-        """``(first position, ids)`` of the window of source ``source``'s order for ``epoch`` that holds position
-        ``pos``: the same ids as ``EpochOrder.ids``, without its per-call work (one window per source is kept)."""
-        cached = self._windows.get(source)
-        if cached is not None and cached[0] == epoch and cached[1] <= pos < cached[1] + cached[2].shape[0]:
-            return cached[1], cached[2]
+    def _load_window(self, source: int, epoch: int, pos: int) -> None:
+        """Copy the ids of the window of source ``source``'s order for ``epoch`` holding position ``pos`` into the
+        source's slot loaded longer ago (the same ids as ``EpochOrder.ids``)."""
         order = self._epoch_order(source, epoch)
         w = order.window_of(pos)
         w_lo, w_ids = int(order.window_starts[w]), order.window_ids(w)
-        self._windows[source] = (epoch, w_lo, w_ids)
-        return w_lo, w_ids
+        t = 2 * source if self._win_loaded[2 * source] <= self._win_loaded[2 * source + 1] else 2 * source + 1
+        if w_ids.shape[0] > self._win_cap[t]:
+            self._grow(t, w_ids.shape[0])
+        off = int(self._win_off[t])
+        self._win_buf[off : off + w_ids.shape[0]] = w_ids
+        self._win_epoch[t], self._win_lo[t], self._win_len[t] = epoch, w_lo, w_ids.shape[0]
+        self._loads += 1
+        self._win_loaded[t] = self._loads
+        if self.order == "random":  # one window, the whole epoch: the slot now holds it, the order need not
+            self._orders.pop((source, epoch), None)
+
+    def _grow(self, slot: int, size: int) -> None:
+        """A new flat buffer where window slot ``slot`` holds ``size`` ids (the other slots keep theirs)."""
+        cap = self._win_cap.copy()
+        cap[slot] = size
+        off = np.zeros_like(self._win_off)
+        np.cumsum(cap[:-1], out=off[1:])
+        buf = np.empty(int(cap.sum()), dtype=np.int64)
+        for t in np.flatnonzero(self._win_len).tolist():
+            n = int(self._win_len[t])
+            buf[off[t] : off[t] + n] = self._win_buf[self._win_off[t] : self._win_off[t] + n]
+        self._win_cap, self._win_off, self._win_buf = cap, off, buf
 
     def epoch(self, epoch: int, epoch_length: int) -> MixtureEpoch:
         """The view of mixture epoch ``epoch`` (of ``epoch_length`` positions): ``lookup(start, stop)``."""
