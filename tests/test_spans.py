@@ -117,12 +117,16 @@ def test_pread_mixed_windows_reads_each_row_from_its_own_file(tmp_path):
         inp, tgt = np.zeros((7, L), dtype=np.int64), np.zeros((7, L), dtype=np.int64)
         row = np.empty(L + 1, dtype=np.uint16)
         bases, strides = np.array([64, 3], dtype=np.int64), np.array([2 * L, 2 * L], dtype=np.int64)
-        assert pread_mixed_windows(fds, bases, strides, sources[:6], ids[:6], row, inp, tgt) == -1
+        touched = np.zeros(3, dtype=np.uint8)
+        assert pread_mixed_windows(fds[:1], bases, strides, sources[1:3], ids[1:3], row, inp, tgt, touched) == -1
+        assert touched.tolist() == [1, 0, 0]
+        assert pread_mixed_windows(fds, bases, strides, sources[:6], ids[:6], row, inp, tgt, touched) == -1
+        assert touched.tolist() == [1, 1, 0]
         for j in range(6):
             t = (ta, tb)[sources[j]]
             np.testing.assert_array_equal(inp[j], t[ids[j] * L : ids[j] * L + L])
             np.testing.assert_array_equal(tgt[j], t[ids[j] * L + 1 : ids[j] * L + L + 1])
-        assert pread_mixed_windows(fds, bases, strides, sources, ids, row, inp, tgt) == 6
+        assert pread_mixed_windows(fds, bases, strides, sources, ids, row, inp, tgt, touched) == 6
     finally:
         for fd in fds.tolist():
             os.close(fd)

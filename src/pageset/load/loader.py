@@ -579,13 +579,12 @@ class Loader:
         B = self.batch_size
         start = step * self.global_batch_size + self.dist.rank * B
         positions = np.arange(start, start + B, dtype=np.int64)
-        padding = positions >= self.n_records
         slot.step, slot.generation, slot.error, slot.prefetched = step, self._pool.generation, None, None
-        slot.positions, slot.padding = positions, padding
         if self._plan is not None:  # a mixture: no padding, every position is a sample of the schedule
+            slot.positions, slot.padding = positions, np.zeros(B, dtype=bool)
             slot.sources, slot.ids = order.lookup(start, start + B)
-            padding[:] = False
         else:
+            slot.positions, slot.padding = positions, positions >= self.n_records
             slot.sources, slot.ids = None, order.ids(start, start + B)
         slot.keys = sample_keys(self.seed, epoch, positions) if self._needs_keys else None
 

@@ -166,6 +166,7 @@ class MixtureReader:
     """
 
     _STAGING = "mixture windows"  # ctx key of the thread's staging buffer for token windows
+    _TOUCHED = "mixture files read"  # ctx key of the thread's uint8[files]: the files a fill read from
 
     def __init__(self, sources: list[FileSource], stages: list):
         self.sources = sources
@@ -177,6 +178,9 @@ class MixtureReader:
             self._base = np.array([st.data_offset for st in firsts], dtype=np.int64)
             self._stride = np.array([st.seq_len * st.itemsize for st in firsts], dtype=np.int64)
             self._direct = all(type(s.pages) is PreadPages and s.verifier is None for s in sources)
+            if self._direct:  # the descriptors stay valid until the loader closes the files
+                self._fds = np.array([s.ds.fileno() for s in sources], dtype=np.int64)
+                self._checks = [s.ds.check_unchanged for s in sources]
 
     def fill(self, arrays: list, lo: int, hi: int, sources: np.ndarray, ids: np.ndarray, keys: np.ndarray,
              ctx: dict) -> None:
@@ -205,23 +209,28 @@ class MixtureReader:
         stage = self._windows
         if self._direct:
             # one pread per window on its own file, in row order, read and widened in one nogil kernel call (as
-            # a single file's batch is)
+            # a single file's batch is); then the files read from are checked unchanged
             inp, tgt = arrays[0]["input"][lo:hi], arrays[0]["target"][lo:hi]
-            fds = np.array([s.ds.fileno() for s in self.sources], dtype=np.int64)
             row = buf[:w].view(stage.dtype)
+            touched = ctx.get(self._TOUCHED)
+            if touched is None or touched.shape[0] != len(self.sources):
+                touched = ctx[self._TOUCHED] = np.zeros(len(self.sources), dtype=np.uint8)
             done = 0
-            while done < m:
-                bad = token_ops.pread_mixed_windows(fds, self._base, self._stride, src[done:], ids[done:], row,
-                                                    inp[done:], tgt[done:])
-                if bad < 0:
-                    break
-                j = done + bad  # a short read: read_into finishes it or raises TruncatedFileError
-                i = int(src[j])
-                self.sources[i].ds.read_into(int(self._base[i] + ids[j] * self._stride[i]), row)
-                token_ops.split_windows(row[None], inp[j : j + 1], tgt[j : j + 1])
-                done = j + 1
-            for i in np.unique(src).tolist():
-                self.sources[i].ds.check_unchanged()
+            try:
+                while done < m:
+                    bad = token_ops.pread_mixed_windows(self._fds, self._base, self._stride, src[done:], ids[done:],
+                                                        row, inp[done:], tgt[done:], touched)
+                    if bad < 0:
+                        break
+                    j = done + bad  # a short read: read_into finishes it or raises TruncatedFileError
+                    i = int(src[j])
+                    self.sources[i].ds.read_into(int(self._base[i] + ids[j] * self._stride[i]), row)
+                    token_ops.split_windows(row[None], inp[j : j + 1], tgt[j : j + 1])
+                    done = j + 1
+                for i in np.flatnonzero(touched).tolist():
+                    self._checks[i]()
+            finally:
+                touched[:] = 0
             if stage.docs:
                 stage.fill_documents(arrays[0], lo, hi)
             return

@@ -139,12 +139,15 @@ def pread_windows(fd, base, stride, ids, row, out_input, out_target):
 
 
 @numba.njit(nogil=True)
-def pread_mixed_windows(fds, bases, strides, sources, ids, row, out_input, out_target):
+def pread_mixed_windows(fds, bases, strides, sources, ids, row, out_input, out_target, touched):
     """:func:`pread_windows` over several token files of one dtype (a Mixture): window ``j`` is window
     ``ids[j]`` of file ``sources[j]``, whose descriptor, token-0 offset and window stride (bytes) are
-    ``fds[i]``, ``bases[i]``, ``strides[i]`` (int64[files]). Returns -1, or the first ``j`` not read in full."""
+    ``fds[i]``, ``bases[i]``, ``strides[i]`` (int64[files]); ``touched[i]`` (uint8[files]) is set to 1 for each
+    file read from (the caller checks those files and clears it). Returns -1, or the first ``j`` not read in
+    full."""
     for j in range(ids.shape[0]):
         i = sources[j]
+        touched[i] = 1
         if not pread_full(fds[i], row, bases[i] + ids[j] * strides[i]):
             return j
         _widen(row, out_input[j], out_target[j])

@@ -215,17 +215,17 @@ class MixtureSchedule:
 
 
 @numba.njit(nogil=True)
-def _mixture_ids(slots, rank, q, n_records, start, win_epoch, win_lo, win_len, win_off, win_buf, src, ids, j0):
+def _mixture_ids(slots, rank, q, n_records, start, windows, window_ids, src, ids, j0):
     """Kernel of :meth:`MixtureOrder.lookup`: global positions ``start + j`` for ``j`` in ``[j0, n)`` ->
     ``src[j]`` (the source, from the period's slots) and ``ids[j]`` (the record id, from the cached window of
     that source's order holding the sample).
 
     The sample at g = start + j is sample ``k = (g // D) * q[s] + rank[g % D]`` of source ``s = slots[g % D]``:
     position ``k % n_records[s]`` of its epoch ``k // n_records[s]``. Source s has two window slots, ``2s`` and
-    ``2s + 1``: slot t holds positions ``[win_lo[t], win_lo[t] + win_len[t])`` of epoch ``win_epoch[t]`` (-1:
-    empty) at ``win_buf[win_off[t]:]``. Returns -1 when every row is written, else the first j whose window is
-    in neither slot, with ``src[j] = s`` and ``ids[j] = k`` (the caller loads that window and calls again from
-    j).
+    ``2s + 1``: slot t (a column of windows, int64[4, 2S]) holds positions ``[lo, lo + len)`` of epoch
+    ``windows[0, t]`` (-1: empty), with ``lo = windows[1, t]``, ``len = windows[2, t]``, at
+    ``window_ids[windows[3, t]:]``. Returns -1 when every row is written, else the first j whose window is in
+    neither slot, with ``src[j] = s`` and ``ids[j] = k`` (the caller loads that window and calls again from j).
     """
     period = slots.shape[0]
     for j in range(j0, src.shape[0]):
@@ -237,14 +237,14 @@ def _mixture_ids(slots, rank, q, n_records, start, win_epoch, win_lo, win_len, w
         epoch = k // n
         pos = k - epoch * n
         t = 2 * s
-        if not (win_epoch[t] == epoch and win_lo[t] <= pos < win_lo[t] + win_len[t]):
+        if windows[0, t] != epoch or not windows[1, t] <= pos < windows[1, t] + windows[2, t]:
             t += 1
-            if not (win_epoch[t] == epoch and win_lo[t] <= pos < win_lo[t] + win_len[t]):
+            if windows[0, t] != epoch or not windows[1, t] <= pos < windows[1, t] + windows[2, t]:
                 src[j] = s
                 ids[j] = k
                 return j
         src[j] = s
-        ids[j] = win_buf[win_off[t] + pos - win_lo[t]]
+        ids[j] = window_ids[windows[3, t] + pos - windows[1, t]]
     return -1
 
 
@@ -272,25 +272,24 @@ class MixtureOrder:
         self.seeds = [source_seed(seed, i) for i in range(schedule.n_sources)]
         self._orders: OrderedDict[tuple[int, int], EpochOrder] = OrderedDict()
         self._records = np.asarray(self.n_records, dtype=np.int64)
-        # Two window slots per source (2i, 2i + 1): the epoch (-1: empty), first position and length of the
-        # window each holds, and its place in the flat buffer, sized for the largest window of the source's
-        # order (the window_pages largest pages; "random": the whole epoch). A slot whose window turns out
-        # larger gets a new buffer (_grow).
+        # Two window slots per source (2i, 2i + 1), columns of _windows: the epoch (-1: empty), first position,
+        # length and place in the flat buffer _window_ids of the window each holds; a slot has room for the
+        # largest window of the source's order (its window_pages largest pages; "random": the whole epoch), and
+        # one whose window turns out larger gets a new buffer (_grow).
         s = schedule.n_sources
-        self._win_epoch = np.full(2 * s, -1, dtype=np.int64)
-        self._win_lo = np.zeros(2 * s, dtype=np.int64)
-        self._win_len = np.zeros(2 * s, dtype=np.int64)
+        self._windows = np.zeros((4, 2 * s), dtype=np.int64)
+        self._windows[0] = -1
         cap = np.zeros(2 * s, dtype=np.int64)
         for i, (sizes, q) in enumerate(zip(self.page_sizes, schedule.quotas)):
             if q > 0:
                 m = sizes.shape[0] if order == "random" else self.window_pages
                 cap[2 * i : 2 * i + 2] = np.sort(sizes)[::-1][:m].sum()
-        self._win_cap = cap
-        self._win_off = np.zeros(2 * s, dtype=np.int64)
-        np.cumsum(cap[:-1], out=self._win_off[1:])
-        self._win_buf = np.empty(int(cap.sum()), dtype=np.int64)
-        self._win_loaded = [0] * (2 * s)  # when each slot was last loaded (the older of a source's two goes)
+        self._capacity = cap
+        np.cumsum(cap[:-1], out=self._windows[3, 1:])
+        self._window_ids = np.empty(int(cap.sum()), dtype=np.int64)
+        self._loaded = [0] * (2 * s)  # when each slot was last loaded (the older of a source's two goes)
         self._loads = 0
+        self._kernel_args = (schedule.slots, schedule.rank, schedule._quota_array, self._records)
 
     def _epoch_order(self, source: int, epoch: int) -> EpochOrder:
         key = (source, epoch)
@@ -306,18 +305,15 @@ class MixtureOrder:
     def lookup(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """``(sources int16[n], ids int64[n])`` for global positions ``[start, stop)`` (new arrays): record ids
         within each sample's source file."""
-        n = int(stop) - int(start)
+        n = stop - start
         src = np.empty(n, dtype=np.int16)
         ids = np.empty(n, dtype=np.int64)
-        sched, j = self.schedule, 0
-        while True:
-            j = _mixture_ids(sched.slots, sched.rank, sched._quota_array, self._records, np.int64(start),
-                             self._win_epoch, self._win_lo, self._win_len, self._win_off, self._win_buf, src, ids,
-                             np.int64(j))
-            if j < 0:
-                return src, ids
+        j = _mixture_ids(*self._kernel_args, start, self._windows, self._window_ids, src, ids, 0)
+        while j >= 0:  # a sample in a window not loaded yet: load it, go on from there
             s = int(src[j])
             self._load_window(s, *divmod(int(ids[j]), self.n_records[s]))
+            j = _mixture_ids(*self._kernel_args, start, self._windows, self._window_ids, src, ids, j)
+        return src, ids
 
     def _load_window(self, source: int, epoch: int, pos: int) -> None:
         """Copy the ids of the window of source ``source``'s order for ``epoch`` holding position ``pos`` into the
@@ -325,28 +321,30 @@ class MixtureOrder:
         order = self._epoch_order(source, epoch)
         w = order.window_of(pos)
         w_lo, w_ids = int(order.window_starts[w]), order.window_ids(w)
-        t = 2 * source if self._win_loaded[2 * source] <= self._win_loaded[2 * source + 1] else 2 * source + 1
-        if w_ids.shape[0] > self._win_cap[t]:
-            self._grow(t, w_ids.shape[0])
-        off = int(self._win_off[t])
-        self._win_buf[off : off + w_ids.shape[0]] = w_ids
-        self._win_epoch[t], self._win_lo[t], self._win_len[t] = epoch, w_lo, w_ids.shape[0]
+        t = 2 * source + (self._loaded[2 * source] > self._loaded[2 * source + 1])
+        n = w_ids.shape[0]
+        if n > self._capacity[t]:
+            self._grow(t, n)
+        off = int(self._windows[3, t])
+        self._window_ids[off : off + n] = w_ids
+        self._windows[:3, t] = epoch, w_lo, n
         self._loads += 1
-        self._win_loaded[t] = self._loads
+        self._loaded[t] = self._loads
         if self.order == "random":  # one window, the whole epoch: the slot now holds it, the order need not
             self._orders.pop((source, epoch), None)
 
     def _grow(self, slot: int, size: int) -> None:
-        """A new flat buffer where window slot ``slot`` holds ``size`` ids (the other slots keep theirs)."""
-        cap = self._win_cap.copy()
+        """A new flat buffer where window slot ``slot`` has room for ``size`` ids (the other slots keep theirs)."""
+        cap = self._capacity.copy()
         cap[slot] = size
-        off = np.zeros_like(self._win_off)
-        np.cumsum(cap[:-1], out=off[1:])
+        windows = self._windows.copy()
+        windows[3, 0] = 0
+        np.cumsum(cap[:-1], out=windows[3, 1:])
         buf = np.empty(int(cap.sum()), dtype=np.int64)
-        for t in np.flatnonzero(self._win_len).tolist():
-            n = int(self._win_len[t])
-            buf[off[t] : off[t] + n] = self._win_buf[self._win_off[t] : self._win_off[t] + n]
-        self._win_cap, self._win_off, self._win_buf = cap, off, buf
+        for t in np.flatnonzero(self._windows[2]).tolist():
+            o, n, new = int(self._windows[3, t]), int(self._windows[2, t]), int(windows[3, t])
+            buf[new : new + n] = self._window_ids[o : o + n]
+        self._capacity, self._windows, self._window_ids = cap, windows, buf
 
     def epoch(self, epoch: int, epoch_length: int) -> MixtureEpoch:
         """The view of mixture epoch ``epoch`` (of ``epoch_length`` positions): ``lookup(start, stop)``."""
