@@ -166,7 +166,6 @@ class MixtureReader:
     """
 
     _STAGING = "mixture windows"  # ctx key of the thread's staging buffer for token windows
-    _TOUCHED = "mixture files read"  # ctx key of the thread's uint8[files]: the files a fill read from
 
     def __init__(self, sources: list[FileSource], stages: list):
         self.sources = sources
@@ -186,7 +185,9 @@ class MixtureReader:
              ctx: dict) -> None:
         """Fill rows ``[lo, hi)`` of a slot's ``arrays``; raises what the files' stages and page sources raise."""
         if self._windows is not None:
-            self._fill_windows(arrays, lo, hi, sources[lo:hi], ids[lo:hi], ctx)
+            if lo or hi != sources.shape[0]:
+                sources, ids = sources[lo:hi], ids[lo:hi]
+            (self._read_windows if self._direct else self._fill_windows)(arrays, lo, hi, sources, ids, ctx)
             return
         for i, rows in self._groups(sources[lo:hi]):
             rows = rows + lo
@@ -201,39 +202,46 @@ class MixtureReader:
         for a, b in zip(cuts[:-1], cuts[1:]):
             yield int(ordered[a]), order[a:b]
 
+    def _read_windows(self, arrays: list, lo: int, hi: int, src: np.ndarray, ids: np.ndarray, ctx: dict) -> None:
+        """Rows ``[lo, hi)`` (windows ``ids`` of files ``src``) with one pread per window on its own file, in row
+        order, read and widened in one nogil kernel call (as a single file's batch is); then the files read from
+        are checked unchanged (``page_cache="os"``, no page verification)."""
+        stage = self._windows
+        scratch = ctx.get(self)
+        if scratch is None:  # the thread's window row and flags of the files read
+            scratch = ctx[self] = (np.empty(stage.seq_len + 1, dtype=stage.dtype),
+                                   np.zeros(len(self.sources), dtype=np.uint8))
+        row, touched = scratch
+        inp, tgt = arrays[0]["input"], arrays[0]["target"]
+        if lo or hi != inp.shape[0]:
+            inp, tgt = inp[lo:hi], tgt[lo:hi]
+        try:
+            bad = token_ops.pread_mixed_windows(self._fds, self._base, self._stride, src, ids, row, inp, tgt,
+                                                touched)
+            done = 0
+            while bad >= 0:
+                j = done + bad  # a short read: read_into finishes it or raises TruncatedFileError
+                i = int(src[j])
+                self.sources[i].ds.read_into(int(self._base[i] + ids[j] * self._stride[i]), row)
+                token_ops.split_windows(row[None], inp[j : j + 1], tgt[j : j + 1])
+                done = j + 1
+                bad = token_ops.pread_mixed_windows(self._fds, self._base, self._stride, src[done:], ids[done:],
+                                                    row, inp[done:], tgt[done:], touched) if done < hi - lo else -1
+            for i in touched.nonzero()[0].tolist():
+                self._checks[i]()
+        finally:
+            touched.fill(0)
+        if stage.docs:
+            stage.fill_documents(arrays[0], lo, hi)
+
     def _fill_windows(self, arrays: list, lo: int, hi: int, src: np.ndarray, ids: np.ndarray, ctx: dict) -> None:
+        """Rows ``[lo, hi)``: each file gathers its windows through its page source (cache, URL, CRC checks) into
+        the thread's staging buffer, converted in one call."""
         m, w = hi - lo, self._row_bytes
         buf = ctx.get(self._STAGING)
         if buf is None or buf.shape[0] < m * w:
             buf = ctx[self._STAGING] = np.empty(max(m * w, 1 << 16), dtype=np.uint8)
         stage = self._windows
-        if self._direct:
-            # one pread per window on its own file, in row order, read and widened in one nogil kernel call (as
-            # a single file's batch is); then the files read from are checked unchanged
-            inp, tgt = arrays[0]["input"][lo:hi], arrays[0]["target"][lo:hi]
-            row = buf[:w].view(stage.dtype)
-            touched = ctx.get(self._TOUCHED)
-            if touched is None or touched.shape[0] != len(self.sources):
-                touched = ctx[self._TOUCHED] = np.zeros(len(self.sources), dtype=np.uint8)
-            done = 0
-            try:
-                while done < m:
-                    bad = token_ops.pread_mixed_windows(self._fds, self._base, self._stride, src[done:], ids[done:],
-                                                        row, inp[done:], tgt[done:], touched)
-                    if bad < 0:
-                        break
-                    j = done + bad  # a short read: read_into finishes it or raises TruncatedFileError
-                    i = int(src[j])
-                    self.sources[i].ds.read_into(int(self._base[i] + ids[j] * self._stride[i]), row)
-                    token_ops.split_windows(row[None], inp[j : j + 1], tgt[j : j + 1])
-                    done = j + 1
-                for i in np.flatnonzero(touched).tolist():
-                    self._checks[i]()
-            finally:
-                touched[:] = 0
-            if stage.docs:
-                stage.fill_documents(arrays[0], lo, hi)
-            return
         rows2d = buf[: m * w].reshape(m, w)
         for i, rows in self._groups(src):
             source = self.sources[i]
