@@ -38,7 +38,7 @@ from pageset import (
     write_dataset,
     write_tokens,
 )
-from pageset.order import StateError, StateMismatchError
+from pageset.order import EpochOrder, StateError, StateMismatchError
 from pageset.order.mixture import MixtureOrder, MixtureSchedule, quotas, source_seed
 
 # --- the schedule: pure functions -------------------------------------------------------------------------
@@ -103,6 +103,39 @@ def test_golden_vectors():
     assert sources.tolist() == [0, 1, 0, 2, 0, 1, 0, 2, 1, 0, 0, 1, 0, 2, 0, 1, 0, 2, 1, 0, 0, 1, 0, 2]
     assert ids.tolist() == [6, 3, 5, 2, 1, 2, 4, 0, 0, 2, 3, 1, 0, 1, 8, 2, 10, 0, 3, 7, 9, 1, 11, 1]
     assert order.cursors(24) == [(1, 0), (1, 3), (1, 2)]  # 12 of 12, 7 of 4, 5 of 3 records taken
+
+
+def _lookup_reference(order, seed, start, stop):
+    """(sources, ids) of global positions [start, stop) from the schedule's closed-form counts and each source's
+    EpochOrder, one position at a time (no window cache)."""
+    src, k = order.schedule.lookup(start, stop)
+    ids = []
+    for s, kj in zip(src.tolist(), k.tolist()):
+        n = order.n_records[s]
+        ep = EpochOrder(order.page_sizes[s], source_seed(seed, s), kj // n, order.order,
+                        order.window_pages)
+        ids.append(int(ep.ids(kj % n, kj % n + 1)[0]))
+    return src, np.array(ids, dtype=np.int64)
+
+
+@pytest.mark.parametrize("order_name", ["quasi_random", "random", "sequential"])
+def test_lookup_kernel_equals_per_position_orders(order_name):
+    """MixtureOrder.lookup (one kernel call over cached windows) gives each position the id of its source's own
+    order: tiny sources wrapping several times in one call, a zero weight, jumps back and forth between far
+    positions (both window slots of a source in use, then replaced), and a window slot that must grow."""
+    pages = [[3, 4, 5, 2, 6], [2, 2], [1], [4, 4]]
+    order = MixtureOrder(MixtureSchedule((5, 3, 1, 0)), pages, 7, order_name, 2)
+    ranges = [(0, 40), (40, 41), (41, 97), (500, 530), (97, 130), (0, 40), (1000, 1003), (131, 132), (2, 9)]
+    for start, stop in ranges:
+        src, ids = order.lookup(start, stop)
+        assert src.dtype == np.int16 and ids.dtype == np.int64 and src.shape == ids.shape == (stop - start,)
+        want_src, want_ids = _lookup_reference(order, 7, start, stop)
+        np.testing.assert_array_equal(src, want_src)
+        np.testing.assert_array_equal(ids, want_ids)
+    assert (order.lookup(0, 200)[0] != 3).all()  # weight 0: never scheduled
+    order._capacity[:] = order._windows[2]  # no room to spare: larger windows grow the buffer, the others stay
+    for start, stop in [(300, 340), (0, 40), (301, 305), (2000, 2100)]:
+        np.testing.assert_array_equal(order.lookup(start, stop)[1], _lookup_reference(order, 7, start, stop)[1])
 
 
 def test_quotas_resolve_weights():
