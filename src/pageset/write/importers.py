@@ -26,7 +26,7 @@ import numpy as np
 
 from ..format import arguments as check
 from ..format import constants as C
-from .filewriter import check_not_input, check_output_path
+from .filewriter import check_not_input, check_output_path, check_replaceable, is_url
 from .tokens import UINT16_MAX, UINT32_MAX, TokenFileWriter, TokenWriteResult
 from .writer import _check_page_size
 
@@ -76,6 +76,8 @@ def _check_arguments(path, sources: list, eos_id, out_dtype, page_size, metadata
                          f"arguments swapped? the output comes first: {call}); remove it or choose another output "
                          "path")
     check_not_input(path, sources)
+    if is_url(path):  # an object's first bytes, through fsspec (credentials from the environment)
+        check_replaceable(path, call)
     check.integer("eos_id", eos_id, minimum=0, maximum=UINT32_MAX)
     check.choice("out_dtype", out_dtype, ("auto",) + C.TOKEN_DTYPES)
     if page_size is not None:
