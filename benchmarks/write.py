@@ -1,8 +1,23 @@
-"""Conversion throughput: images/s of ``write_dataset`` and tokens/s of ``write_tokens``, with worker processes
-(``num_workers``) and on a Dask LocalCluster of as many single-threaded worker processes (``executor=``), then a
-paper estimate of cluster conversions from the measured per-core rates.
+"""Conversion throughput: ``write_dataset`` against FFCV's ``DatasetWriter`` on the same JPEG folders, images/s of
+``write_dataset`` and tokens/s of ``write_tokens`` with worker processes (``num_workers``) and on a Dask
+LocalCluster of as many single-threaded worker processes (``executor=``), then a paper estimate of cluster
+conversions from the measured per-core rates.
 
     .venv/bin/python -m benchmarks.write [--images 600] [--workers 1 2] [--no-dask] [--json out/bench_write.json]
+    .venv/bin/python -m benchmarks.write --quick      (the FFCV comparison, then 200 images with 1 and 2
+                                                      processes, no Dask, no tokens: ~3 min on 2 cores)
+
+Against FFCV 1.0.2 (``benchmarks/.envs/ffcv``, built by ``bash benchmarks/peers/setup_ffcv.sh``; skipped with a
+note when missing): two folders, (a) ImageNet-like crops of the real photos (long side 410-512 px, q90, as the
+loader benchmarks use) and (b) the real photos themselves (up to 6000 px), each written with ``--vs-workers``
+processes at ``max_resolution`` 512, JPEG q90, by FFCV (``RGBImageField(write_mode="jpg")``, PIL decode as its
+docs show) and by pageset with the defaults, with ``jpeg_passthrough=True`` and with ``jpeg_draft=False``. Each
+row runs in a fresh process (timed from the writer's construction to its return, imports excluded; CPU seconds
+of the process tree), rows interleaved ``--runs`` times: medians with min-max; then one more run per row samples
+the peak PSS of the process tree (apart: reading every process's smaps slowed FFCV's writer by ~50%). Then, in this process, where
+pageset's writer time goes per image (thread CPU: read + header, decode, EXIF/RGB, resize, encode, and the rest:
+pickling, assembly, the file write) and how often each JPEG shortcut applied (passthrough, yuv, turbo, draft). JSON ``"targets"``: pageset /
+FFCV >= 2.0x.
 
 Prints markdown tables and writes JSON (settings, machine, results, estimates). Every write of one encoding must
 give one dataset id (asserted): the engine changes the speed, never the bytes.
@@ -14,6 +29,10 @@ import argparse
 import json
 import os
 import platform
+import shutil
+import statistics
+import subprocess
+import sys
 import sysconfig
 import tempfile
 import time
@@ -184,6 +203,193 @@ def _estimate(sets, cpu_s, item_bytes, engine):
     return out
 
 
+# ---- pageset vs FFCV's DatasetWriter on the same folders ------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+FFCV_PY = ROOT / "benchmarks" / ".envs" / "ffcv" / "bin" / "python"
+VARIANTS = {  # name -> RGBImage keyword arguments (None: FFCV)
+    "FFCV 1.0.2": None,
+    "pageset": {},
+    "pageset jpeg_passthrough": {"jpeg_passthrough": True},
+    "pageset jpeg_draft=False": {"jpeg_draft": False},
+}
+SETS = {"imagenet-like": ("pageset", "pageset jpeg_passthrough"), "photos": ("pageset", "pageset jpeg_draft=False")}
+
+
+def build_folders(tmp, n_images):
+    """The two input folders: ImageNet-like crops (410-512 px, q90) and the real photos, one class each."""
+    photos = wheel_photos() + debian_photos()
+    folders = {"imagenet-like": make_imagenet_like(Path(tmp) / "inet", n_images, long_side=(410, 512),
+                                                   photos=photos, quality=(90, 90))}
+    big = Path(tmp) / "photos"
+    for k, p in enumerate(photos):
+        if p.lower().endswith(".jpg"):  # the photos as they are: JPEG files only (FFCV's reader wants .jpg)
+            (big / f"{k:03d}").mkdir(parents=True)  # one class each (KDE wallpapers share file names)
+            shutil.copy(p, big / f"{k:03d}" / "0.jpg")
+    folders["photos"] = big
+    return folders
+
+
+def row_main(spec: dict) -> None:
+    """One measured pageset write in this fresh process (``--row``): prints one JSON line."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
+    import measure
+
+    fields = {"image": RGBImage(max_resolution=spec["max_resolution"], jpeg_quality=90, **spec["kw"]),
+              "label": Int()}
+    sampler = measure.TreeSampler() if spec["memory"] else measure.RusageSampler()  # see ffcv_bench.convert
+    c0, t = measure.cpu_with_children(), time.perf_counter()
+    res = write_dataset(spec["out"], spec["folder"], fields, num_workers=spec["workers"], progress=False,
+                        lineage=False)
+    dt = time.perf_counter() - t
+    sampler.stop()
+    measure.emit({"convert_s": dt, "images": res.records, "file_mb": res.bytes / 1e6,
+                  "peak_rss_mb": sampler.peak_bytes / 2**20, "dataset_id": res.dataset_id,
+                  "cpu_s": measure.cpu_with_children() - c0})
+
+
+def _run_row(name, folder, out, args, memory=False) -> dict:
+    kw = VARIANTS[name]
+    if kw is None:
+        cmd = [str(FFCV_PY), str(ROOT / "benchmarks/peers/ffcv_bench.py"), "convert", "--folder", str(folder),
+               "--out", str(out) + ".beton", "--max-res", str(args.max_resolution), "--workers", str(args.vs_workers),
+               "--memory", str(int(memory))]
+    else:
+        spec = {"folder": str(folder), "out": str(out) + ".pageset", "workers": args.vs_workers,
+                "max_resolution": args.max_resolution, "kw": kw, "memory": memory}
+        cmd = [sys.executable, "-m", "benchmarks.write", "--row", json.dumps(spec)]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        raise RuntimeError(f"{name} failed (rc={r.returncode}): {(r.stderr or r.stdout)[-2000:]}")
+    for suffix in (".beton", ".pageset"):
+        Path(str(out) + suffix).unlink(missing_ok=True)
+    row = json.loads(lines[-1])
+    row["images_per_s"] = row["images"] / row["convert_s"]
+    row["cpu_ms_per_image"] = 1e3 * row["cpu_s"] / row["images"]
+    return row
+
+
+def breakdown(folder, max_resolution, kw) -> dict:
+    """Per-image thread CPU ms of each encode stage (``encode_image``'s stats) over the folder, in this process,
+    and the whole ``write_dataset(num_workers=0)`` CPU: its remainder is the pipeline (source, pickling-free
+    in-process range encoding, assembly, page writes, checksums)."""
+    from pageset.write.encode import encode_image
+    from pageset.write.sources import ImageFolder
+
+    field = RGBImage(max_resolution=max_resolution, jpeg_quality=90, **kw)
+    paths = [p for p, _ in ImageFolder(folder).samples]
+    stats: dict = {}
+    for p in paths:
+        encode_image(p, field, stats)
+    n = stats["images"]
+    with tempfile.TemporaryDirectory() as tmp:
+        c0 = time.process_time()
+        write_dataset(Path(tmp) / "b.pageset", folder, {"image": field, "label": Int()}, num_workers=0,
+                      progress=False)
+        total = time.process_time() - c0
+    stages = {k[:-2]: 1e3 * v / n for k, v in stats.items() if k.endswith("_s")}
+    stages["pipeline"] = 1e3 * total / n - sum(stages.values())
+    return {"images": n, "ms_per_image": stages, "total_ms_per_image": 1e3 * total / n,
+            **{k: stats.get(k, 0) / n for k in ("passthrough", "yuv", "turbo", "draft")}}
+
+
+def bench_vs_ffcv(args, tmp) -> dict:
+    folders = build_folders(tmp, args.vs_images)
+    have_ffcv = FFCV_PY.exists()
+    out = {"folders": {}, "rows": [], "breakdown": {}, "ffcv": str(FFCV_PY.relative_to(ROOT)) if have_ffcv else
+           f"missing: run `bash benchmarks/peers/setup_ffcv.sh` ({FFCV_PY.relative_to(ROOT)})"}
+    for set_name, folder in folders.items():
+        files = sorted(folder.rglob("*.jpg"))
+        sizes = []
+        for f in files:
+            from PIL import Image
+
+            with Image.open(f) as img:
+                sizes.append(img.size)
+        out["folders"][set_name] = {"images": len(files), "mb": sum(f.stat().st_size for f in files) / 1e6,
+                                    "mean_size": [statistics.mean(s[0] for s in sizes),
+                                                  statistics.mean(s[1] for s in sizes)],
+                                    "max_side": max(max(s) for s in sizes)}
+        names = (("FFCV 1.0.2",) if have_ffcv else ()) + SETS[set_name]
+        runs: dict = {n: [] for n in names}
+        for k in range(args.runs):  # interleaved: A, B, C, A, B, C, ...
+            for name in names:
+                row = _run_row(name, folder, Path(tmp) / "o", args)
+                runs[name].append(row)
+                print(f"  {set_name} run {k + 1}: {name}: {row['images_per_s']:.0f} img/s, "
+                      f"{row['cpu_ms_per_image']:.2f} CPU ms/image", flush=True)
+        peak = {}
+        for name in names:  # one more run each, with the PSS sampler (not timed: sampling slows the writers)
+            peak[name] = _run_row(name, folder, Path(tmp) / "o", args, memory=True)["peak_rss_mb"]
+            print(f"  {set_name} memory run: {name}: peak PSS {peak[name]:.0f} MB", flush=True)
+        for name, rs in runs.items():
+            rates = [r["images_per_s"] for r in rs]
+            cpus = [r["cpu_ms_per_image"] for r in rs]
+            ids = {r.get("dataset_id") for r in rs}
+            assert len(ids) == 1, f"{name}: runs gave different files"
+            out["rows"].append({"set": set_name, "writer": name, "workers": args.vs_workers,
+                                "images": rs[0]["images"], "images_per_s": statistics.median(rates),
+                                "images_per_s_min": min(rates), "images_per_s_max": max(rates),
+                                "runs": rates, "cpu_ms_per_image": statistics.median(cpus),
+                                "cpu_ms_per_image_min": min(cpus), "cpu_ms_per_image_max": max(cpus),
+                                "peak_rss_mb": peak[name],
+                                "file_mb": rs[0]["file_mb"]})
+        for name in SETS[set_name]:
+            out["breakdown"][f"{set_name}: {name}"] = breakdown(folder, args.max_resolution, VARIANTS[name])
+    return out
+
+
+def vs_targets(vs) -> list:
+    targets = []
+    rate = {(r["set"], r["writer"]): r for r in vs["rows"]}
+    for set_name, names in SETS.items():
+        peer = rate.get((set_name, "FFCV 1.0.2"))
+        if peer is None:
+            continue
+        for name in names:
+            mine = rate[(set_name, name)]
+            x = mine["images_per_s"] / peer["images_per_s"]
+            targets.append({"name": f"write {set_name}: {name} / FFCV, img/s ({mine['workers']} workers)",
+                            "measured": x, "target": 2.0, "unit": "x", "met": x >= 2.0,
+                            "detail": f"{mine['images_per_s']:.0f} vs {peer['images_per_s']:.0f} img/s (medians of "
+                                      f"{len(mine['runs'])}), {mine['images']} images"})
+            c = peer["cpu_ms_per_image"] / mine["cpu_ms_per_image"]
+            targets.append({"name": f"write {set_name}: {name} / FFCV, CPU per image (less is better)",
+                            "measured": c, "target": 2.0, "unit": "x", "met": c >= 2.0,
+                            "detail": f"{mine['cpu_ms_per_image']:.2f} vs {peer['cpu_ms_per_image']:.2f} CPU ms/image "
+                                      "(process tree, medians): the steadier measure on a shared machine"})
+    return targets
+
+
+def print_vs(vs, args) -> None:
+    print(f"\nwrite_dataset vs FFCV DatasetWriter, {args.vs_workers} worker processes, max_resolution="
+          f"{args.max_resolution}, JPEG q90; median of {args.runs} interleaved runs (min-max); FFCV: {vs['ffcv']}\n")
+    print("| folder | writer | images | images/s | min-max | vs FFCV | CPU ms/image | min-max | peak PSS MB | file MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    peer = {r["set"]: r["images_per_s"] for r in vs["rows"] if r["writer"] == "FFCV 1.0.2"}
+    for r in vs["rows"]:
+        f = vs["folders"][r["set"]]
+        ratio = f"{r['images_per_s'] / peer[r['set']]:.2f}x" if r["set"] in peer else "-"
+        print(f"| {r['set']} ({f['mean_size'][0]:.0f}x{f['mean_size'][1]:.0f} mean, max side {f['max_side']}) | "
+              f"{r['writer']} | {r['images']} | {r['images_per_s']:.0f} | {r['images_per_s_min']:.0f}-"
+              f"{r['images_per_s_max']:.0f} | {ratio} | {r['cpu_ms_per_image']:.2f} | {r['cpu_ms_per_image_min']:.2f}-"
+              f"{r['cpu_ms_per_image_max']:.2f} | {r['peak_rss_mb']:.0f} | {r['file_mb']:.1f} |")
+    stages = ["open", "check", "transcode", "decode", "convert", "resize", "encode", "pipeline"]
+    print("\nWhere pageset's writer time goes (thread CPU ms per image averaged over all images, one process; "
+          "`check`: passthrough's 1/8-scale decode; `transcode`: the YCbCr re-encode, decode and encode together; "
+          "`pipeline`: source, range encoding, assembly, page writes, checksums)\n")
+    print("| folder: writer | " + " | ".join(stages) + " | total | passthrough | yuv | turbo | draft |")
+    print("|---" * (len(stages) + 6) + "|")
+    for name, b in vs["breakdown"].items():
+        ms = b["ms_per_image"]
+        print(f"| {name} | " + " | ".join(f"{ms.get(s, 0.0):.2f}" for s in stages) +
+              f" | {b['total_ms_per_image']:.2f} | " + " | ".join(f"{100 * b[k]:.0f}%" for k in
+                                                               ("passthrough", "yuv", "turbo", "draft")) + " |")
+    print("\n(passthrough: stored as given; yuv: re-encoded from its YCbCr planes; turbo: libjpeg-turbo decode + "
+          "encode; draft: decoded at a reduced DCT scale; the rest went through Pillow)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--images", type=int, default=600)
@@ -195,12 +401,28 @@ def main() -> None:
     ap.add_argument("--no-dask", dest="dask", action="store_false")
     ap.add_argument("--no-tokens", dest="tokens", action="store_false")
     ap.add_argument("--json", default="out/bench_write.json")
+    ap.add_argument("--quick", action="store_true", help="FFCV comparison + --images 200 --no-dask --no-tokens")
+    ap.add_argument("--no-vs-ffcv", dest="vs_ffcv", action="store_false")
+    ap.add_argument("--vs-images", type=int, default=1000, help="ImageNet-like JPEGs for the FFCV comparison")
+    ap.add_argument("--vs-workers", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=3, help="interleaved runs per row of the FFCV comparison")
+    ap.add_argument("--row", help=argparse.SUPPRESS)  # internal: one measured write in a fresh process
     args = ap.parse_args()
+    if args.row:
+        return row_main(json.loads(args.row))
 
+    if args.quick:  # the FFCV comparison, then a small engine table: 200 images, no Dask, no tokens
+        args.vs_ffcv, args.images, args.dask, args.tokens = True, min(args.images, 200), False, False
     photos = wheel_photos() + debian_photos()
+    vs = None
     with tempfile.TemporaryDirectory() as tmp:
+        if args.vs_ffcv:
+            vs = bench_vs_ffcv(args, tmp)
         image_rows, src_mb = bench_images(args, tmp, photos)
         token_rows, corpus = bench_tokens(args, tmp) if args.tokens else ([], None)
+    targets = vs_targets(vs) if vs else []
+    if vs:
+        print_vs(vs, args)
     base = {r["encoding"]: r["images_per_s"] for r in image_rows if r["engine"] == "processes"
             and r["workers"] == args.workers[0]}
     print(f"\nwrite_dataset on {args.images} ImageNet-like JPEGs ({src_mb:.1f} MB, long side 400-500 px, "
@@ -240,10 +462,24 @@ def main() -> None:
         if any(e["output_TB"] * 1e12 > S3_OBJECT_MAX for e in est):
             print(f"\nOutputs over {S3_OBJECT_MAX / 1e12:.0f} TB exceed one S3 object: write several files.")
     result = {"benchmark": "write", "settings": vars(args), "source_mb": src_mb, "source_photos": len(photos),
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                          "python": platform.python_version(), "load_avg": os.getloadavg()},
+              "machine": _machine(), "vs_ffcv": vs, "targets": targets,
               "results": image_rows, "tokens": token_rows, "estimates": est,
               "dask_idle_cpu_s_per_s": IDLE.get("cpu_s_per_s")}
+    _save(args, result)
+
+
+def _machine() -> dict:
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "load_avg": os.getloadavg()}
+
+
+def _save(args, result) -> None:
+    if result["targets"]:
+        print("\n| target | measured | target | met |\n|---|---|---|---|")
+        for t in result["targets"]:
+            print(f"| {t['name']} | {t['measured']:.2f}{t['unit']} | >= {t['target']:.1f}{t['unit']} | "
+                  f"{'yes' if t['met'] else 'no'} ({t['detail']}) |")
+    print(f"\nload average: {os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} cores")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2))
     print(f"\nJSON: {args.json}")

@@ -42,6 +42,7 @@ from pageset.ops.image import (
     resize_scratch_size,
     resized_crop,
 )
+from pageset.ops.resize import _vertical_first
 from pageset.order.keys import sample_keys
 
 JIT = not numba.config.DISABLE_JIT
@@ -210,12 +211,21 @@ def test_box_reads_outside_the_crop_unlike_a_crop_view():
 BOX = (12.5, 30.25, 400.0, 290.75)  # inside chelsea (300x451)
 
 
+# A tall strip of chelsea (451x60) shrunk to a narrow output: Pillow's vertical-first order (the flip is applied
+# in the horizontal pass, which runs second there).
+TALL = np.ascontiguousarray(PHOTOS["chelsea"].transpose(1, 0, 2)[:, :60])
+TALL_BOX = (2.5, 10.25, 58.0, 440.75)
+
+
+@pytest.mark.parametrize("order", ["horizontal_first", "vertical_first"])
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_flip_equals_np_flip(channels_last):
-    rgb, size = PHOTOS["chelsea"], small((96, 128))
+def test_flip_equals_np_flip(channels_last, order):
+    rgb, box, size = ((PHOTOS["chelsea"], BOX, small((96, 128))) if order == "horizontal_first" else
+                      (TALL, TALL_BOX, small((96, 48))))
+    assert _vertical_first(rgb.shape[0], rgb.shape[1], *size) == (order == "vertical_first")
     table = normalize_table("float32")
-    plain = kernel(rgb, BOX, size, table, flip=False, channels_last=channels_last)
-    flipped = kernel(rgb, BOX, size, table, flip=True, channels_last=channels_last)
+    plain = kernel(rgb, box, size, table, flip=False, channels_last=channels_last)
+    flipped = kernel(rgb, box, size, table, flip=True, channels_last=channels_last)
     np.testing.assert_array_equal(flipped, np.flip(plain, axis=1 if channels_last else 2))
 
 

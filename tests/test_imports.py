@@ -58,6 +58,55 @@ def test_stage_imports_point_one_way():
     assert not bad, bad
 
 
+# Inside ops, module -> the ops modules it may import: each kernel module holds one stage of the image path
+# (library binding, DCT-scale arithmetic, decode kernels, crop sampling, resize weights, resize passes) and
+# depends only on the stages below it; the facades (jpeg, image) and the fused slice kernel sit on top.
+OPS_LAYERS = {
+    "turbo": set(),  # libjpeg-turbo's symbols for kernels
+    "jpeg_scale": {"turbo"},  # DCT scale, region and scratch arithmetic
+    "jpeg_kernels": {"turbo", "jpeg_scale"},  # jpeg_info / jpeg_decode
+    "jpeg": {"turbo", "jpeg_scale", "jpeg_kernels"},  # JpegDecoder, prepare(); re-exports the kernels
+    "crop": set(),  # crop boxes and flips (order.keys only)
+    "resize_weights": set(),  # Pillow's fixed-point filter weights
+    "resize": {"resize_weights"},  # the resize -> flip -> normalize kernel
+    "image": {"crop", "resize", "resize_weights"},  # value tables; re-exports crop and resize
+    "image_batch": {"jpeg", "jpeg_kernels", "jpeg_scale", "crop", "resize", "resize_weights"},
+    "spans": set(),
+    "tokens": {"spans"},  # token windows read with spans.pread_full
+    "transforms": set(),
+}
+
+
+def _ops_imports(path: Path):
+    """The ``pageset.ops`` modules ``path`` imports (``from pageset.ops import x``, ``from .x import y``, ...)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                mod = ".".join(("pageset", "ops")[: 3 - node.level] + ((node.module,) if node.module else ()))
+            else:
+                mod = node.module or ""
+            if mod == "pageset.ops":
+                yield from (alias.name for alias in node.names)
+            elif mod.startswith("pageset.ops."):
+                yield mod.split(".")[2]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("pageset.ops."):
+                    yield alias.name.split(".")[2]
+
+
+def test_ops_modules_import_one_way():
+    bad = []
+    for name, allowed in OPS_LAYERS.items():
+        path = SRC / "ops" / f"{name}.py"
+        assert path.is_file(), f"OPS_LAYERS lists {name}, but {path} does not exist"
+        for mod in set(_ops_imports(path)) - {name}:
+            if mod not in allowed:
+                bad.append(f"ops/{name}.py imports ops.{mod} (allowed: {sorted(allowed)})")
+    assert not bad, bad
+
+
 def test_torch_only_in_load_and_device():
     offenders = []
     for path in SRC.rglob("*.py"):

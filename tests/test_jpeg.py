@@ -38,10 +38,12 @@ from pageset.ops.jpeg import (
     JpegDecoder,
     choose_scale,
     jpeg_decode,
+    jpeg_decode_window,
     jpeg_info,
     scale_region,
     scaled_size,
     scratch_size,
+    window_view,
 )
 
 NO_JIT = numba.config.DISABLE_JIT
@@ -163,6 +165,38 @@ def test_cropped_decode_equals_crop_of_full_decode(decoder, variants, kind):
             assert np.array_equal(got, full[y : y + h, x : x + w]), (kind, num, denom, (x, y, w, h))
 
 
+
+def _unknown_subsampling(data: bytes) -> bytes:
+    """Cb sampled 2x1 next to Y 2x2 (a 4:2:0 file's SOF edited): no TJSAMP level, so it cannot be cropped."""
+    data = bytearray(data)
+    sof = data.find(b"\xff\xc0")
+    assert data[sof + 14] == 0x11  # component 2 (Cb): h=1, v=1
+    data[sof + 14] = 0x21
+    return bytes(data)
+
+
+@pytest.mark.parametrize("kind", ["444", "422", "420", "progressive", "gray", "cmyk", "unknown"])
+def test_window_decode_equals_region_decode(decoder, variants, kind):
+    """jpeg_decode_window (no copy: the loader's path) gives jpeg_decode's pixels for every scale and region, and
+    ERR_SCRATCH (never a partial write) when the window does not fit ``buf``."""
+    data = _unknown_subsampling(variants["420"]) if kind == "unknown" else variants[kind]
+    arr = np.frombuffer(data, dtype=np.uint8)
+    rng = np.random.default_rng(sum(kind.encode()) + 1)
+    scratch = np.empty(509 * 379 * 4, dtype=np.uint8)
+    for num, denom in CROP_SCALES:
+        sw, sh = scaled_size(509, num, denom), scaled_size(379, num, denom)
+        for x, y, w, h in random_regions(rng, sw, sh, CROPS_PER_SCALE):
+            want = np.empty((h, w, 3), dtype=np.uint8)
+            st_want = jpeg_decode(decoder.handle, arr, num, denom, x, y, w, h, want, scratch)
+            buf = np.empty(sw * sh * 3 if kind == "unknown" else (w + 96) * h * 3, dtype=np.uint8)
+            st, h0, w0, row, col = jpeg_decode_window(decoder.handle, arr, num, denom, x, y, w, h, buf, scratch)
+            assert st == st_want and st >= 0, (kind, st, st_want)
+            got = window_view(buf, h0, w0, row, col, h, w)
+            assert got.shape == (h, w, 3) and np.array_equal(got, want), (kind, num, denom, (x, y, w, h))
+    small = np.zeros(8 * 8 * 3, dtype=np.uint8)
+    st = jpeg_decode_window(decoder.handle, arr, 1, 1, 0, 0, 100, 100, small, scratch)[0]
+    assert st == ERR_SCRATCH and not small.any()
+
 def test_cropped_decode_of_photos(decoder, photo_jpegs):
     rng = np.random.default_rng(7)
     for name, data in photo_jpegs.items():
@@ -228,11 +262,8 @@ def test_unknown_subsampling_decodes_whole_then_crops(decoder, variants):
     # Cb sampled 2x1 next to Y 2x2: no TJSAMP level, so tj3SetCroppingRegion refuses it; the kernel decodes
     # the whole scaled image into scratch. (The scan no longer fits the header: libjpeg warns, and the
     # pixels are garbage, but the same garbage Pillow gets.)
-    data = bytearray(variants["420"])
-    sof = data.find(b"\xff\xc0")
-    assert data[sof + 14] == 0x11  # component 2 (Cb): h=1, v=1
-    data[sof + 14] = 0x21
-    width, height, subsamp, colorspace = decoder.header(bytes(data))
+    data = _unknown_subsampling(variants["420"])
+    width, height, subsamp, colorspace = decoder.header(data)
     assert subsamp == -1
     assert scratch_size(width, height, subsamp, colorspace, 1, 1, 37, 11, 20, 20) == width * height * 3
     _check_against_pillow_and_full(decoder, bytes(data))

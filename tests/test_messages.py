@@ -201,7 +201,7 @@ def test_python_api_bad_sample_message_once_with_hint_and_one_traceback(tmp_path
     if num_workers:  # the worker's traceback, once, as the cause (like concurrent.futures)
         assert isinstance(err.__cause__, WorkerTraceback)
         assert str(err.__cause__).count("Traceback (most recent call last)") == 1
-        assert "load_image" in str(err.__cause__)
+        assert "open_image" in str(err.__cause__)  # the worker function that raised
     else:
         assert isinstance(err.__cause__, ValueError) and "is empty" in str(err.__cause__)
 

@@ -34,6 +34,7 @@ from pageset import (
     RGBImage,
     TokenWindows,
     ToTensor,
+    ToTorchImage,
     write_dataset,
     write_tokens,
 )
@@ -252,6 +253,24 @@ def test_samples_per_epoch_sets_the_epoch(files):
         assert ld.steps_per_epoch == 9
 
 
+def test_drop_last_false_rounds_up_with_the_next_samples_of_the_stream(files):
+    """A Mixture's stream has no end to wrap to: drop_last=False rounds the epoch up to whole global batches
+    with the stream's next samples (real ones, none flagged as padding), and the next epoch continues after
+    them, so nothing is repeated: two epochs of samples_per_epoch=23 read what two of 24 read."""
+    kw = dict(batch_size=4, order="quasi_random", seed=1, num_threads=1)
+
+    def two_epochs(loader):
+        with loader:
+            runs = [_run(loader) for _ in range(2)]  # _run asserts that no sample is flagged as padding
+            return [np.concatenate([r[k] for r in runs]).tolist() for k in ("src", "idx")]
+
+    rounded = Loader(Mixture(files, [0.5, 0.3, 0.2], samples_per_epoch=23), drop_last=False, **kw)
+    assert len(rounded) == 6
+    whole = Loader(Mixture(files, [0.5, 0.3, 0.2], samples_per_epoch=24), **kw)
+    got, want = two_epochs(rounded), two_epochs(whole)
+    assert len(got[0]) == 48 and got == want
+
+
 def test_files_whose_fields_differ_are_refused(files, tmp_path):
     other = tmp_path / "float.pageset"
     write_dataset(other, [(float(i), b"x") for i in range(20)], {"label": Float(), "payload": Bytes()},
@@ -347,6 +366,26 @@ def test_in_place_and_scatter_fills_agree(image_files, monkeypatch):
     monkeypatch.setattr(source_mod, "IN_PLACE_ROW_BYTES", 1 << 60)
     assert digests() == in_place and len(in_place) == 96 // 8
 
+
+
+def test_image_rows_written_in_place_equal_the_copied_rows(image_files, monkeypatch):
+    """A mixture's scattered image rows are written by the slice kernel at their rows (``image_slice``'s rows
+    argument); the same batches come out of the scratch-and-copy path (ImageStage.fills_rows off), uint8 and
+    float32, NHWC and NCHW."""
+    from pageset.load.stages import ImageStage
+
+    def digests(pipe):
+        with Loader(Mixture(image_files, [0.5, 0.5]), batch_size=8, seed=3, num_threads=2,
+                    pipelines={"image": pipe}) as ld:
+            return [batch_digest(b) for b in ld]
+
+    for pipe in ([RandomResizedCrop(20), RandomHorizontalFlip(), ToTensor()],
+                 [RandomResizedCrop(20), RandomHorizontalFlip(), Normalize(), ToTorchImage(channels_last=False)]):
+        direct = digests(pipe)
+        monkeypatch.setattr(ImageStage, "fills_rows", False)
+        copied = digests(pipe)
+        monkeypatch.setattr(ImageStage, "fills_rows", True)
+        assert direct == copied and len(direct) == 96 // 8
 
 @pytest.fixture(scope="module")
 def token_files(tmp_path_factory):

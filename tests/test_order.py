@@ -128,12 +128,19 @@ def test_quasi_random_keeps_page_locality(case):
 
 
 def test_window_cache_holds_current_and_next_only():
+    """Batch after batch (ranges inside the window the last call read take the fast path; ranges straddling two
+    windows do not), the ids equal the permutation's and no window outside the cache stays referenced."""
     sizes = [10] * 50
+    perm = epoch_permutation(sizes, 3, 1, "quasi_random", 2)
     view = EpochOrder(sizes, 3, 1, "quasi_random", 2)
     for start in range(0, 500, 7):
-        view.ids(start, start + 7)
+        stop = min(start + 7, 500)
+        assert view.ids(start, stop).tolist() == perm[start:stop].tolist()
         assert len(view._cache) <= 2
+        assert view._last is None or any(ids is view._last[2] for ids in view._cache.values())
     assert view.n_windows == 25
+    got = view.ids(np.int64(3), np.int64(9))  # numpy integers: the checked path
+    assert got.tolist() == perm[3:9].tolist() and got.flags.writeable
 
 
 def test_window_pages_extremes():

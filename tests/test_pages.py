@@ -10,8 +10,9 @@ import os
 import numpy as np
 import pytest
 
-from pageset import Int, RGBImage, TruncatedFileError, open_dataset, write_dataset
+from pageset import Int, RGBImage, TruncatedFileError, open_dataset, write_dataset, write_tokens
 from pageset.load.pages import PageVerifier, PreadPages, ProcessPageCache
+from pageset.read import Dataset
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +195,47 @@ def test_pread_pages_runs_and_a_cut_file(mixed_file, tmp_path):
         with pytest.raises(TruncatedFileError, match=rf"short read of bytes \[{offs[big]}, {offs[big] + lens[big]}\): "
                                                      r"10 bytes read"):
             pages.gather(offs[[big]], lens[[big]], {})
+
+
+def test_token_windows_straight_from_the_page_sources(tmp_path):
+    """read_windows: PreadPages reads any windows; the process cache serves windows inside cached pages (a hit per
+    distinct page, those pages moved to the LRU's end) and declines, changing nothing, when a window's page is not
+    cached or a window crosses pages (the stage then gathers)."""
+    tokens = np.random.default_rng(3).integers(0, 60000, 20_000).astype(np.uint16)
+    path = tmp_path / "t.pageset"
+    write_tokens(path, [tokens], None, eos_id=60001, num_workers=0, page_size=4096, progress=False)
+    stream = np.append(tokens, 60001)
+    L = 50
+    stride, per_page = 2 * L, 4096 // 2
+
+    def check(ids, inp, tgt):
+        for j, w in enumerate(ids):
+            np.testing.assert_array_equal(inp[j], stream[w * L : w * L + L])
+            np.testing.assert_array_equal(tgt[j], stream[w * L + 1 : w * L + L + 1])
+
+    with Dataset(path) as ds:
+        inp, tgt = np.empty((6, L), dtype=np.int64), np.empty((6, L), dtype=np.int64)
+        ids = np.array([0, 399, 17, 250, 41, 3], dtype=np.int64)  # 399: the last window
+        assert PreadPages(ds).read_windows(ds.data_offset, stride, ids, np.uint16, inp, tgt, {})
+        check(ids, inp, tgt)
+        cache = ProcessPageCache(ds, capacity=5)
+        first_page = ids * L // per_page
+        inside = ids[(ids * L + L) // per_page == first_page]  # windows within one page
+        assert not cache.read_windows(ds.data_offset, stride, inside, np.uint16, inp, tgt, {})  # nothing cached
+        assert (cache.hits, cache.misses) == (0, 0) and (cache._pins == 0).all()
+        for k in sorted(set((inside * L // per_page).tolist())):
+            cache.page(k)
+        cache.page(3)  # the most recently used page, until the windows' pages are used again
+        assert list(cache._lru)[0] != 3 and list(cache._lru)[-1] == 3
+        hits = cache.hits
+        inp[:] = -1
+        assert cache.read_windows(ds.data_offset, stride, inside, np.uint16, inp[: inside.size], tgt[: inside.size],
+                                  {})
+        check(inside, inp, tgt)
+        pages = sorted(set((inside * L // per_page).tolist()))
+        assert len(pages) >= 3 and cache.hits == hits + len(pages) and list(cache._lru) == [3, *pages]
+        assert (cache._pins == 0).all()
+        starts = np.arange(400) * L
+        across = np.flatnonzero((starts + L) // per_page != starts // per_page)[:1]
+        assert not cache.read_windows(ds.data_offset, stride, across, np.uint16, inp[:1], tgt[:1], {})
+        cache.close()

@@ -254,6 +254,46 @@ def test_token_mixture_of_a_url_and_a_local_file_equals_local(files, servers):
     assert len(expected) > 10 and run([url, local]) == expected
 
 
+def test_image_mixture_of_two_urls_prefetches_and_counts_both(files, servers):
+    """A Mixture of two URLs (two S3 objects): the same batches as the local files; remote_stats sums both files
+    and gives each its own counters; each file's pages are fetched ahead along the mixture's order (after the
+    first batch, with a large prefetch_bytes, every page of both files is requested: on demand, only the pages
+    of the few batches being decoded would be)."""
+    local = files / "train.pageset"
+    servers["client"].upload_file(str(local), BUCKET, "train-copy.pageset")
+    url_a, url_b, opts = f"s3://{BUCKET}/train.pageset", f"s3://{BUCKET}/train-copy.pageset", servers["opts"]
+    kw = dict(batch_size=6, pipelines=PIPE, order="quasi_random", seed=3, num_threads=1, window_pages=2,
+              batches_ahead=1)
+
+    def run(paths, **extra):
+        with Loader(Mixture(paths, [0.5, 0.5]), **kw, **extra) as loader:
+            return [_digest(b) for b in loader], loader.remote_stats()
+
+    expected, none = run([local, local])
+    assert none is None
+    got, stats = run([url_a, url_b], storage_options=opts, prefetch_bytes=1 << 30)
+    assert got == expected
+    a, b = stats["per_source"]
+    assert a["pages_fetched"] > 0 and b["pages_fetched"] > 0
+    assert stats["pages_fetched"] == a["pages_fetched"] + b["pages_fetched"]
+    assert stats["bytes_fetched"] == a["bytes_fetched"] + b["bytes_fetched"]
+
+    with open_dataset(local) as ds:
+        page_count = ds.page_count
+    with Loader(Mixture([url_a, url_b], [0.5, 0.5]), **kw, storage_options=opts, prefetch_bytes=1 << 30) as ld:
+        it = iter(ld)
+        next(it)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            per = [d["pages_fetched"] for d in ld.remote_stats()["per_source"]]
+            if per == [page_count, page_count]:
+                break
+            time.sleep(0.05)
+        assert per == [page_count, page_count]
+        assert len(ld) > 4  # so "every page after one batch" is more than on-demand reading gives
+        del it
+
+
 def test_two_epochs_through_faults_are_identical(files, servers):
     kw = dict(batch_size=6, pipelines=PIPE, order="quasi_random", seed=5, num_threads=2, window_pages=2)
 

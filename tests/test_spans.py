@@ -1,4 +1,5 @@
-"""The loader's batch kernels: pread_spans / copy_spans (ops.spans) and split_windows (ops.tokens)."""
+"""The loader's batch kernels: pread_spans / copy_spans (ops.spans), and split_windows, pread_windows,
+pread_mixed_windows, pin_windows / copy_windows / unpin_pages (ops.tokens)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ import numpy as np
 import pytest
 
 from pageset.ops.spans import copy_spans, pread_spans
-from pageset.ops.tokens import split_windows
+from pageset.ops.tokens import (
+    copy_windows,
+    pin_windows,
+    pread_mixed_windows,
+    pread_windows,
+    split_windows,
+    unpin_pages,
+)
 
 
 def test_copy_spans_equals_slices_and_skips_negative_starts():
@@ -60,3 +68,94 @@ def test_split_windows_widens_and_shifts(src_dtype, input_dtype):
     split_windows(rows, inp, tgt)
     np.testing.assert_array_equal(inp, rows[:, :-1].astype(input_dtype))
     np.testing.assert_array_equal(tgt, rows[:, 1:].astype(np.int64))
+
+
+def _token_bytes(tmp_path, name, dtype, n, base, seed):
+    """A file of ``base`` header bytes then ``n`` random tokens of ``dtype``: (path, tokens)."""
+    high = min(int(np.iinfo(dtype).max), 2**31 - 1)
+    tokens = np.random.default_rng(seed).integers(0, high, n).astype(dtype)
+    path = tmp_path / name
+    path.write_bytes(b"\x07" * base + tokens.tobytes())
+    return path, tokens
+
+
+@pytest.mark.parametrize("src_dtype", [np.uint16, np.uint32])
+@pytest.mark.parametrize("input_dtype", [np.int64, np.int32])
+def test_pread_windows_reads_widens_and_reports_the_first_short_window(tmp_path, src_dtype, input_dtype):
+    L, base = 37, 100
+    path, tokens = _token_bytes(tmp_path, "t.bin", src_dtype, 5000, base, 3)
+    n_windows = (tokens.size - 1) // L
+    ids = np.random.default_rng(4).integers(0, n_windows, 20).astype(np.int64)
+    ids[:2] = [0, n_windows - 1]  # the first and the last window
+    stride = L * np.dtype(src_dtype).itemsize
+    inp, tgt = np.full((20, L), -1, dtype=input_dtype), np.full((20, L), -1, dtype=np.int64)
+    row = np.empty(L + 1, dtype=src_dtype)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert pread_windows(fd, base, stride, ids, row, inp, tgt) == -1
+        for j, w in enumerate(ids):
+            np.testing.assert_array_equal(inp[j], tokens[w * L : w * L + L].astype(input_dtype))
+            np.testing.assert_array_equal(tgt[j], tokens[w * L + 1 : w * L + L + 1].astype(np.int64))
+        # window 5 runs past the end of the file: its index comes back, rows before it are written, none after
+        ids[5] = n_windows + 2
+        inp[:], tgt[:] = -1, -1
+        assert pread_windows(fd, base, stride, ids, row, inp, tgt) == 5
+        np.testing.assert_array_equal(inp[4], tokens[ids[4] * L : ids[4] * L + L].astype(input_dtype))
+        assert (inp[5:] == -1).all() and (tgt[5:] == -1).all()
+    finally:
+        os.close(fd)
+
+
+def test_pread_mixed_windows_reads_each_row_from_its_own_file(tmp_path):
+    L = 16
+    (pa, ta), (pb, tb) = (_token_bytes(tmp_path, "a.bin", np.uint16, 900, 64, 5),
+                          _token_bytes(tmp_path, "b.bin", np.uint16, 400, 3, 6))
+    fds = np.array([os.open(pa, os.O_RDONLY), os.open(pb, os.O_RDONLY)], dtype=np.int64)
+    try:
+        sources = np.array([1, 0, 0, 1, 1, 0, 1], dtype=np.int16)
+        ids = np.array([0, 55, 3, 23, 9, 0, 24], dtype=np.int64)  # 24 is past the end of b (24 windows: 0..23)
+        inp, tgt = np.zeros((7, L), dtype=np.int64), np.zeros((7, L), dtype=np.int64)
+        row = np.empty(L + 1, dtype=np.uint16)
+        bases, strides = np.array([64, 3], dtype=np.int64), np.array([2 * L, 2 * L], dtype=np.int64)
+        assert pread_mixed_windows(fds, bases, strides, sources[:6], ids[:6], row, inp, tgt) == -1
+        for j in range(6):
+            t = (ta, tb)[sources[j]]
+            np.testing.assert_array_equal(inp[j], t[ids[j] * L : ids[j] * L + L])
+            np.testing.assert_array_equal(tgt[j], t[ids[j] * L + 1 : ids[j] * L + L + 1])
+        assert pread_mixed_windows(fds, bases, strides, sources, ids, row, inp, tgt) == 6
+    finally:
+        for fd in fds.tolist():
+            os.close(fd)
+
+
+def test_pin_copy_unpin_windows_out_of_a_slot_arena():
+    """Windows inside one resident page are pinned (once per distinct page), copied and widened; a window on a
+    page not resident, or across a page boundary, gives -1 and pins nothing."""
+    page_len, L = 64, 7
+    tokens = np.random.default_rng(7).integers(0, 60000, 6 * page_len).astype(np.uint16)
+    page_slot = np.full(6, -1, dtype=np.int64)
+    arena = np.zeros(3 * page_len, dtype=np.uint16)
+    for slot, page in enumerate([4, 2, 1]):
+        page_slot[page] = slot
+        arena[slot * page_len : (slot + 1) * page_len] = tokens[page * page_len : (page + 1) * page_len]
+    starts = np.arange(0, tokens.size - L, L)
+    inside = ((starts // page_len) == ((starts + L) // page_len)) & (page_slot[starts // page_len] >= 0)
+    ids = np.flatnonzero(inside)[[0, 9, 3, 15, 4, -1]].astype(np.int64)
+    pins = np.zeros(3, dtype=np.int64)
+    offsets, pages = np.empty(len(ids), dtype=np.int64), np.empty(len(ids), dtype=np.int64)
+    m = pin_windows(page_slot, pins, page_len, L, L + 1, ids, offsets, pages)
+    touched = sorted({int(i * L // page_len) for i in ids})
+    assert m == len(touched) < len(ids) and pages[:m].tolist() == touched  # several windows share a page
+    assert pins.tolist() == [int(page in touched) for page in [4, 2, 1]]  # slots 0, 1, 2 hold pages 4, 2, 1
+    inp, tgt = np.empty((len(ids), L), dtype=np.int64), np.empty((len(ids), L), dtype=np.int64)
+    copy_windows(arena, offsets, inp, tgt)
+    for j, w in enumerate(ids):
+        np.testing.assert_array_equal(inp[j], tokens[w * L : w * L + L])
+        np.testing.assert_array_equal(tgt[j], tokens[w * L + 1 : w * L + L + 1])
+    unpin_pages(page_slot, pins, pages[:m])
+    assert (pins == 0).all()
+    across = int(np.flatnonzero((starts // page_len) != ((starts + L) // page_len))[0])
+    missing = int(np.flatnonzero(page_slot[starts // page_len] < 0)[0])
+    for bad in (across, missing):
+        assert pin_windows(page_slot, pins, page_len, L, L + 1, np.array([ids[0], bad]), offsets, pages) == -1
+        assert (pins == 0).all()

@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from resources import Resources
 
 from pageset import Loader, PipelineError, ToDevice, TokenWindows, ToTensor, open_tokens, write_tokens
+from pageset.load import stages
 from pageset.ops.tokens import document_outputs
 
 
@@ -226,3 +228,43 @@ def test_too_few_windows_names_the_file_and_seq_len(token_file):
         Loader(token_file, batch_size=n + 1, pipelines={"tokens": [TokenWindows(seq_len)]})
     with Loader(token_file, batch_size=n + 1, drop_last=False, pipelines={"tokens": [TokenWindows(seq_len)]}) as ok:
         assert len(ok) == 1
+
+
+@pytest.mark.parametrize("page_cache", ["os", "process"])
+def test_small_token_batches_are_filled_inline_and_equal_the_thread_pool(token_file, page_cache, monkeypatch):
+    """A token batch below a slice (~256K tokens) is filled by the thread calling next(): no thread is started,
+    and the batches (outputs, ids, padding, document outputs) are those the thread pool makes."""
+    kw = dict(batch_size=5, order="quasi_random", seed=3, drop_last=False, page_cache=page_cache,
+              pipelines={"tokens": [TokenWindows(40, document_outputs=True)]})
+
+    def as_bytes(batch):
+        return {k: v.numpy().tobytes() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    def epochs(loader, n=2):
+        return [as_bytes(batch) for _ in range(n) for batch in loader]
+
+    res = Resources()
+    with Loader(token_file, num_threads=3, **kw) as loader:
+        assert res.new_py_threads() == []
+        inline = epochs(loader)
+        assert res.new_py_threads() == []
+    assert any(b["_is_padding"] != bytes(5) for b in inline)  # drop_last=False: the wrap-around batch
+    # fills that turn out slow (here: any) hand over to the threads mid-epoch, batches unchanged
+    monkeypatch.setattr(Loader, "_INLINE_CHECK", 3)
+    monkeypatch.setattr(Loader, "_INLINE_SLOW_S", 0.0)
+    with Loader(token_file, num_threads=2, **kw) as loader:
+        it = iter(loader)
+        head = [as_bytes(next(it)) for _ in range(2)]
+        assert res.new_py_threads() == [] and loader._inline
+        head.append(as_bytes(next(it)))  # the third fill: their median is over the limit
+        assert len(res.new_py_threads()) == 2 and not loader._inline
+        state = loader.state_dict()
+        rest = [as_bytes(b) for b in it] + epochs(loader, 1)  # the same iterator goes on, then the next epoch
+    assert head + rest == inline
+    with Loader(token_file, num_threads=1, **kw) as loader:  # resume from the state saved at the switch
+        loader.load_state_dict(state)
+        assert epochs(loader, 1) == inline[3 : len(inline) // 2]
+    monkeypatch.setattr(stages.TokenStage, "inline", False)
+    with Loader(token_file, num_threads=2, **kw) as loader:
+        assert len(res.new_py_threads()) == 2
+        assert epochs(loader) == inline

@@ -186,6 +186,62 @@ def test_sigkill_halfway_leaves_previous_file_intact(tmp_path, num_workers):
     assert all(".tmp-" in name for name in leftovers)  # a killed process cannot clean up; it never renames
 
 
+ORPHAN_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    from pageset import write_dataset, Int
+
+    class RecordsWorkers:  # each worker process writes its pid once, then every sample takes a while
+        def __len__(self):
+            return 100_000
+        def __getitem__(self, i):
+            mark = os.path.join(sys.argv[2], str(os.getpid()))
+            if not os.path.exists(mark):
+                open(mark, "w").close()
+            time.sleep(0.005)
+            return (i,)
+
+    write_dataset(sys.argv[1], RecordsWorkers(), {"y": Int()}, num_workers=2, chunk_size=8, progress=False)
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (an orphan's zombie waits for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux only")
+def test_sigkill_of_the_writer_ends_its_workers(tmp_path):
+    """SIGKILL to the writer process alone (not its group): its pool's workers must not live on as orphans."""
+    marks = tmp_path / "workers"
+    marks.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, str(tmp_path / "o.pageset"), str(marks)],
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(marks.iterdir())) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        workers = [int(p.name) for p in marks.iterdir()]
+        assert len(workers) == 2 and proc.pid not in workers and all(map(_alive, workers))
+        os.kill(proc.pid, signal.SIGKILL)  # the parent only
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(map(_alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(map(_alive, workers)), "worker processes outlived their killed writer"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # clean up, whatever happened
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+
 def test_worker_killed_is_reported(tmp_path):
     class KillsWorker:
         def __len__(self):

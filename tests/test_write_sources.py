@@ -4,7 +4,10 @@ the same file contents (dataset id, pages and index) whatever the source object.
 from __future__ import annotations
 
 import concurrent.futures
+import io
 import json
+import pickle
+import tarfile
 
 import pytest
 
@@ -89,6 +92,135 @@ def test_webdataset_member_without_a_field(tmp_path, records):
         assert [ds[i]["meta"]["n"] for i in range(len(ds))] == [i for i in range(len(records)) if i != 7]
     with pytest.raises(ValueError, match="no file matches"):
         WebDatasetSource(str(tmp_path / "none-*.tar"), fields={"image": "jpg"})
+
+
+class CountingExecutor(concurrent.futures.Executor):
+    """A process pool that measures the pickled size of what each task is sent."""
+
+    def __init__(self):
+        self.pool, self.sent = concurrent.futures.ProcessPoolExecutor(2), []
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.sent.append(len(pickle.dumps((args, kwargs))))
+        return self.pool.submit(fn, *args, **kwargs)
+
+    def shutdown(self, *args, **kwargs):
+        self.pool.shutdown(*args, **kwargs)
+
+
+def test_webdataset_source_holds_an_index_not_the_data(tmp_path, records, reference):
+    n = _write_shards(tmp_path / "shards", records)
+    shard_bytes = sum(p.stat().st_size for p in (tmp_path / "shards").iterdir())
+    src = WebDatasetSource(str(tmp_path / "shards" / "train-*.tar"), fields={"image": "jpg", "label": "cls",
+                                                                             "meta": "json"})
+    pickled = len(pickle.dumps(src))
+    assert pickled < 4000 < shard_bytes // 10, (pickled, shard_bytes)  # keys and offsets, not JPEG bytes
+    assert len(src) == len(records) and len(src.urls) == n
+    for i in (0, 6, len(records) - 1, -1):  # read on demand: the same values as webdataset decodes them
+        img, label, meta = records[i]
+        assert src[i] == {"image": img, "label": label, "meta": meta}
+    copy = pickle.loads(pickle.dumps(src))
+    assert copy[3] == src[3]
+    with pytest.raises(IndexError):
+        src[len(records)]
+    out = tmp_path / "x.pageset"
+    ex = CountingExecutor()
+    try:
+        write_dataset(out, src, FIELDS, executor=ex, chunk_size=4, progress=False, lineage=False)
+    finally:
+        ex.shutdown()
+    assert _contents(out) == reference
+    assert len(ex.sent) == 4 and max(ex.sent) < pickled + 4000  # each task: the index, not the shards
+
+
+def _tar(path, members):
+    with tarfile.open(path, "w") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
+def test_webdataset_bad_shards_and_members_are_named(tmp_path, records):
+    jpg = records[0][0]
+    good = tmp_path / "good.tar"
+    _tar(good, [("a.jpg", jpg), ("a.cls", b"1"), ("b.jpg", jpg), ("b.cls", b"2")])
+    fields = {"image": "jpg", "label": "cls"}
+    (tmp_path / "corrupt.tar").write_bytes(b"\x00garbage" * 200)
+    with pytest.raises(ValueError, match=r"WebDataset shard .*corrupt\.tar: not a readable tar file"):
+        WebDatasetSource([str(good), str(tmp_path / "corrupt.tar")], fields=fields)
+    data = good.read_bytes()
+    (tmp_path / "trunc.tar").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"WebDataset shard .*trunc\.tar: .*(end of data|truncated)"):
+        WebDatasetSource(str(tmp_path / "trunc.tar"), fields=fields)
+    with tarfile.open(good) as tf:
+        last = tf.getmembers()[-1]
+    end = last.offset_data + -(-last.size // 512) * 512  # where the end-of-archive blocks start
+    (tmp_path / "tail.tar").write_bytes(data[:end] + b"junk" * 256)  # garbage where a header should be
+    with pytest.raises(ValueError, match=r"tail\.tar: invalid tar header at byte"):
+        WebDatasetSource(str(tmp_path / "tail.tar"), fields=fields)
+    with pytest.raises(ValueError, match=r"none-\{0000\.\.0003\}\.tar: no shard matches this brace pattern"):
+        WebDatasetSource(str(tmp_path / "none-{0000..0003}.tar"), fields=fields)
+    with pytest.raises(FileNotFoundError, match=r"missing-1\.tar: no such file; 1 of the 2 shards"):
+        WebDatasetSource(str(tmp_path / "{good,missing-1}.tar"), fields=fields)
+
+    # A member webdataset cannot decode: an error at read time naming shard, sample, key and field; skippable.
+    _tar(tmp_path / "badcls.tar", [("c.jpg", jpg), ("c.cls", b"cat"), ("d.jpg", jpg), ("d.cls", b"4")])
+    src = WebDatasetSource([str(good), str(tmp_path / "badcls.tar")], fields=fields)
+    assert len(src) == 4
+    with pytest.raises(SampleError, match=r"badcls\.tar: sample 2, field 'label': member c\.cls .*cannot be "
+                                          r"decoded as 'cls'"):
+        src[2]
+    assert src[3]["label"] == 4
+    for workers in (0, 2):
+        out = tmp_path / f"x{workers}.pageset"
+        with pytest.raises(SampleError, match=r"WebDataset shard .*badcls\.tar: sample 2, field 'label'"):
+            write_dataset(out, src, {"image": RGBImage(max_resolution=64), "label": Int()}, num_workers=workers,
+                          chunk_size=2, progress=False)
+        assert not out.exists()
+        res = write_dataset(out, src, {"image": RGBImage(max_resolution=64), "label": Int()}, num_workers=workers,
+                            chunk_size=2, progress=False, on_error="skip")
+        assert res.skipped == (2,) and res.records == 3
+        with open_dataset(out) as ds:
+            assert [int(ds[i]["label"]) for i in range(3)] == [1, 2, 4]
+
+
+def test_parquet_bad_files_are_named(tmp_path):
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1garbagegarbagePAR1")
+    with pytest.raises(ValueError, match=r"Parquet file .*bad\.parquet: not a readable Parquet file"):
+        ParquetSource(tmp_path / "bad.parquet")
+    with pytest.raises(FileNotFoundError, match=r"Parquet file .*nope\.parquet: no such file"):
+        ParquetSource(tmp_path / "nope.parquet")
+
+
+def test_sources_read_urls_with_storage_options(tmp_path, records, reference):
+    """Shards and a Parquet file on a real S3 server (moto on 127.0.0.1), reached through storage_options,
+    in this process and in executor processes (which reopen the URLs with the same options)."""
+    pytest.importorskip("s3fs")
+    from remote_servers import MotoS3, s3_options
+
+    n = _write_shards(tmp_path / "shards", records)
+    pq.write_table(pa.table({"img": [r[0] for r in records], "label": [r[1] for r in records],
+                             "meta": [r[2] for r in records]}), tmp_path / "t.parquet", row_group_size=5)
+    with MotoS3() as s3:
+        client = s3.client()
+        client.create_bucket(Bucket="srcs")
+        for k in range(n):
+            client.upload_file(str(tmp_path / "shards" / f"train-{k:03d}.tar"), "srcs", f"train-{k:03d}.tar")
+        client.upload_file(str(tmp_path / "t.parquet"), "srcs", "t.parquet")
+        opts = s3_options(s3.url)
+        src = WebDatasetSource(f"s3://srcs/train-{{000..{n - 1:03d}}}.tar", fields={"image": "jpg", "label": "cls",
+                               "meta": "json"}, storage_options=opts)
+        out = tmp_path / "s3.pageset"
+        with concurrent.futures.ProcessPoolExecutor(2) as pool:
+            write_dataset(out, src, FIELDS, executor=pool, chunk_size=5, progress=False, lineage=False)
+        assert _contents(out) == reference
+        with pytest.raises(ValueError, match=r"s3://srcs/none-\{0\.\.1\}\.tar: no shard matches"):
+            WebDatasetSource("s3://srcs/none-{0..1}.tar", fields={"image": "jpg"}, storage_options=opts)
+        psrc = ParquetSource("s3://srcs/t.parquet", columns={"image": "img", "label": "label", "meta": "meta"},
+                             storage_options=opts)
+        assert len(psrc) == len(records) and psrc[7]["label"] == records[7][1]
+        assert psrc[13]["image"] == records[13][0]
 
 
 def test_parquet_gives_the_same_file(tmp_path, records, reference):

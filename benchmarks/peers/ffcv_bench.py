@@ -1,8 +1,10 @@
 """FFCV 1.0.2 on the same ImageFolder: convert to .beton, then one measured loader row (runs in benchmarks/.envs/ffcv).
 
     benchmarks/.envs/ffcv/bin/python benchmarks/peers/ffcv_bench.py convert --folder F --out x.beton --max-res 512
+        [--workers 2] [--memory 1]  (times DatasetWriter + from_indexed_dataset: CPU of the process tree;
+        with --memory 1, peak PSS of the tree, sampled, which slows the run)
     benchmarks/.envs/ffcv/bin/python benchmarks/peers/ffcv_bench.py load --path x.beton --workers 2 \
-        [--order random|quasi_random] [--os-cache 1] [--batch-size 64]
+        [--order random|quasi_random] [--os-cache 1] [--batch-size 64] [--uint8]
 
 Pipeline: RandomResizedCropRGBImageDecoder(224) + RandomHorizontalFlip + NormalizeImage(float32) + ToTensor +
 ToTorchImage: float32 NCHW-shaped tensors in channels_last memory, like pageset's default ToTorchImage.
@@ -34,13 +36,18 @@ def convert(args):
             with Image.open(files[i][0]) as img:
                 return img.convert("RGB"), files[i][1]
 
-    t = time.perf_counter()
+    # The PSS sampler reads /proc/<pid>/smaps of every process, which costs CPU and contends with the workers'
+    # page faults: a timed run goes without it (peak RSS of this process only), a --memory run with it.
+    sampler = measure.TreeSampler() if args.memory else measure.RusageSampler()
+    c0, t = measure.cpu_with_children(), time.perf_counter()
     writer = DatasetWriter(args.out, {"image": RGBImageField(write_mode="jpg", max_resolution=args.max_res,
                                                              jpeg_quality=90),
                                       "label": IntField()}, num_workers=args.workers)
     writer.from_indexed_dataset(Folder())
     dt = time.perf_counter() - t
-    measure.emit({"convert_s": dt, "images": len(files), "file_mb": os.path.getsize(args.out) / 1e6})
+    sampler.stop()
+    measure.emit({"convert_s": dt, "images": len(files), "file_mb": os.path.getsize(args.out) / 1e6,
+                  "peak_rss_mb": sampler.peak_bytes / 2**20, "cpu_s": measure.cpu_with_children() - c0})
 
 
 def load(args):
@@ -52,16 +59,21 @@ def load(args):
 
     mean = np.array(measure.MEAN) * 255
     std = np.array(measure.STD) * 255
-    pipes = {"image": [RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip(),
-                       NormalizeImage(mean, std, np.float32), ToTensor(), ToTorchImage()],
-             "label": [IntDecoder(), ToTensor()]}
+    image = [RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip()]
+    if args.uint8:  # FFCV's uint8 recipe (normalize on the GPU): uint8 [B, 224, 224, 3]
+        image += [ToTensor()]
+    else:
+        image += [NormalizeImage(mean, std, np.float32), ToTensor(), ToTorchImage()]
+    pipes = {"image": image, "label": [IntDecoder(), ToTensor()]}
     order = {"random": OrderOption.RANDOM, "quasi_random": OrderOption.QUASI_RANDOM}[args.order]
     loader = Loader(args.path, batch_size=args.batch_size, num_workers=args.workers, order=order,
                     os_cache=bool(args.os_cache), drop_last=True, pipelines=pipes)
 
     def check(batch):
         img = batch[0]
-        assert tuple(img.shape) == (args.batch_size, 3, 224, 224) and img.dtype == torch.float32, (img.shape, img.dtype)
+        want = ((args.batch_size, 224, 224, 3), torch.uint8) if args.uint8 else ((args.batch_size, 3, 224, 224),
+                                                                                  torch.float32)
+        assert (tuple(img.shape), img.dtype) == want, (img.shape, img.dtype)
 
     row = measure.measure(lambda epoch: iter(loader), check)
     row.update({"torch_threads": torch.get_num_threads()})
@@ -76,12 +88,14 @@ def main():
     c.add_argument("--out", required=True)
     c.add_argument("--max-res", type=int, default=512)
     c.add_argument("--workers", type=int, default=os.cpu_count())
+    c.add_argument("--memory", type=int, default=0, help="1: sample the process tree's PSS (slows the run)")
     lo = sub.add_parser("load")
     lo.add_argument("--path", required=True)
     lo.add_argument("--workers", type=int, default=os.cpu_count())
     lo.add_argument("--order", default="random")
     lo.add_argument("--os-cache", type=int, default=1)
     lo.add_argument("--batch-size", type=int, default=64)
+    lo.add_argument("--uint8", action="store_true", help="RRC + flip only: uint8 NHWC, no NormalizeImage")
     args = ap.parse_args()
     convert(args) if args.cmd == "convert" else load(args)
 

@@ -104,6 +104,19 @@ class RusageSampler:
         self.peak_bytes = self._r.getrusage(self._r.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def cpu_with_children(timeout: float = 10.0) -> float:
+    """User + system CPU seconds of this process and of its finished child processes, after reaping the children
+    a writer started and left to exit by themselves (FFCV's workers; waits up to ``timeout`` s for them)."""
+    import multiprocessing
+    import os
+
+    deadline = time.monotonic() + timeout
+    while multiprocessing.active_children() and time.monotonic() < deadline:  # active_children() reaps the done
+        time.sleep(0.01)
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 class PeakRSS:
     """Peak resident memory of this process over a ``with`` block, for one row of a benchmark that runs several
     rows in one process (threads share the process's memory, so this is the whole loader's).

@@ -62,7 +62,8 @@ def _storage_options(args) -> dict | None:
 
 def cmd_convert(args) -> int:
     image = RGBImage(max_resolution=args.max_resolution, encoding=args.encoding, jpeg_quality=args.jpeg_quality,
-                     jpeg_subsampling=args.jpeg_subsampling, jpeg_passthrough=args.jpeg_passthrough)
+                     jpeg_subsampling=args.jpeg_subsampling, jpeg_passthrough=args.jpeg_passthrough,
+                     jpeg_draft=args.jpeg_draft)
     try:  # before any work; named in the command line's order (the source comes first here)
         check_not_input(args.output, [args.source])
         check_replaceable(args.output, "pageset convert SOURCE OUTPUT", _storage_options(args))
@@ -290,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--jpeg-subsampling", choices=["4:4:4", "4:2:2", "4:2:0"], default="4:2:0")
     c.add_argument("--jpeg-passthrough", action="store_true",
                    help="store JPEG inputs as they are when no conversion is needed (no re-encoding)")
+    c.add_argument("--no-jpeg-draft", dest="jpeg_draft", action="store_false",
+                   help="decode every JPEG in full before shrinking (default: a large JPEG is decoded at a reduced "
+                        "DCT scale that keeps >= 2x max_resolution)")
     c.add_argument("--num-workers", type=int, default=None, help="encoding processes (default: all cores)")
     c.add_argument("--page-size", type=int, default=DEFAULT_PAGE_SIZE, help="bytes per page (power of two)")
     c.add_argument("--on-error", choices=["raise", "skip"], default="raise")

@@ -14,6 +14,7 @@ Order, rank slices and resume are order v1 (``pageset.order``): the batches of a
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import weakref
@@ -92,8 +93,13 @@ class Loader:
             epoch are not seen that epoch; which ones changes with the epoch's order). ``False``: complete it by
             wrapping to the start of the epoch's order, flagging those samples in ``batch["_is_padding"]``.
         num_threads: decode threads (default: ``os.cpu_count()``). The thread calling ``next()`` also runs
-            queued work while the batch it asks for is not ready, instead of sleeping (local files only).
-        batches_ahead: batches prepared ahead of the consumer (default 2 per thread, at least 2).
+            queued work while the batch it asks for is not ready, instead of sleeping (local files only). A
+            local token file's batch of under ~256K tokens (``batch_size * seq_len``) is filled by the thread
+            calling ``next()``, in one kernel call (~0.05-0.2 ms), and no thread is started: a hand-off to a
+            thread would cost as much as the batch. If those fills take over ~2 ms (median of 16: reads waiting
+            on a disk or a network file system), the threads start and prepare batches ahead from then on.
+        batches_ahead: batches prepared ahead of the consumer (default 2 per thread, at least 2; none when
+            batches are filled by the thread calling ``next()``).
         rank, world_size: explicit values win; else an initialised torch.distributed; else torchrun's RANK /
             WORLD_SIZE environment; else a single process.
         page_cache: ``"os"`` (records read with ``pread``; the OS page cache keeps what is hot) or
@@ -143,6 +149,11 @@ class Loader:
     for bad pipelines, FormatError for a damaged file; an exception raised while preparing a batch is re-raised
     by ``next()`` with the thread's traceback.
     """
+
+    # Inline filling (see _inline_batches) gives way to the threads when the median of this many fills exceeds
+    # this many seconds: several times a batch of the largest inline size read from the page cache (256K tokens,
+    # ~0.3-0.5 ms on a busy 2-core VM), less than its reads waiting on a disk or a network file system.
+    _INLINE_CHECK, _INLINE_SLOW_S = 16, 2e-3
 
     def __init__(self, path, *, batch_size: int, pipelines: dict | None = None, order: str = "random",
                  seed: int = 0, drop_last: bool = True, num_threads: int | None = None,
@@ -217,7 +228,7 @@ class Loader:
             raise
         self._epoch, self._cursor = 0, 0
         self._active = None  # the running epoch generator, if any
-        self._pool = ThreadPool(num_threads, self._run_slice)
+        self._pool = ThreadPool(0 if self._inline else num_threads, self._run_slice)
         self._ctx: dict = {"thread": "consumer"}  # scratch of the thread calling next() when it helps
         self._closed = False  # only now: close() and __del__ have everything to release
 
@@ -251,6 +262,14 @@ class Loader:
         # The consumer runs queued slices while it waits, except for URLs: there a slice waits on the network
         # (the remote page source has its own prefetching), and num_threads bounds the concurrent fetches.
         self._help = all(src.ds.remote is None for src in self._sources)
+        # A batch of one slice whose stages are cheap kernels (token windows: one call reads and widens the batch,
+        # ~0.05-0.2 ms) is filled by the thread calling next(), and no thread is started: waking a thread and
+        # handing the GIL back costs as much as the work, so more threads could only make it slower.
+        # Should such fills take long after all (reads waiting on a disk or a network file system), the loader
+        # starts its threads and prepares batches ahead instead (see _inline_batches).
+        self._inline = (self._n_slices == 1 and self._help
+                        and all(getattr(s, "inline", False) for s in self._stages))
+        self._fill_times: list[float] = []  # seconds of the inline fills since the last check
 
     def _default_cache_pages(self, n_records: int, page_count: int) -> int:
         """Default ``cache_pages`` of a file: ``window_pages * ceil(in_flight / records_per_window) + 2``.
@@ -286,8 +305,9 @@ class Loader:
         """The device queue and the ring of batch buffers."""
         self._queue = self._device_queue()
         empty = self._queue.empty if self._queue is not None else (lambda shape, dt: np.empty(shape, dt))
-        self._slots = [Slot(i, [s.alloc(self.batch_size, empty) for s in self._stages])
-                       for i in range(self.batches_ahead + 2)]
+        # inline: the batch handed out and the one being filled (a batch the user keeps gets new buffers)
+        n_slots = 2 if self._inline else self.batches_ahead + 2
+        self._slots = [Slot(i, [s.alloc(self.batch_size, empty) for s in self._stages]) for i in range(n_slots)]
         self._empty = empty
 
     def _epoch_length(self) -> int:
@@ -426,18 +446,21 @@ class Loader:
         steps = self.steps_per_epoch
         first = self._cursor // G
         order = self._epoch_order(epoch)
+        if self._inline:
+            first = yield from self._inline_batches(order, epoch, first, steps)
+            if first is None:  # the epoch is done
+                return
         scheduled: list[Slot] = []
         nxt = first
-        # remote pages: fetch the next steps' pages ahead (unless only index columns are loaded: no page reads)
-        # (one file only: the files of a Mixture fetch the pages their rows ask for, on demand)
-        advance = (getattr(self._pages, "advance", None)
-                   if self._plan is None and any(hasattr(s, "pages") for s in self._stages) else None)
-        if advance is not None:
-            self._pages.plan(lambda s: self._step_pages(order, s), first, steps, min_ahead=self.batches_ahead)
+        # remote pages: fetch the next steps' pages ahead (unless only index columns are loaded: no page reads);
+        # a Mixture plans each remote file with the pages of its own samples in each step
+        planned = self._remote_plans(order)
+        for pages, pages_of_step in planned:
+            pages.plan(pages_of_step, first, steps, min_ahead=self.batches_ahead)
         try:
             for step in range(first, steps):
-                if advance is not None:
-                    advance(step)
+                for pages, _ in planned:
+                    pages.advance(step)
                 while nxt < steps and nxt - step < self.batches_ahead:
                     scheduled.append(self._schedule(order, epoch, nxt))
                     nxt += 1
@@ -453,6 +476,65 @@ class Loader:
             for slot in scheduled:  # let in-flight slices finish before their buffers are reused
                 self._wait(slot, raise_errors=False)
 
+    def _remote_plans(self, order) -> list:
+        """``[(remote pages, pages_of_step)]`` of the files whose pages are fetched ahead (URLs whose stages read
+        pages): the file, or each file of a Mixture (its own samples' pages in each step)."""
+        if self._plan is None:
+            use = hasattr(self._pages, "advance") and any(hasattr(s, "pages") for s in self._stages)
+            return [(self._pages, lambda step: self._step_pages(order, step))] if use else []
+        return [(src.pages, functools.partial(self._mixture_step_pages, order, k))
+                for k, src in enumerate(self._sources)
+                if hasattr(src.pages, "advance") and any(hasattr(s, "pages") for s in src.stages)]
+
+    def _mixture_step_pages(self, order, k: int, step: int) -> np.ndarray:
+        """Sorted unique pages of the Mixture's file ``k`` that this rank reads at ``step``."""
+        from .remote_pages import span_pages
+
+        positions, _ = rank_positions(step, self.dist.rank, self.dist.world_size, self.global_batch_size,
+                                      self.n_records, self.drop_last)
+        sources, ids = order.lookup(int(positions[0]), int(positions[-1]) + 1)
+        src = self._sources[k]
+        starts, lens = src.spans(ids[sources == k])
+        ds = src.ds
+        return span_pages(np.asarray(starts, np.int64), np.asarray(lens, np.int64), ds.data_offset, ds.page_size,
+                          ds.page_count)
+
+    def _inline_batches(self, order, epoch: int, first: int, steps: int):
+        """Steps ``[first, steps)`` of ``epoch``, each filled here, by the thread calling next() (``_inline``).
+
+        Returns None at the end of the epoch, or the next step when the fills turned out slow (the median of
+        ``_INLINE_CHECK`` fills above ``_INLINE_SLOW_S``: reads waiting on a disk or a network file system): the
+        threads are then started and the caller prepares the rest of the epoch ahead with them.
+        """
+        G, B, n_slots = self.global_batch_size, self.batch_size, len(self._slots)
+        times = self._fill_times
+        for step in range(first, steps):
+            slot = self._slots[step % n_slots]
+            self._reclaim(slot)
+            self._prepare(slot, order, epoch, step)
+            t0 = time.perf_counter()
+            self._run_slice(slot, 0, B, self._ctx)
+            times.append(time.perf_counter() - t0)
+            batch = self._handout(slot, owned=True)
+            self._cursor = (step + 1) * G
+            if len(times) >= self._INLINE_CHECK:
+                slow = sorted(times)[len(times) // 2] > self._INLINE_SLOW_S
+                times.clear()
+                if slow:
+                    self._leave_inline()
+                    yield batch
+                    return step + 1
+            yield batch
+        self._epoch, self._cursor = epoch + 1, 0
+        return None
+
+    def _leave_inline(self) -> None:
+        """From now on, prepare batches ahead on ``num_threads`` threads (the ring of slots grows to match)."""
+        self._inline = False
+        self._slots += [Slot(i, [s.alloc(self.batch_size, self._empty) for s in self._stages])
+                        for i in range(len(self._slots), self.batches_ahead + 2)]
+        self._pool.start(self.num_threads)
+
     def _step_pages(self, order: EpochOrder, step: int) -> np.ndarray:
         """Sorted unique pages this rank reads at ``step`` (the remote page source prefetches them)."""
         from .remote_pages import span_pages
@@ -467,9 +549,21 @@ class Loader:
 
     def remote_stats(self) -> dict | None:
         """For a URL: what was fetched (requests, bytes_fetched, pages_fetched, pages_used, memory_hits, waits,
-        disk_hits / disk_misses with cache_dir); None for a local file."""
-        stats = getattr(self._pages, "stats", None)
-        return stats() if stats is not None else None
+        disk_hits / disk_misses with cache_dir); None for a local file. For a Mixture: those counters summed
+        over its files read from URLs, plus ``"per_source"``: each file's own dict (None for a local file);
+        None when every file is local."""
+        if self._plan is None:
+            stats = getattr(self._pages, "stats", None)
+            return stats() if stats is not None else None
+        per_source = [src.pages.stats() if hasattr(src.pages, "stats") else None for src in self._sources]
+        remote = [d for d in per_source if d is not None]
+        if not remote:
+            return None
+        total: dict = {}
+        for d in remote:
+            for key, value in d.items():
+                total[key] = total.get(key, 0) + value
+        return {**total, "per_source": per_source}
 
     def _prefetch_to_device(self, slot: Slot | None) -> None:
         """Issue the next batch's host-to-device copy now, if it is ready, so it overlaps the step the consumer
@@ -481,22 +575,30 @@ class Loader:
     def _schedule(self, order, epoch: int, step: int) -> Slot:
         slot = self._slots[step % len(self._slots)]
         self._reclaim(slot)
-        positions, padding = rank_positions(step, self.dist.rank, self.dist.world_size, self.global_batch_size,
-                                            self.n_records, self.drop_last)
-        slot.step, slot.generation, slot.error, slot.prefetched = step, self._pool.generation, None, None
-        slot.positions, slot.padding = positions, padding
-        if self._plan is not None:  # a mixture: no padding, every position is a sample of the schedule
-            slot.sources, slot.ids = order.lookup(int(positions[0]), int(positions[-1]) + 1)
-            slot.padding = np.zeros_like(padding)
-        else:
-            slot.sources, slot.ids = None, order.ids(int(positions[0]), int(positions[-1]) + 1)
-        slot.keys = sample_keys(self.seed, epoch, positions) if self._needs_keys else None
+        self._prepare(slot, order, epoch, step)
         B, n = self.batch_size, self._n_slices
         slot.done.clear()
         slot.pending = n
         for i in range(n):
             self._pool.submit(slot, i * B // n, (i + 1) * B // n)
         return slot
+
+    def _prepare(self, slot: Slot, order, epoch: int, step: int) -> None:
+        """Set the slot up for ``step``: positions, padding, record ids (and sources), augmentation keys."""
+        # rank_positions(step, rank, world_size, G, N, drop_last) without re-validating what __init__ checked
+        # (step is in [0, steps_per_epoch) here): positions step*G + rank*B + j, padding where >= N
+        B = self.batch_size
+        start = step * self.global_batch_size + self.dist.rank * B
+        positions = np.arange(start, start + B, dtype=np.int64)
+        padding = positions >= self.n_records
+        slot.step, slot.generation, slot.error, slot.prefetched = step, self._pool.generation, None, None
+        slot.positions, slot.padding = positions, padding
+        if self._plan is not None:  # a mixture: no padding, every position is a sample of the schedule
+            slot.sources, slot.ids = order.lookup(start, start + B)
+            padding[:] = False
+        else:
+            slot.sources, slot.ids = None, order.ids(start, start + B)
+        slot.keys = sample_keys(self.seed, epoch, positions) if self._needs_keys else None
 
     def _reclaim(self, slot: Slot) -> None:
         """Make the slot's buffers safe to overwrite: wait for a GPU copy out of it, and give it new buffers
@@ -529,7 +631,9 @@ class Loader:
             exc, slot.error = slot.error, None
             raise exc
 
-    def _handout(self, slot: Slot) -> dict:
+    def _handout(self, slot: Slot, owned: bool = False) -> dict:
+        """The batch of a filled slot; ``owned``: the slot's ids/padding/sources arrays are new for this batch
+        (inline filling) and are handed out without a copy."""
         def view(arr):
             v = arr[...]  # a new view object: its lifetime tells whether the user still holds the batch
             slot.handed.append(weakref.ref(v))
@@ -542,10 +646,10 @@ class Loader:
             batch = {}
             for stage, arrays in zip(self._stages, slot.arrays):
                 batch.update(stage.handout(arrays, view))
-            batch[INDEX_KEY] = slot.ids.copy()
-            batch[PADDING_KEY] = slot.padding.copy()
+            batch[INDEX_KEY] = slot.ids if owned else slot.ids.copy()
+            batch[PADDING_KEY] = slot.padding if owned else slot.padding.copy()
         if slot.sources is not None:
-            batch[SOURCE_KEY] = slot.sources.copy()
+            batch[SOURCE_KEY] = slot.sources if owned else slot.sources.copy()
         if self.array_type == "torch":  # owned copies: from_numpy shares them, costs no copy
             for key in (INDEX_KEY, PADDING_KEY, SOURCE_KEY):
                 if isinstance(batch.get(key), np.ndarray):

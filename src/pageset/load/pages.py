@@ -28,6 +28,7 @@ import threading
 import numpy as np
 
 from ..ops import spans
+from ..ops import tokens as token_ops
 
 
 def _staging(staging: dict, total: int) -> np.ndarray:
@@ -72,8 +73,37 @@ class PreadPages:
         self.ds.check_unchanged()
         return buf, out_offs
 
+    def read_windows(self, base: int, stride: int, ids: np.ndarray, dtype, out_input: np.ndarray,
+                     out_target: np.ndarray, ctx: dict) -> bool:
+        """Token windows ``ids`` read and widened into ``out_input`` / ``out_target`` (``[n, L]``) in one nogil
+        kernel call; always True (done). Window ``w`` is the ``L + 1`` tokens of ``dtype`` (the file's, uint16 or
+        uint32) from byte ``base + w * stride``; ``ctx`` is the calling thread's scratch.
+
+        Raises TruncatedFileError / FileChangedError as :meth:`gather` does.
+        """
+        row = _row(ctx, out_input.shape[1] + 1, dtype)
+        fd, done = self.ds.fileno(), 0
+        while done < ids.shape[0]:
+            bad = token_ops.pread_windows(fd, base, stride, ids[done:], row, out_input[done:], out_target[done:])
+            if bad < 0:
+                break
+            j = done + bad  # a short read: read_into finishes it or raises TruncatedFileError
+            self.ds.read_into(base + int(ids[j]) * stride, row)
+            token_ops.split_windows(row[None], out_input[j : j + 1], out_target[j : j + 1])
+            done = j + 1
+        self.ds.check_unchanged()
+        return True
+
     def close(self) -> None:
         self.ds = None
+
+
+def _row(ctx: dict, span: int, dtype) -> np.ndarray:
+    """The thread's scratch row of ``span`` tokens of ``dtype`` (one window), kept in ``ctx``."""
+    row = ctx.get("window row")
+    if row is None or row.shape[0] != span or row.dtype != dtype:
+        row = ctx["window row"] = np.empty(span, dtype=dtype)
+    return row
 
 
 class _Fill:
@@ -111,6 +141,9 @@ class ProcessPageCache:
             raise MemoryError(f"{ds.path}: page_cache='process' needs {self.capacity} x {self.page_size} bytes "
                               "of address space; pass a smaller cache_pages or use page_cache='os'") from None
         self._slot_page = np.full(self.capacity, -1, dtype=np.int64)  # page held by each slot (-1: none)
+        # slot of each page whose read has completed, -1 otherwise (the token kernels' lookup; lock held)
+        self._page_slot = np.full(max(int(ds.page_count), 1), -1, dtype=np.int64)
+        self._typed = (None, None)  # (dtype, the arena viewed as that dtype) for read_windows
         self._pins = np.zeros(self.capacity, dtype=np.int64)
         self._lru: collections.OrderedDict[int, int] = collections.OrderedDict()  # page -> slot, oldest first
         self._loading: dict[int, threading.Event] = {}  # page -> set when its slot is filled (or failed)
@@ -132,6 +165,7 @@ class ProcessPageCache:
         for page, slot in self._lru.items():
             if self._pins[slot] == 0 and page not in self._loading:
                 del self._lru[page]
+                self._page_slot[page] = -1
                 return slot
         return -1
 
@@ -178,7 +212,9 @@ class ProcessPageCache:
         finally:
             with self._lock:
                 del self._loading[k]
-                if not fill.ok:  # forget the page; the slot is free again once its waiters unpin it
+                if fill.ok:
+                    self._page_slot[k] = slot
+                else:  # forget the page; the slot is free again once its waiters unpin it
                     del self._lru[k]
                     self._slot_page[slot] = -1
                     self._unpin(slot)
@@ -238,11 +274,54 @@ class ProcessPageCache:
         self.ds.check_unchanged()  # also for cache hits: one rule, whatever is cached
         return buf, out_offs
 
+    def read_windows(self, base: int, stride: int, ids: np.ndarray, dtype, out_input: np.ndarray,
+                     out_target: np.ndarray, ctx: dict) -> bool:
+        """Token windows ``ids`` widened into ``out_input`` / ``out_target`` (``[n, L]``) straight from the
+        cache when every window lies in one cached page (one lookup under the lock, one nogil copy kernel; the
+        pages stay pinned meanwhile); False (nothing written) otherwise: the caller then uses :meth:`gather`.
+
+        Window ``w`` is the ``L + 1`` tokens of ``dtype`` (the file's) from byte ``base + w * stride`` (``base``
+        is the data offset). Counts a hit per distinct page and refreshes their LRU order, as ``gather`` does.
+        Raises FileChangedError / TruncatedFileError as :meth:`gather` does.
+        """
+        dtype = np.dtype(dtype)
+        size = dtype.itemsize
+        if base != self.data_offset or self.page_size % size or stride % size:
+            return False
+        arena_dtype, arena = self._typed
+        if arena_dtype != dtype or arena.shape[0] * size != self._arena.shape[0]:
+            arena = self._arena.view(dtype)
+            self._typed = (dtype, arena)
+        n = ids.shape[0]
+        scratch = ctx.get("window pages")
+        if scratch is None or scratch.shape[1] < n:
+            scratch = ctx["window pages"] = np.empty((2, max(n, 64)), dtype=np.int64)
+        offsets, pages = scratch[0], scratch[1]
+        page_len, span = self.page_size // size, out_input.shape[1] + 1
+        with self._lock:
+            m = token_ops.pin_windows(self._page_slot, self._pins, page_len, stride // size, span, ids, offsets,
+                                      pages)
+            if m < 0:
+                return False
+            self.hits += m
+            lru = self._lru
+            for k in pages[:m].tolist():
+                lru.move_to_end(k)
+        try:
+            token_ops.copy_windows(arena, offsets, out_input, out_target)
+        finally:
+            with self._lock:
+                token_ops.unpin_pages(self._page_slot, self._pins, pages[:m])
+        self.ds.check_unchanged()
+        return True
+
     def close(self) -> None:
         with self._lock:
             self._lru.clear()
             self._free = []
+            self._page_slot[:] = -1
             self._arena = np.empty(0, dtype=np.uint8)
+            self._typed = (None, None)
 
 
 class PageVerifier:

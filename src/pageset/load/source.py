@@ -6,10 +6,9 @@ A Loader reads one ``FileSource`` (a file, or a subset of it) or several (a ``Mi
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from ..ops import tokens as token_ops
 from .pages import PageVerifier, PreadPages, ProcessPageCache
 from .stages import BytesStage, PipelineError, TokenStage, build_stage
 
@@ -75,35 +74,54 @@ class FileSource:
             self.pages.close()
             raise
 
-    def fill(self, arrays: list, lo: int, hi: int, ids: np.ndarray, keys: np.ndarray, ctx: dict) -> None:
-        """Fill rows ``[lo, hi)`` of a slot's ``arrays`` (one dict per stage) with records ``ids`` of this file."""
-        if self.verifier is not None:
-            self.verifier.check(*self.spans(ids), ids)
-        for stage, out in zip(self.stages, arrays):
-            stage.fill(out, lo, hi, ids, keys, ctx)
+    def fill(self, arrays: list, lo: int, hi: int, ids: np.ndarray, keys: np.ndarray, ctx: dict,
+             stages=None) -> None:
+        """Fill rows ``[lo, hi)`` of a slot's ``arrays`` (one dict per stage) with records ``ids`` of this file.
+
+        ``stages``: indices of the stages to run (default all; else the caller has checked the pages)."""
+        if stages is None:
+            if self.verifier is not None:
+                self.verifier.check(*self.spans(ids), ids)
+            stages = range(len(self.stages))
+        for k in stages:
+            self.stages[k].fill(arrays[k], lo, hi, ids, keys, ctx)
 
     def fill_rows(self, arrays: list, rows: np.ndarray, ids: np.ndarray, keys: np.ndarray, ctx: dict) -> None:
         """Fill the (sorted, possibly scattered) rows ``rows`` of a slot's ``arrays`` with records ``ids``.
 
-        Contiguous rows are filled in place; so are scattered rows with large outputs (one call per run of
-        rows, see IN_PLACE_ROW_BYTES); others are filled into the thread's scratch buffers in one call per stage
-        and copied to their rows.
+        Contiguous rows are filled in place. Scattered rows: stages that write rows themselves (images) do, in
+        one call; the others are filled in place one call per run of rows when their outputs are large (see
+        IN_PLACE_ROW_BYTES), else into the thread's scratch buffers in one call per stage and copied to their rows.
         """
         m = rows.shape[0]
         if int(rows[-1]) - int(rows[0]) == m - 1:
             self.fill(arrays, int(rows[0]), int(rows[0]) + m, ids, keys, ctx)
             return
-        if self.row_bytes >= IN_PLACE_ROW_BYTES:
+        if self.verifier is not None:
+            self.verifier.check(*self.spans(ids), ids)
+        rest = []
+        for k, stage in enumerate(self.stages):
+            if stage.fills_rows:
+                stage.fill_rows(arrays[k], rows, ids, keys, ctx)
+            else:
+                rest.append(k)
+        if not rest:
+            return
+        row_bytes = sum(int(np.prod(shape)) * np.dtype(dt).itemsize
+                        for k in rest for shape, dt, _ in self.stages[k].outputs.values())
+        if row_bytes >= IN_PLACE_ROW_BYTES:
             cuts = [0, *(np.flatnonzero(np.diff(rows) != 1) + 1).tolist(), m]
             for a, b in zip(cuts[:-1], cuts[1:]):
                 self.fill(arrays, int(rows[a]), int(rows[a]) + b - a, ids[a:b], None if keys is None else keys[a:b],
-                          ctx)
+                          ctx, rest)
             return
         scratch = ctx.get(("rows", id(self)))
         if scratch is None or scratch[0] < m:
-            scratch = ctx[("rows", id(self))] = (m, [st.alloc(m, np.empty) for st in self.stages])
-        self.fill(scratch[1], 0, m, ids, keys, ctx)
-        for stage, src, dst in zip(self.stages, scratch[1], arrays):
+            scratch = ctx[("rows", id(self))] = (m, [None if st.fills_rows else st.alloc(m, np.empty)
+                                                     for st in self.stages])
+        self.fill(scratch[1], 0, m, ids, keys, ctx, rest)
+        for k in rest:
+            stage, src, dst = self.stages[k], scratch[1][k], arrays[k]
             for key, value in src.items():
                 out = dst[key]
                 if isinstance(value, list):  # JSON: Python objects
@@ -184,30 +202,37 @@ class MixtureReader:
         buf = ctx.get(self._STAGING)
         if buf is None or buf.shape[0] < m * w:
             buf = ctx[self._STAGING] = np.empty(max(m * w, 1 << 16), dtype=np.uint8)
-        if self._direct:
-            # one pread per window on its own file, in row order (adjacent windows overlap by one token: a
-            # single file's gather makes one read per window too)
-            starts = self._base[src] + ids * self._stride[src]
-            src_list = src.tolist()
-            present = dict.fromkeys(src_list)
-            fds = {i: self.sources[i].ds.fileno() for i in present}
-            view, pos = memoryview(buf), 0
-            for i, off in zip(src_list, starts.tolist()):
-                if os.preadv(fds[i], [view[pos : pos + w]], off) != w:
-                    self.sources[i].ds.read_into(off, buf[pos : pos + w])  # finishes it or raises TruncatedFileError
-                pos += w
-            for i in present:
-                self.sources[i].ds.check_unchanged()
-        else:
-            rows2d = buf[: m * w].reshape(m, w)
-            for i, rows in self._groups(src):
-                source = self.sources[i]
-                starts, lens = source.spans(ids[rows])
-                if source.verifier is not None:
-                    source.verifier.check(starts, lens, ids[rows])
-                got, _ = source.pages.gather(starts, lens, ctx)
-                rows2d[rows] = got[: rows.shape[0] * w].reshape(rows.shape[0], w)
         stage = self._windows
+        if self._direct:
+            # one pread per window on its own file, in row order, read and widened in one nogil kernel call (as
+            # a single file's batch is)
+            inp, tgt = arrays[0]["input"][lo:hi], arrays[0]["target"][lo:hi]
+            fds = np.array([s.ds.fileno() for s in self.sources], dtype=np.int64)
+            row = buf[:w].view(stage.dtype)
+            done = 0
+            while done < m:
+                bad = token_ops.pread_mixed_windows(fds, self._base, self._stride, src[done:], ids[done:], row,
+                                                    inp[done:], tgt[done:])
+                if bad < 0:
+                    break
+                j = done + bad  # a short read: read_into finishes it or raises TruncatedFileError
+                i = int(src[j])
+                self.sources[i].ds.read_into(int(self._base[i] + ids[j] * self._stride[i]), row)
+                token_ops.split_windows(row[None], inp[j : j + 1], tgt[j : j + 1])
+                done = j + 1
+            for i in np.unique(src).tolist():
+                self.sources[i].ds.check_unchanged()
+            if stage.docs:
+                stage.fill_documents(arrays[0], lo, hi)
+            return
+        rows2d = buf[: m * w].reshape(m, w)
+        for i, rows in self._groups(src):
+            source = self.sources[i]
+            starts, lens = source.spans(ids[rows])
+            if source.verifier is not None:
+                source.verifier.check(starts, lens, ids[rows])
+            got, _ = source.pages.gather(starts, lens, ctx)
+            rows2d[rows] = got[: rows.shape[0] * w].reshape(rows.shape[0], w)
         stage.fill_windows(arrays[0], lo, hi, buf[: m * w].view(stage.dtype).reshape(m, stage.seq_len + 1))
 
 

@@ -71,6 +71,9 @@ class Stage:
     to_device = None
     outputs: dict
     needs_keys = False  # whether fill() uses the per-sample augmentation keys (else it gets None)
+    fills_rows = False  # whether fill_rows(arrays, rows, ...) writes scattered rows itself (no scratch copy)
+    # whether a batch of one slice costs less than a thread hand-off (then the thread calling next() fills it)
+    inline = False
 
     def alloc(self, batch_size: int, empty) -> dict:
         """Buffers for one slot; ``empty(shape, np_dtype)`` allocates (pinned when copying to a GPU)."""
@@ -162,8 +165,16 @@ class ImageStage(Stage):
             buf = ctx[name] = np.empty(max(int(size), 1), dtype=dtype)
         return buf
 
+    fills_rows = True  # the slice kernel writes out[rows[j]]: a mixture's scattered rows cost no copy
+
     def fill(self, arrays, lo, hi, ids, keys, ctx):
-        out = arrays[self.name][lo:hi]
+        rows = self._buffer(ctx, "rows", hi - lo, np.int64)[: hi - lo]
+        rows[:] = np.arange(lo, hi)
+        self.fill_rows(arrays, rows, ids, keys, ctx)
+
+    def fill_rows(self, arrays, rows, ids, keys, ctx):
+        """Write sample j (record ``ids[j]``, key ``keys[j]``) at row ``rows[j]`` of the slot's buffer."""
+        out = arrays[self.name]
         n = ids.shape[0]
         heights, widths, encodings, lens = self.heights[ids], self.widths[ids], self.encodings[ids], self.lens[ids]
         # per-thread buffers, reused across slices: boxes int64[n, 6], flips bool[n], status int64[n]
@@ -179,14 +190,14 @@ class ImageStage(Stage):
         status = self._buffer(ctx, "status", n, np.int64)[:n]
         for attempt in range(2):
             bad = image_batch.image_slice(
-                handle, buf, offs, lens, heights, widths, encodings, boxes, flips, self.table, out,
+                handle, buf, offs, lens, heights, widths, encodings, boxes, flips, self.table, out, rows,
                 self.channels_last, self._buffer(ctx, "decoded", need_dec, np.uint8),
                 self._buffer(ctx, "jpeg_scratch", need_jpeg, np.uint8),
                 self._buffer(ctx, "resize_scratch", need_rs, np.int32), status)
             if bad < 0 or status[bad] != jpeg.ERR_SCRATCH or attempt:
                 break
-            # A JPEG whose chroma sampling cannot be cropped is decoded over its whole scaled width.
-            need_jpeg = int(heights[bad] * widths[bad] * 4)
+            # A JPEG whose chroma sampling cannot be cropped is decoded whole (at its scale, into both buffers).
+            need_dec = need_jpeg = int(heights[bad] * widths[bad] * 4)
         if bad >= 0:
             code = int(status[bad])
             detail = jpeg.error_string(handle) if code == jpeg.ERR_LIBJPEG else jpeg.STATUS_MESSAGES.get(code, "")
@@ -294,6 +305,8 @@ class TokenStage(Stage):
     windows starting in each page, so the quasi-random order shuffles windows page-locally.
     """
 
+    inline = True  # one kernel call reads and widens a slice (below ~64K tokens a slice: ~0.1 ms)
+
     def __init__(self, name, ops, ds, pages, array_type):
         self.name, self.pages, self.path = name, pages, ds.path
         rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
@@ -307,13 +320,16 @@ class TokenStage(Stage):
         self.itemsize = np.dtype(info["dtype"]).itemsize
         self.data_offset, self.page_size = ds.data_offset, ds.page_size
         self.dtype = np.dtype(info["dtype"]).newbyteorder("<")
+        self.stride = self.seq_len * self.itemsize  # bytes between window starts
         count = ds.data_length // self.itemsize
         if count < self.seq_len + 1:
             raise ValueError(f"{ds.path}: {count} tokens, fewer than seq_len + 1 = {self.seq_len + 1}:"
                              " no window fits (windows are never padded); use a smaller seq_len or more data")
         self.n_records = token_ops.num_windows(count, self.seq_len)
-        # rows per slice: ~64K tokens (~50-100 us of reading and widening) pays for handing a slice to a thread
-        self.min_slice_rows = max(1, (1 << 16) // self.seq_len)
+        # rows per slice: ~256K tokens (~0.2-0.3 ms of reading and widening) pays for handing a slice to a thread
+        # and waiting for it (a wake-up and a GIL hand-back: ~20-50 us on an idle core, ~140 us measured on a busy
+        # one); smaller batches are one slice, filled inline by the thread calling next() (see ``inline``)
+        self.min_slice_rows = max(1, (1 << 18) // self.seq_len)
         token_ops.prepare()
         L = self.seq_len
         self.outputs = {"input": ((L,), np.dtype(op.input_dtype), None), "target": ((L,), np.dtype(np.int64), None)}
@@ -340,21 +356,31 @@ class TokenStage(Stage):
         return arrays
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
-        # the windows' bytes land back to back in the thread's staging buffer (read, never mapped: a file
-        # truncated under the loader raises TruncatedFileError instead of SIGBUS)
-        starts, lens = self.spans(ids)
-        buf, _ = self.pages.gather(starts, lens, ctx)
-        rows = buf[: int(lens.sum())].view(self.dtype).reshape(ids.shape[0], self.seq_len + 1)
-        self.fill_windows(arrays, lo, hi, rows)
+        # Read, never mapped: a file truncated under the loader raises TruncatedFileError instead of SIGBUS.
+        # Local files: one kernel call reads (pread, or copies out of the page cache) and widens every window.
+        inp, tgt = arrays["input"][lo:hi], arrays["target"][lo:hi]
+        read = getattr(self.pages, "read_windows", None)
+        if read is None or not read(self.data_offset, self.stride, ids, self.dtype, inp, tgt, ctx):
+            # the windows' bytes land back to back in the thread's staging buffer (a URL, or pages not cached)
+            starts, lens = self.spans(ids)
+            buf, _ = self.pages.gather(starts, lens, ctx)
+            rows = buf[: int(lens.sum())].view(self.dtype).reshape(ids.shape[0], self.seq_len + 1)
+            token_ops.split_windows(rows, inp, tgt)
+        if self.docs:
+            self.fill_documents(arrays, lo, hi)
 
     def fill_windows(self, arrays, lo, hi, rows):
         """Fill rows ``[lo, hi)`` from ``rows`` (the windows' tokens, file dtype, ``[hi - lo, seq_len + 1]``)."""
-        inp, tgt = arrays["input"][lo:hi], arrays["target"][lo:hi]
-        token_ops.split_windows(rows, inp, tgt)  # one nogil pass, both outputs
+        token_ops.split_windows(rows, arrays["input"][lo:hi], arrays["target"][lo:hi])  # one nogil pass
         if self.docs:
-            token_ops.position_ids(inp, self.eos_id, out=arrays["position_ids"][lo:hi])
-            token_ops.doc_ids(inp, self.eos_id, out=arrays["doc_ids"][lo:hi])
-            token_ops.labels(inp, arrays["target"][lo:hi], self.eos_id, out=arrays["labels"][lo:hi])
+            self.fill_documents(arrays, lo, hi)
+
+    def fill_documents(self, arrays, lo, hi):
+        """position_ids, doc_ids and labels of rows ``[lo, hi)`` from their input and target."""
+        inp = arrays["input"][lo:hi]
+        token_ops.position_ids(inp, self.eos_id, out=arrays["position_ids"][lo:hi])
+        token_ops.doc_ids(inp, self.eos_id, out=arrays["doc_ids"][lo:hi])
+        token_ops.labels(inp, arrays["target"][lo:hi], self.eos_id, out=arrays["labels"][lo:hi])
 
     def handout(self, arrays, view):
         keys = list(self.outputs)

@@ -42,9 +42,9 @@ class WorkerFailed(RuntimeError):
 class ThreadPool:
     """``num_threads`` daemon threads executing ``(slot, lo, hi, generation)`` tasks with ``run_slice``.
 
-    The consumer runs queued tasks itself while it waits (:meth:`help`): work shorter than a thread wake-up
-    (a batch of token windows: ~0.05 ms) then gets done without a hand-off, and a loader-bound training loop
-    gets one more worker for free.
+    The consumer runs queued tasks itself while it waits (:meth:`help`): a loader-bound training loop gets one
+    more worker for free. (Batches cheaper than a hand-off, a token batch, never come here: the Loader fills
+    them on the calling thread and starts the pool with no threads.)
     """
 
     def __init__(self, num_threads: int, run_slice, name: str = "pageset"):
@@ -55,9 +55,16 @@ class ThreadPool:
         self._run_slice = weakref.WeakMethod(run_slice)
         self._lock = threading.Lock()
         self.generation = 0
-        self.threads = [threading.Thread(target=self._loop, args=(i,), name=f"{name}-{i}", daemon=True)
-                        for i in range(num_threads)]
-        for t in self.threads:
+        self._name = name
+        self.threads: list[threading.Thread] = []
+        self.start(num_threads)
+
+    def start(self, num_threads: int) -> None:
+        """Start threads until ``num_threads`` run (a pool made with none starts them when first needed)."""
+        new = [threading.Thread(target=self._loop, args=(i,), name=f"{self._name}-{i}", daemon=True)
+               for i in range(len(self.threads), num_threads)]
+        self.threads += new
+        for t in new:
             t.start()
 
     def submit(self, slot: Slot, lo: int, hi: int) -> None:

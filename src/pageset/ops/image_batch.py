@@ -10,14 +10,9 @@ import functools
 import numba
 
 from pageset.format.constants import ENCODING_RAW
-from pageset.ops import jpeg
-from pageset.ops.image import (
-    center_crop_box,
-    random_flip,
-    random_resized_crop_box,
-    resize_crop_flip_normalize,
-    resize_scratch_size,
-)
+from pageset.ops import jpeg, jpeg_kernels, jpeg_scale
+from pageset.ops.crop import center_crop_box, random_flip, random_resized_crop_box
+from pageset.ops.resize import resize_crop_flip_normalize, resize_scratch_size
 
 CROP_RANDOM_RESIZED = 0
 CROP_CENTER = 1
@@ -56,9 +51,9 @@ def plan_slice(heights, widths, encodings, keys, crop_mode, params, flip_p, out_
             num, den = 1, 1
             rh, rw = ch, cw
         else:
-            num, den = jpeg.choose_scale(w, h, cw, ch, out_w, out_h)
-            sx, sy, rw, rh = jpeg.scale_region(w, h, x, y, cw, ch, num, den)
-            need_dec = max(need_dec, rh * rw * 3)
+            num, den = jpeg_scale.choose_scale(w, h, cw, ch, out_w, out_h)
+            sx, sy, rw, rh = jpeg_scale.scale_region(w, h, x, y, cw, ch, num, den)
+            need_dec = max(need_dec, (rw + JPEG_WINDOW_MARGIN) * rh * 3)  # the decode window (jpeg_decode_window)
             need_jpeg = max(need_jpeg, (rw + JPEG_WINDOW_MARGIN) * rh * 4)
         boxes[j, 0] = x
         boxes[j, 1] = y
@@ -71,22 +66,24 @@ def plan_slice(heights, widths, encodings, keys, crop_mode, params, flip_p, out_
 
 
 @numba.njit(nogil=True)
-def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flips, table, out, channels_last,
-                decoded, jpeg_scratch, resize_scratch, status):
-    """Fill ``out[j]`` for every sample j of a slice; returns -1, or the first j whose JPEG failed to decode.
+def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flips, table, out, rows,
+                channels_last, decoded, jpeg_scratch, resize_scratch, status):
+    """Fill ``out[rows[j]]`` for every sample j of a slice; returns -1, or the first j whose JPEG failed to decode.
 
     handle: int, the thread's ``JpegDecoder.handle``. buf: uint8[:], bytes holding the records (the thread's
     staging copy, read with pread); offs, lens: int64[n] byte offset and length of each image in ``buf``; heights,
     widths: int64[n] stored size in pixels; encodings: uint8[n] (0 raw HWC RGB, 1 JPEG); boxes, flips: from
     :func:`plan_slice`. table: [3, 256] value table (``image.normalize_table`` / ``pixel_table``), dtype equal to
-    out's. out: [n, 3, H, W] or, with ``channels_last``, [n, H, W, 3]. decoded, jpeg_scratch (uint8) and
+    out's. out: [B, 3, H, W] or, with ``channels_last``, [B, H, W, 3]; rows: int64[n], the row of ``out`` each
+    sample is written to (``arange`` for a slice; a mixture's scattered rows of one file: no copy). decoded, jpeg_scratch (uint8) and
     resize_scratch (int32): at least the sizes :func:`plan_slice` returned. status: int64[n], written with the
-    decoder status per sample (0 ok, 1 libjpeg warning, < 0 error; ``jpeg.ERR_SCRATCH`` asks for a larger
-    jpeg_scratch: a JPEG whose subsampling cannot be cropped needs its whole scaled width).
+    decoder status per sample (0 ok, 1 libjpeg warning, < 0 error; ``jpeg_kernels.ERR_SCRATCH`` asks for larger
+    decoded and jpeg_scratch buffers: a JPEG whose subsampling cannot be cropped is decoded whole, so
+    ``height * width * 4`` bytes each suffice).
 
     The crop box is torchvision's (RandomResizedCrop) or FFCV's (CenterCrop) in stored pixels. JPEGs are
     decoded only over the crop's region, at the smallest DCT scale keeping the crop >= the output size
-    (``jpeg.choose_scale``); at scale 1/1 the result is Pillow's ``img.crop(box).resize(size, BILINEAR)`` bit
+    (``jpeg_scale.choose_scale``); at scale 1/1 the result is Pillow's ``img.crop(box).resize(size, BILINEAR)`` bit
     for bit; at smaller scales the box is mapped into the scaled image (a sub-pixel position).
     """
     for j in range(offs.shape[0]):
@@ -96,22 +93,24 @@ def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flip
         data = buf[offs[j] : offs[j] + lens[j]]
         if encodings[j] == ENCODING_RAW:
             src = data.reshape((h, w, 3))[y : y + ch, x : x + cw]
-            resize_crop_flip_normalize(src, 0.0, 0.0, float(cw), float(ch), flips[j], table, out[j], channels_last,
+            resize_crop_flip_normalize(src, 0.0, 0.0, float(cw), float(ch), flips[j], table, out[rows[j]], channels_last,
                                        resize_scratch)
             status[j] = 0
             continue
-        sx, sy, sw, sh = jpeg.scale_region(w, h, x, y, cw, ch, num, den)
-        region = decoded[: sh * sw * 3].reshape((sh, sw, 3))
-        st = jpeg.jpeg_decode(handle, data, num, den, sx, sy, sw, sh, region, jpeg_scratch)
+        sx, sy, sw, sh = jpeg_scale.scale_region(w, h, x, y, cw, ch, num, den)
+        # decoded where libjpeg-turbo writes it (an iMCU-aligned window a few columns wider): no copy
+        st, h0, w0, row, col = jpeg_kernels.jpeg_decode_window(handle, data, num, den, sx, sy, sw, sh, decoded,
+                                                                jpeg_scratch)
         status[j] = st
         if st < 0:
             return j
+        region = jpeg_kernels.window_view(decoded, h0, w0, row, col, sh, sw)
         f = num / den
         bx0 = min(max(x * f - sx, 0.0), sw - 1e-3)
         by0 = min(max(y * f - sy, 0.0), sh - 1e-3)
         bx1 = min(max((x + cw) * f - sx, bx0 + 1e-3), float(sw))
         by1 = min(max((y + ch) * f - sy, by0 + 1e-3), float(sh))
-        resize_crop_flip_normalize(region, bx0, by0, bx1, by1, flips[j], table, out[j], channels_last,
+        resize_crop_flip_normalize(region, bx0, by0, bx1, by1, flips[j], table, out[rows[j]], channels_last,
                                    resize_scratch)
     return -1
 

@@ -35,6 +35,17 @@ if numba.config.DISABLE_JIT:
                 done += r
         return -1
 
+    def pread_full(fd, dst, off):
+        """Plain-Python twin of the kernel below (``NUMBA_DISABLE_JIT=1``)."""
+        view = memoryview(dst).cast("B")
+        done = 0
+        while done < len(view):
+            r = os.preadv(fd, [view[done:]], off + done)
+            if r <= 0:
+                return False
+            done += r
+        return True
+
 else:
     _pread = types.ExternalFunction("pread", types.int64(types.int32, types.int64, types.int64, types.int64))
 
@@ -57,6 +68,21 @@ else:
                     return j
                 done += r
         return -1
+
+    @numba.njit(nogil=True)
+    def pread_full(fd, dst, off):
+        """Fill ``dst`` (a contiguous array, any dtype) with the file's bytes from byte ``off``; True when every
+        byte was read, False when a read came up short (end of file) or failed (the caller then reads the span
+        with ``Dataset.read_into``, which finishes it or raises TruncatedFileError). Called from other kernels."""
+        n = np.int64(dst.size * dst.itemsize)
+        base = np.int64(dst.ctypes.data)
+        done = np.int64(0)
+        while done < n:
+            r = _pread(fd, base + done, n - done, off + done)
+            if r <= 0:
+                return False
+            done += r
+        return True
 
 
 @numba.njit(nogil=True)
@@ -81,7 +107,7 @@ def prepare() -> None:
     """Enable the on-disk cache of this module's kernels (run time, never at import; idempotent)."""
     if not numba.config.DISABLE_JIT:
         try:
-            for kernel in (copy_spans, pread_spans):
+            for kernel in (copy_spans, pread_spans, pread_full):
                 kernel.enable_caching()
         except RuntimeError:  # no writable cache location: compile in each process
             pass

@@ -6,9 +6,11 @@ Windows are a pure function of ``seq_len`` (chosen at load time, never stored): 
 first is a target exactly once (the < seq_len trailing tokens that do not fill a window are the only ones left
 out), whatever order the windows are visited in.
 
-Everything but :func:`split_windows` (the loader's widening kernel) is vectorised numpy: one gather per batch into reused buffers, widening uint16/uint32 -> int64 in
-numpy (a 2048-token uint16 window is 4 KiB; nanoGPT's per-row ``torch.from_numpy(...).astype`` + ``torch.stack``
-costs several times more than one gather).
+The loader's kernels (:func:`split_windows`, :func:`pread_windows`, :func:`pread_mixed_windows`, and
+:func:`pin_windows` + :func:`copy_windows` for a page cache) are Numba: a batch of windows read and widened
+uint16/uint32 -> int64 in one nogil call. Everything else is vectorised numpy (a 2048-token uint16 window is
+4 KiB; nanoGPT's per-row ``torch.from_numpy(...).astype`` + ``torch.stack`` costs several times more than one
+gather).
 
 Document outputs (``position_ids``, ``doc_ids``, ``cu_seqlens``, ``labels``) are computed from the POSITIONS of
 ``eos_id`` in the input rows, never by comparing with a pad id. Segments:
@@ -29,6 +31,8 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
+
+from .spans import pread_full
 
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
 
@@ -94,6 +98,17 @@ def gather_windows(tokens: np.ndarray, window_ids: np.ndarray, seq_len: int, out
 
 
 @numba.njit(nogil=True)
+def _widen(src, a, b):
+    """``a[:] = src[:-1]``, ``b[:] = src[1:]`` (widened); unsigned indices: no wrap-around branch, the loops
+    vectorise."""
+    length = np.uint64(a.shape[0])
+    for i in range(length):
+        a[i] = src[i]
+    for i in range(length):
+        b[i] = src[i + np.uint64(1)]
+
+
+@numba.njit(nogil=True)
 def split_windows(rows, out_input, out_target):
     """``out_input[:] = rows[:, :-1]`` and ``out_target[:] = rows[:, 1:]``, widened, in one nogil pass.
 
@@ -101,13 +116,86 @@ def split_windows(rows, out_input, out_target):
     ``int32[n, L]``; out_target: ``int64[n, L]`` (rows of a batch buffer: C-contiguous). Shapes are the
     caller's contract. The loader's token stage uses it instead of two numpy casting copies.
     """
-    length = np.uint64(out_input.shape[1])
     for r in range(rows.shape[0]):
-        src, a, b = rows[r], out_input[r], out_target[r]
-        for i in range(length):  # unsigned: no wrap-around branch, so the loops vectorise
-            a[i] = src[i]
-        for i in range(length):
-            b[i] = src[i + np.uint64(1)]
+        _widen(rows[r], out_input[r], out_target[r])
+
+
+@numba.njit(nogil=True)
+def pread_windows(fd, base, stride, ids, row, out_input, out_target):
+    """Read windows ``ids`` of a token file with ``pread`` and widen them into the outputs: one nogil call per
+    batch (the GIL released once), each window read into ``row`` and split while it is in L1.
+
+    fd: the file's descriptor; base: byte offset of token 0 in the file; stride: bytes between window starts
+    (``seq_len * itemsize``); ids: int64[n] window ids; row: ``uint16[L + 1]`` or ``uint32[L + 1]`` scratch (the
+    file's dtype); out_input ``int64|int32[n, L]``, out_target ``int64[n, L]``. Returns -1 when every window
+    was read in full, else the first ``j`` whose read came up short or failed (rows before it are written;
+    the caller reads that window with ``Dataset.read_into``, which finishes it or raises TruncatedFileError).
+    """
+    for j in range(ids.shape[0]):
+        if not pread_full(fd, row, base + ids[j] * stride):
+            return j
+        _widen(row, out_input[j], out_target[j])
+    return -1
+
+
+@numba.njit(nogil=True)
+def pread_mixed_windows(fds, bases, strides, sources, ids, row, out_input, out_target):
+    """:func:`pread_windows` over several token files of one dtype (a Mixture): window ``j`` is window
+    ``ids[j]`` of file ``sources[j]``, whose descriptor, token-0 offset and window stride (bytes) are
+    ``fds[i]``, ``bases[i]``, ``strides[i]`` (int64[files]). Returns -1, or the first ``j`` not read in full."""
+    for j in range(ids.shape[0]):
+        i = sources[j]
+        if not pread_full(fds[i], row, bases[i] + ids[j] * strides[i]):
+            return j
+        _widen(row, out_input[j], out_target[j])
+    return -1
+
+
+@numba.njit(nogil=True)
+def pin_windows(page_slot, pins, page_len, stride, span, ids, offsets, pages):
+    """Pin the cached pages of windows ``ids`` if every window lies in one resident page (a page cache's lookup,
+    called under its lock).
+
+    page_slot: int64[K], the slot holding page ``k`` (fully read) or -1; pins: int64[slots], incremented once
+    per distinct page; page_len: tokens per page; stride: tokens between window starts (``seq_len``); span:
+    tokens per window (``seq_len + 1``); ids: int64[n]. Writes offsets[j] (int64[>= n]: window ``j``'s first
+    token in the arena) and the distinct pages, ascending, to ``pages[:m]`` (int64[>= n]). Returns ``m``, or
+    -1 (nothing pinned) when a window's page is not resident or a window crosses a page boundary.
+    """
+    n = ids.shape[0]
+    for j in range(n):
+        s = ids[j] * stride
+        k = s // page_len
+        if (s + span - 1) // page_len != k or page_slot[k] < 0:
+            return -1
+        pages[j] = k
+        offsets[j] = page_slot[k] * page_len + s - k * page_len
+    touched = pages[:n]
+    touched.sort()
+    m = 0
+    for j in range(n):
+        if j == 0 or touched[j] != touched[j - 1]:
+            pages[m] = touched[j]
+            pins[page_slot[touched[j]]] += 1
+            m += 1
+    return m
+
+
+@numba.njit(nogil=True)
+def copy_windows(arena, offsets, out_input, out_target):
+    """Widen window ``j`` = ``arena[offsets[j] : offsets[j] + L + 1]`` into ``out_input[j]``, ``out_target[j]``
+    for every row ``j`` of the outputs (arena: ``uint16|uint32[:]``, offsets: int64[>= n])."""
+    span = out_input.shape[1] + 1
+    for j in range(out_input.shape[0]):
+        o = offsets[j]
+        _widen(arena[o : o + span], out_input[j], out_target[j])
+
+
+@numba.njit(nogil=True)
+def unpin_pages(page_slot, pins, pages):
+    """Drop the pins :func:`pin_windows` took on ``pages`` (int64[m], resident: their slots cannot change)."""
+    for k in pages:
+        pins[page_slot[k]] -= 1
 
 
 @functools.cache
@@ -115,7 +203,9 @@ def prepare() -> None:
     """Enable the on-disk cache of this module's kernel (run time, never at import; idempotent)."""
     if not numba.config.DISABLE_JIT:
         try:
-            split_windows.enable_caching()
+            for kernel in (split_windows, pread_windows, pread_mixed_windows, pin_windows, copy_windows,
+                           unpin_pages):
+                kernel.enable_caching()
         except RuntimeError:  # no writable cache location: compile in each process
             pass
 

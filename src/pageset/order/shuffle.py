@@ -338,6 +338,7 @@ class EpochOrder:
         self._m = self.window_pages if order != "random" else max(sizes.shape[0], 1)
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
+        self._last = None  # (start, stop, ids) of the cached window the last ids() call read: the loader's fast path
         for arr in (self._page_starts, self._page_order, self._window_starts):
             arr.flags.writeable = False
 
@@ -382,7 +383,9 @@ class EpochOrder:
                 ids.flags.writeable = False
                 if self.order != "random":  # random is one window: keep it for the epoch
                     while len(self._cache) >= self._CACHED_WINDOWS:
-                        self._cache.popitem(last=False)
+                        _, gone = self._cache.popitem(last=False)
+                        if self._last is not None and self._last[2] is gone:
+                            self._last = None
                 self._cache[w] = ids
             else:
                 self._cache.move_to_end(w)
@@ -394,6 +397,10 @@ class EpochOrder:
         Positions >= N wrap to ``position % N`` (padding); ``0 <= start <= stop`` (ValueError otherwise);
         N == 0 with a non-empty range is a ValueError.
         """
+        last = self._last
+        if last is not None and type(start) is int and type(stop) is int and last[0] <= start <= stop <= last[1]:
+            # inside the window the previous call read (a batch's positions, step after step): one slice copy
+            return last[2][start - last[0] : stop - last[0]].copy()
         start, stop = _check_range(start, stop, None)
         out = np.empty(stop - start, dtype=np.int64)
         n = self.n_records
@@ -405,8 +412,12 @@ class EpochOrder:
             w = int(np.searchsorted(self._window_starts, p, side="right")) - 1
             w_start, w_stop = int(self._window_starts[w]), int(self._window_starts[w + 1])
             take = min(out.shape[0] - done, w_stop - p)
-            out[done : done + take] = self.window_ids(w)[p - w_start : p - w_start + take]
+            window = self.window_ids(w)
+            out[done : done + take] = window[p - w_start : p - w_start + take]
             done += take
+            with self._lock:
+                if any(ids is window for ids in self._cache.values()):
+                    self._last = (w_start, w_stop, window)
         return out
 
     def pages(self, start: int, stop: int) -> np.ndarray:

@@ -98,10 +98,11 @@ class Assembly:
 
     def add(self, part) -> None:
         if part.error is not None:
-            i, name, detail, tb = part.error
+            i, name, detail, tb, *where = part.error  # where: the SampleError's own source (e.g. a shard)
+            source = where[0] if where else self.source
             if tb:  # a worker's traceback: the cause, shown once below the message (as concurrent.futures does)
-                raise SampleError(self.source, i, name, detail) from WorkerTraceback(tb)
-            raise SampleError(self.source, i, name, detail)
+                raise SampleError(source, i, name, detail) from WorkerTraceback(tb)
+            raise SampleError(source, i, name, detail)
         for entry in part.skipped:
             self.skipped.append(entry["index"])
             if len(self.skip_log) < 1000:

@@ -50,15 +50,44 @@ def executor_map(executor: futures.Executor, fn, tasks, ahead: int):
             futures.wait(pending, timeout=WAIT_ON_FAILURE_S)
 
 
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make this (worker) process end when its parent does, even by SIGKILL: on Linux, ask the kernel for
+    SIGKILL at the parent's death (``prctl(PR_SET_PDEATHSIG)``), then exit at once if the parent is already gone
+    (it died before the request took effect). Elsewhere a no-op: the pool's own pipes end idle workers."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl in this libc (musl builds have it; odd ones may not)
+        return
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _start_worker(parent_pid: int, initializer, initargs) -> None:
+    die_with_parent(parent_pid)
+    if initializer is not None:
+        initializer(*initargs)
+
+
 def ordered_map(fn, tasks, num_workers: int, initializer, initargs, ahead: int, died: str):
     """Yield ``fn(*task)`` for each task of the iterable ``tasks``, in task order, from ``num_workers`` forked
     worker processes (spawned where fork is unavailable) running at most ``ahead`` tasks ahead.
 
     A dead worker (SIGKILL, out of memory, segfault) raises ``RuntimeError(died)`` at once instead of hanging;
-    leaving the generator early (an exception in the caller) cancels queued tasks and joins the workers.
+    leaving the generator early (an exception in the caller) cancels queued tasks and joins the workers; a
+    worker whose parent is killed (even by SIGKILL) is killed too (Linux, see :func:`die_with_parent`).
     """
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    pool = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=initializer, initargs=initargs)
+    pool = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_start_worker,
+                               initargs=(os.getpid(), initializer, initargs))
     try:
         yield from executor_map(pool, fn, tasks, ahead)
     except BrokenProcessPool as exc:

@@ -87,7 +87,7 @@ def encode_range(src: Source, fields: dict[str, Field], row_dtype: np.dtype, sta
             cause = exc.__cause__ if exc.__cause__ is not None else exc
             tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
             return EncodedRange(start, stop, rows[:count], blob.getvalue(), skipped,
-                                (exc.index, exc.field, exc.detail, tb))
+                                (exc.index, exc.field, exc.detail, tb, exc.source))
         row = rows[count]
         row["_length"] = sum(len(p) for p in payloads)
         for name, payload in zip(span_names, payloads):
