@@ -190,9 +190,10 @@ def test_s3_output_that_is_not_a_pageset_file_is_refused_like_a_local_one(tmp_pa
         merge_datasets(good, [good, good], **kw)
     fs.invalidate_cache()
     assert fs.cat_file(url) == b"my only copy of the notes" and _uploads(moto_s3) == []
-    write_dataset(good, [(2,)], {"y": Int()}, num_workers=0, **kw)  # a pageset object: replaced
+    write_dataset(good, [(2,)], {"y": Int()}, num_workers=0, lineage=False, **kw)  # a pageset object: replaced
     fs.pipe_file("s3://pageset-test/refuse/empty", b"")
-    write_dataset("s3://pageset-test/refuse/empty", [(2,)], {"y": Int()}, num_workers=0, **kw)  # empty: replaced
+    write_dataset("s3://pageset-test/refuse/empty", [(2,)], {"y": Int()}, num_workers=0, lineage=False,
+                  **kw)  # an empty object: replaced
     fs.invalidate_cache()
     assert fs.cat_file(good) == fs.cat_file("s3://pageset-test/refuse/empty")
 
