@@ -296,8 +296,8 @@ def _worker_has_no_credentials() -> bool:
     return botocore.session.Session().get_credentials() is None
 
 
-def test_cli_workers_without_credentials_one_line_naming_shard_dir(tmp_path, photos, cluster, moto_s3, monkeypatch,
-                                                                  capsys):  # noqa: F811
+def test_cli_workers_without_credentials_one_line_naming_shard_dir(tmp_path, photos, cluster, monkeypatch, capsys,
+                                                                  moto_s3):  # noqa: F811
     """The driver has credentials in its environment, the workers (started before) have none: `pageset convert`
     ends with one line naming the shard folder and how credentials reach workers, not a botocore traceback."""
     from pageset.cli import main

@@ -149,7 +149,7 @@ def write_shard(url: str, header: dict, arrays: list[tuple[str, object]], storag
     try:
         size = _write_shard(url, header, arrays, storage_options)
     except Exception as exc:
-        if not is_url(url):
+        if not is_url(url) or getattr(exc, "pageset_store_error", False):
             raise
         err = shard_error(exc, folder, f"writing a shard on worker host {socket.gethostname()}")
         if err is exc:
@@ -178,7 +178,10 @@ def _write_shard(url: str, header: dict, arrays: list[tuple[str, object]], stora
         fs, path = _fs(url, storage_options)
         # One call for the whole object (S3: one PUT, or a multipart upload completed only at its end), so a task
         # killed midway leaves nothing readable under the shard's name.
-        fs.pipe_file(path, b"".join([prefix] + [v.tobytes() for _, v in views]))
+        from .upload import pipe_bounded
+
+        pipe_bounded(fs, path, b"".join([prefix] + [v.tobytes() for _, v in views]), url.rsplit("/", 1)[0],
+                     f"writing a shard on worker host {socket.gethostname()} in shard_dir")
         return size
     path = local_path(url)
     tmp = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
@@ -336,9 +339,13 @@ def new_shard_folder(output: str, shard_dir: str | None, storage_options: dict |
             raise ValueError(f"shard_dir {shard_dir or output!r}: http(s) URLs are read-only; pass shard_dir= a "
                              "folder or an object store URL (s3://bucket/tmp) that every worker can write")
         try:
+            from .upload import pipe_bounded
+
             fs, path = _fs(name, storage_options)
-            fs.pipe_file(f"{path}/{MARKER}", b"")
+            pipe_bounded(fs, f"{path}/{MARKER}", b"", name, "creating the shard folder in shard_dir")
         except Exception as exc:
+            if getattr(exc, "pageset_store_error", False):
+                raise
             err = shard_error(exc, name, "creating the shard folder")
             if err is exc:
                 raise

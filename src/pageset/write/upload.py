@@ -106,12 +106,24 @@ def bounded(fs, make_coro, url: str, what: str, policy: WritePolicy | None):
             if err is exc:
                 raise
             if err is not None:
+                err.pageset_store_error = True  # worded already: callers re-raise it as is
                 raise err from exc
             last, timed_out = f"{type(exc).__name__}: {exc}", False
     kind = TimeoutError if timed_out else ConnectionError
-    raise kind(f"{url}: {what} failed after {policy.attempts} attempts (request_timeout {policy.timeout} s each); "
+    err = kind(f"{url}: {what} failed after {policy.attempts} attempts (request_timeout {policy.timeout} s each); "
                f"last error: {last}. Check the endpoint in storage_options (client_kwargs.endpoint_url) and the "
                "network, or raise request_timeout / request_attempts")
+    err.pageset_store_error = True
+    raise err
+
+
+def pipe_bounded(fs, path: str, data: bytes, url: str, what: str, policy: WritePolicy | None = None) -> None:
+    """``fs.pipe_file(path, data)``, each attempt bounded by ``policy`` (default 30 s x 5) on an async
+    filesystem (S3, GCS, Azure); a plain call on others (memory://, local)."""
+    if getattr(fs, "async_impl", False) and callable(getattr(fs, "_pipe_file", None)):
+        bounded(fs, lambda: fs._pipe_file(path, data), url, what, policy)
+    else:
+        fs.pipe_file(path, data)
 
 
 class S3PartsFile:
