@@ -166,7 +166,7 @@ def merge_datasets(path, inputs, *, progress: bool = True, page_size: int | None
             return _merge_tokens(out, paths, opened, page_size, metadata, lineage, storage_options, progress, t0,
                                   policy)
         return _merge_records(out, paths, opened, page_size, metadata, lineage, storage_options, progress, t0,
-                                  policy)
+                              policy)
     finally:
         for ds in opened:
             ds.close()
@@ -212,7 +212,7 @@ def _merged_source(opened) -> tuple[str, list[int]]:
 
 
 def _merge_records(out, paths, opened, page_size, metadata, record_lineage, storage_options, progress, t0,
-                  policy=None):
+                   policy=None):
     _check_same_records(paths, opened)
     schema = copy.deepcopy(opened[0].schema)
     schema.setdefault("writer", {})["page_size"] = page_size

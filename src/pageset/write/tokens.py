@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import io
 import itertools
 import json
 import os
@@ -418,8 +419,8 @@ def _file_documents(path: str, text_key: str, separator: str | None, storage_opt
         yield from _parquet_documents(path, text_key, storage_options)
         return
     try:
-        with _open_binary(path, storage_options) as f:
-            text = f.read().decode("utf-8", errors="strict")
+        with io.TextIOWrapper(_open_binary(path, storage_options), encoding="utf-8", errors="strict") as f:
+            text = f.read()  # universal newlines, as open(path, encoding="utf-8") reads
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); convert it or leave it out "
                          "of the source") from None
