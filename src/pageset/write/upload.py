@@ -291,7 +291,7 @@ def check_url_output(url: str, storage_options: dict | None, call: str, policy: 
         try:
             data = bounded(fs, first_bytes, url, "checking the existing output", policy)
         except PermissionError as exc:
-            if "credentials" in str(exc):
+            if ": no credentials for " in str(exc):
                 raise
             return
         if data is None:  # no object: the bucket must exist, or the whole write would be lost at its end
@@ -302,7 +302,7 @@ def check_url_output(url: str, storage_options: dict | None, call: str, policy: 
                                         "first (e.g. s3fs.S3FileSystem(**storage_options).mkdir("
                                         f"{bucket!r})) or write to an existing bucket") from exc
             except PermissionError as exc:
-                if "credentials" in str(exc):
+                if ": no credentials for " in str(exc):
                     raise
             return
     else:
