@@ -246,3 +246,15 @@ def test_file_list_on_an_executor_gives_the_same_bytes(tmp_path, photos):
     with ProcessPoolExecutor(2) as ex:
         write_dataset(tmp_path / "b.pageset", tmp_path / "files.txt", executor=ex, chunk_size=2, **kw)
     assert (tmp_path / "a.pageset").read_bytes() == (tmp_path / "b.pageset").read_bytes()
+
+
+def test_resume_errors_are_exported_and_token_subsets_count_windows(token_file):
+    """StateError / StateMismatchError (raised by load_state_dict) can be caught as pageset.StateError; a
+    subset of a token file is counted in seq_len windows, and its errors say so."""
+    from pageset.order.state import StateError, StateMismatchError
+
+    assert pageset.StateError is StateError and pageset.StateMismatchError is StateMismatchError
+    assert {"StateError", "StateMismatchError"} <= set(pageset.__all__)
+    with pytest.raises(ValueError, match=r"indices\[0\] = 99 is outside \[0, 24\) \(the file has 24 windows\) "
+                                         r"\(a token file's ids are its seq_len=16 windows\)"):
+        Loader(token_file, batch_size=2, indices=[99], pipelines={"tokens": [TokenWindows(16)]})

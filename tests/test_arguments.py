@@ -147,6 +147,8 @@ LOADER = [
     ("indices", [0, 1.5], T, r"indices\[1\] = 1\.5 is not an integer record id"),
     ("storage_options", "anon", T, r"storage_options must be a dict or None"),
     ("cache_dir", 5, T, r"cache_dir must be a folder path"),
+    ("cache_dir", __file__, NotADirectoryError, r"cache_dir '.*test_arguments\.py' is a file, not a folder"),
+    ("indices", {0, 1, 2}, T, r"indices is a set: sets are unordered.*pass a list or 1-D integer array of record ids"),
     ("cache_limit_bytes", 0, V, r"cache_limit_bytes must be an int >= 1"),
     ("prefetch_bytes", -1, V, r"prefetch_bytes must be an int >= 0"),
     ("max_requests", 0, V, r"max_requests must be an int >= 1"),
@@ -172,6 +174,9 @@ WRITE_DATASET = [
     ("executor", "dask", T, r"executor must be a concurrent\.futures\.Executor"),
     ("shard_dir", 5, T, r"shard_dir must be a string or None"),
     ("storage_options", "anon=True", T, r"storage_options must be a dict or None"),
+    ("request_timeout", 0, V, r"request_timeout must be a finite number > 0"),
+    ("request_attempts", 0.5, T, r"request_attempts must be an int >= 1"),
+    ("metadata", {"when": object()}, T, r"metadata\['when'\] is not JSON-serialisable"),
 ]
 
 WRITE_TOKENS = [
@@ -194,6 +199,8 @@ WRITE_TOKENS = [
     ("executor", 4, T, r"executor must be a concurrent\.futures\.Executor"),
     ("shard_dir", ["a"], T, r"shard_dir must be a string or None"),
     ("storage_options", [("anon", True)], T, r"storage_options must be a dict or None"),
+    ("request_timeout", -1, V, r"request_timeout must be a finite number > 0"),
+    ("request_attempts", 0, V, r"request_attempts must be an int >= 1"),
 ]
 
 MERGE = [
@@ -206,6 +213,8 @@ MERGE = [
     ("metadata", "m", T, r"metadata must be a dict or None"),
     ("lineage", 0, T, r"lineage must be True or False"),
     ("storage_options", 1, T, r"storage_options must be a dict or None"),
+    ("request_timeout", "30", T, r"request_timeout must be a number"),
+    ("request_attempts", -1, V, r"request_attempts must be an int >= 1"),
 ]
 
 IMPORTERS = [  # (function, argument, bad value, exception, message)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -287,3 +288,34 @@ def test_damaged_or_truncated_shard_is_refused(tmp_path, photos):
         list(ShardPart(summary, row_dtype, None).payloads())
     remove_shard_folder(folder, None)
     assert _only(tmp_path) == []
+
+
+def _worker_has_no_credentials() -> bool:
+    import botocore.session
+
+    return botocore.session.Session().get_credentials() is None
+
+
+def test_cli_workers_without_credentials_one_line_naming_shard_dir(tmp_path, photos, cluster, monkeypatch, capsys,
+                                                                  moto_s3):  # noqa: F811
+    """The driver has credentials in its environment, the workers (started before) have none: `pageset convert`
+    ends with one line naming the shard folder and how credentials reach workers, not a botocore traceback."""
+    from pageset.cli import main
+
+    if not cluster.submit(_worker_has_no_credentials, pure=False).result(timeout=60):
+        pytest.skip("the Dask workers find AWS credentials of their own")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", moto_s3["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", moto_s3["secret"])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_s3["endpoint_url"])
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    (tmp_path / "in" / "cat").mkdir(parents=True)
+    for k, p in enumerate(photos[:4]):
+        shutil.copy(p, tmp_path / "in" / "cat" / f"{k}.jpg")
+    rc = main(["convert", str(tmp_path / "in"), str(tmp_path / "out.pageset"), "--scheduler",
+               cluster.scheduler.address, "--shard-dir", "s3://pageset-test/nocred", "--chunk-size", "2",
+               "--max-resolution", "32", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and "\n" not in err, err
+    assert "s3://pageset-test/nocred/out.pageset.shards-" in err and "in shard_dir" in err, err
+    assert "storage_options reach the workers" in err, err
+    assert not (tmp_path / "out.pageset").exists()

@@ -12,7 +12,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pageset import ImageList, SampleError, import_nanogpt, open_dataset, write_dataset, write_tokens
+from pageset import (
+    ChecksumMismatchError,
+    ImageList,
+    Int,
+    SampleError,
+    import_nanogpt,
+    open_dataset,
+    write_dataset,
+    write_tokens,
+)
 from pageset.cli import main as cli_main
 from pageset.write.sources import WorkerTraceback
 
@@ -58,6 +67,71 @@ def test_malformed_json_line_says_invalid_json_at_file_and_line(tmp_path):
         (tmp_path / "c2.jsonl").write_bytes(line + b"\n")
         with pytest.raises(ValueError, match=match):
             _tokens(tmp_path / "o.pageset", tmp_path / "c2.jsonl")
+
+
+def test_parquet_wrong_text_key_and_damaged_parquet_name_the_file(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    good = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"body": ["first document", "second"], "id": [1, 2]}), good)
+    with pytest.raises(ValueError, match=r"docs\.parquet: no column 'text' in the Parquet file \(it has \['body', "
+                                         r"'id'\]\); set text_key= \(--text-key\)"):
+        _tokens(tmp_path / "o.pageset", good)
+    assert _tokens(tmp_path / "o.pageset", good, text_key="body").documents == 2
+    bad = tmp_path / "cut.parquet"
+    bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])  # a copy cut short
+    with pytest.raises(ValueError, match=r"cut\.parquet: cannot read it as Parquet \(ArrowInvalid: .*\); the file "
+                                         r"is damaged or not Parquet"):
+        _tokens(tmp_path / "o2.pageset", bad)
+    assert not (tmp_path / "o2.pageset").exists()
+
+
+def test_a_flat_list_of_ids_names_the_document_and_what_a_document_is(tmp_path):
+    with pytest.raises(TypeError, match=r"^document 0: expected text \(str\) or a 1-D integer array / list of token "
+                                        r"ids, got int 1; .*\[\[1, 2, 3\], \[4, 5\]\].*not \[1, 2, 3\]"):
+        write_tokens(tmp_path / "k.pageset", [1, 2, 3], eos_id=0, progress=False, num_workers=0)
+    assert not (tmp_path / "k.pageset").exists()
+
+
+def test_non_json_metadata_names_the_argument_and_the_key(tmp_path):
+    with pytest.raises(TypeError, match=r"^metadata\['x'\] is not JSON-serialisable .*metadata values must be"):
+        write_dataset(tmp_path / "m.pageset", [(1,)], {"y": Int()}, metadata={"ok": 1, "x": object()},
+                      progress=False, num_workers=0)
+    with pytest.raises(TypeError, match=r"^metadata\['when'\] is not JSON-serialisable"):
+        _tokens(tmp_path / "t.pageset", ["a"], metadata={"when": {1, 2}})
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_importer_messages_name_the_importer_called(tmp_path):
+    from pageset import import_megatron
+
+    with pytest.raises(FileNotFoundError, match=r"the output comes first: import_megatron\(path, prefix\)"):
+        import_megatron(tmp_path / "o.pageset", tmp_path / "missing", eos_id=0)
+    (tmp_path / "notes.txt").write_text("keep me")
+    bin_path = tmp_path / "tok.bin"
+    np.arange(10, dtype=np.uint16).tofile(bin_path)
+    with pytest.raises(ValueError, match=r"notes\.txt exists and is not a pageset file.*import_nanogpt\(path, "
+                                         r"bin_path\)"):
+        import_nanogpt(tmp_path / "notes.txt", bin_path, eos_id=0)
+
+
+def test_damaged_token_page_names_the_token_range_and_documents(tmp_path):
+    from pageset.format import constants as C
+
+    path = tmp_path / "t.pageset"
+    docs = [np.arange(1, 3000, dtype=np.int64) % 60000 + k for k in range(6)]  # ~18k uint16 ids: 9 pages of 4 KiB
+    write_tokens(path, docs, None, eos_id=0, page_size=4096, progress=False, num_workers=0)
+    with open(path, "r+b") as f:
+        f.seek(C.DATA_OFFSET + 2 * 4096 + 100)  # inside page 2: tokens [4096, 6144)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    from pageset import Dataset
+
+    with Dataset(path) as ds:
+        with pytest.raises(ChecksumMismatchError, match=r"page 2.*this page holds tokens \[4096, 6144\) "
+                                                        r"\(documents 1\.\.2\)"):
+            ds.verify()
 
 
 # ---- output folder -----------------------------------------------------------------------------------------

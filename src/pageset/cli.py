@@ -66,7 +66,7 @@ def cmd_convert(args) -> int:
                      jpeg_draft=args.jpeg_draft)
     try:  # before any work; named in the command line's order (the source comes first here)
         check_not_input(args.output, [args.source])
-        check_replaceable(args.output, "pageset convert SOURCE OUTPUT")
+        check_replaceable(args.output, "pageset convert SOURCE OUTPUT", _storage_options(args))
     except ValueError as exc:
         print(f"pageset convert: {exc}", file=sys.stderr)
         return 1
@@ -110,7 +110,8 @@ def cmd_convert_text(args) -> int:
     tokenizer = (args.tokenizer, args.merges) if args.merges else args.tokenizer
     try:
         check_not_input(args.output, [args.source])
-        check_replaceable(args.output, "pageset convert-text SOURCE OUTPUT --tokenizer TOKENIZER")
+        check_replaceable(args.output, "pageset convert-text SOURCE OUTPUT --tokenizer TOKENIZER",
+                          _storage_options(args))
     except ValueError as exc:
         print(f"pageset convert-text: {exc}", file=sys.stderr)
         return 1
@@ -320,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("merge", help="concatenate pageset files with one schema into one file")
     m.add_argument("output")
     m.add_argument("inputs", nargs="+")
-    m.add_argument("--storage-options", default=None, help="JSON fsspec options for a URL output")
+    m.add_argument("--storage-options", default=None,
+                   help="JSON fsspec options for every URL: the output and URL inputs")
     m.add_argument("--no-progress", action="store_true")
     m.set_defaults(func=cmd_merge)
     k = sub.add_parser("clean", help="remove temp files and shard folders left by killed writes of PATH")

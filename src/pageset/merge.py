@@ -30,6 +30,7 @@ from .write.filewriter import (
     lineage,
 )
 from .write.tokens import TokenFileWriter, TokenWriteResult
+from .write.upload import WritePolicy
 from .write.writer import WriteResult, _check_page_size
 
 
@@ -90,7 +91,8 @@ class _FilePart:
 
 
 def merge_datasets(path, inputs, *, progress: bool = True, page_size: int | None = None, metadata: dict | None = None,
-                   lineage: bool = True, storage_options: dict | None = None):
+                   lineage: bool = True, storage_options: dict | None = None, request_timeout: float = 30.0,
+                   request_attempts: int = 5):
     """Concatenate the pageset files ``inputs`` (in order) into one file at ``path`` (the output first, like every
     pageset writer).
 
@@ -107,14 +109,18 @@ def merge_datasets(path, inputs, *, progress: bool = True, page_size: int | None
         page_size: output page size; default the first input's.
         metadata: user metadata; default the inputs' when they all carry the same, else none.
         lineage: record when and where the merge ran (``False``: content-only bytes).
-        storage_options: fsspec options for a URL ``path``.
+        storage_options: fsspec options for every URL: a URL ``path`` and URL ``inputs`` (local paths ignore
+            them).
+        request_timeout, request_attempts: seconds per request and attempts per request, for URL inputs (as
+            :func:`~pageset.open_dataset`) and a URL output (as :func:`~pageset.write_dataset`).
 
     Returns:
         :class:`~pageset.write.WriteResult` for record files, :class:`~pageset.write.tokens.TokenWriteResult` for
         token files.
 
     Raises:
-        ValueError: fewer than one input, ``path`` among the inputs, or inputs that differ (names the input and
+        ValueError: fewer than one input, ``path`` among the inputs, an existing ``path`` that is not a pageset
+        file, an http(s) ``path`` (read-only), or inputs that differ (names the input and
         the first differing field, class or token setting); TypeError / ValueError for arguments of the wrong
         kind or range (naming the argument); FormatError subclasses for damaged inputs.
     """
@@ -131,16 +137,20 @@ def merge_datasets(path, inputs, *, progress: bool = True, page_size: int | None
     metadata = check.mapping("metadata", metadata, optional=True)
     lineage = check.boolean("lineage", lineage)
     storage_options = check.mapping("storage_options", storage_options, optional=True)
+    check.json_metadata("metadata", metadata)
+    policy = WritePolicy(check.real("request_timeout", request_timeout, low=0, low_open=True),
+                         check.integer("request_attempts", request_attempts, minimum=1))
     paths = [os.fspath(p) for p in inputs]
     if not paths:
         raise ValueError("merge_datasets needs at least one input file")
-    if not is_url(out):
-        check_not_input(out, paths)
-    check_replaceable(out, "merge_datasets(path, [a, b, ...])")
+    check_not_input(out, paths)
+    check_replaceable(out, "merge_datasets(path, [a, b, ...])", storage_options, policy)
     opened: list[Dataset] = []
     try:
         for p in paths:
-            opened.append(Dataset(p))
+            remote = is_url(p)
+            opened.append(Dataset(p, storage_options if remote else None, request_timeout=request_timeout,
+                                  request_attempts=request_attempts))
         kinds = {ds.tokens_info is not None for ds in opened}
         if len(kinds) > 1:
             first_tok = next(p for p, ds in zip(paths, opened) if ds.tokens_info is not None)
@@ -153,8 +163,10 @@ def merge_datasets(path, inputs, *, progress: bool = True, page_size: int | None
             metadata = users[0] if all(u == users[0] for u in users) else {}
         canonical_json(metadata)
         if opened[0].tokens_info is not None:
-            return _merge_tokens(out, paths, opened, page_size, metadata, lineage, storage_options, progress, t0)
-        return _merge_records(out, paths, opened, page_size, metadata, lineage, storage_options, progress, t0)
+            return _merge_tokens(out, paths, opened, page_size, metadata, lineage, storage_options, progress, t0,
+                                  policy)
+        return _merge_records(out, paths, opened, page_size, metadata, lineage, storage_options, progress, t0,
+                              policy)
     finally:
         for ds in opened:
             ds.close()
@@ -199,7 +211,8 @@ def _merged_source(opened) -> tuple[str, list[int]]:
     return source, [int(lin.get("samples_in_source", len(ds))) for lin, ds in zip(lins, opened)]
 
 
-def _merge_records(out, paths, opened, page_size, metadata, record_lineage, storage_options, progress, t0):
+def _merge_records(out, paths, opened, page_size, metadata, record_lineage, storage_options, progress, t0,
+                   policy=None):
     _check_same_records(paths, opened)
     schema = copy.deepcopy(opened[0].schema)
     schema.setdefault("writer", {})["page_size"] = page_size
@@ -209,7 +222,7 @@ def _merge_records(out, paths, opened, page_size, metadata, record_lineage, stor
     source, counts = _merged_source(opened)
     row_dtype = opened[0].index.dtype
     span_names = [name for name, f in opened[0].fields.items() if not f.inline]
-    output = Output(out, storage_options)
+    output = Output(out, storage_options, policy=policy)
     try:
         asm = Assembly(output.f, schema, row_dtype, span_names, page_size, source)
         bar = tqdm(total=sum(len(ds) for ds in opened), disable=not progress, desc="pageset merge", unit="record",
@@ -231,7 +244,8 @@ def _merge_records(out, paths, opened, page_size, metadata, record_lineage, stor
                        time.perf_counter() - t0)
 
 
-def _merge_tokens(out, paths, opened, page_size, metadata, record_lineage, storage_options, progress, t0):
+def _merge_tokens(out, paths, opened, page_size, metadata, record_lineage, storage_options, progress, t0,
+                  policy=None):
     infos = [ds.tokens_info for ds in opened]
     for p, info in zip(paths[1:], infos[1:]):
         for key in ("eos_id", "bos_id", "tokenizer"):
@@ -239,7 +253,7 @@ def _merge_tokens(out, paths, opened, page_size, metadata, record_lineage, stora
                 raise ValueError(f"{p}: token setting {key!r} is {info.get(key)!r}, but {paths[0]} has "
                                  f"{infos[0].get(key)!r}; merge needs token files written the same way")
     dtype = "uint32" if any(i["dtype"] == "uint32" for i in infos) else "uint16"
-    writer = TokenFileWriter(out, dtype, page_size, storage_options)
+    writer = TokenFileWriter(out, dtype, page_size, storage_options, policy)
     try:
         lengths = []
         bar = tqdm(total=sum(int(i["count"]) for i in infos), disable=not progress, desc="pageset merge",

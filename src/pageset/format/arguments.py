@@ -179,3 +179,20 @@ def dtype_name(name: str, value, options: Sequence[str]) -> str:
         except TypeError:
             pass
     return choice(name, value, options)
+
+
+def json_metadata(name: str, value: dict | None) -> None:
+    """TypeError naming ``name`` and the first key whose value is not JSON-serialisable (the writers store user
+    metadata as JSON); ValueError for NaN / infinity, which JSON cannot hold."""
+    import json
+
+    if value is None:
+        return
+    for key, item in value.items():
+        try:
+            json.dumps({key: item}, sort_keys=True, allow_nan=False)
+        except TypeError as exc:
+            raise TypeError(f"{name}[{key!r}] is not JSON-serialisable ({exc}); {name} values must be str, int, "
+                            "float, bool, None, or lists / dicts of them") from None
+        except ValueError as exc:
+            raise ValueError(f"{name}[{key!r}]: {exc}; JSON holds no NaN or infinity") from None

@@ -51,7 +51,14 @@ class DiskPageCache:
                  lock_timeout: float = 120.0):
         self.dir = Path(cache_dir) / dataset_id
         self.lock_dir = self.dir / "locks"
-        self.lock_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.lock_dir.mkdir(parents=True, exist_ok=True)
+        except (NotADirectoryError, FileExistsError) as exc:
+            raise NotADirectoryError(f"cache_dir {os.fspath(cache_dir)!r} is not a folder (it or a folder above it is "
+                                     f"a file: {exc}); pass cache_dir= a folder path (created if missing)") from None
+        except PermissionError as exc:
+            raise PermissionError(f"cache_dir {os.fspath(cache_dir)!r}: cannot create the page cache there ({exc}); "
+                                  "pass cache_dir= a folder this process may write") from None
         self.page_crcs = page_crcs
         self.limit_bytes = int(limit_bytes)
         self.lock_timeout = float(lock_timeout)

@@ -48,6 +48,7 @@ from ..order.mixture import (
 )
 from ..order.subset import SubsetLayout, as_indices
 from ..read import Dataset
+from ..read.remote import url_scheme
 from .source import FileSource, MixtureReader, check_same_fields, split_cache_pages
 from .stages import PipelineError
 from .workers import Slot, ThreadPool, close_context
@@ -111,7 +112,8 @@ class Loader:
             place under the loader raises TruncatedFileError / FileChangedError at the next batch, never SIGBUS.
         window_pages: pages per quasi-random window (M).
         storage_options: for a URL ``path`` (``s3://``, ``http(s)://``, any fsspec protocol): options of the fsspec
-            filesystem (endpoint, credentials); see ``pageset.read.remote``. A URL is read in whole pages by range
+            filesystem (endpoint, credentials); see ``pageset.read.remote``. In a Mixture they go to its URL
+            members only (ValueError when no member is a URL). A URL is read in whole pages by range
             requests, each page's CRC-32 checked on arrival (``page_cache`` and ``verify_pages`` do not apply).
         cache_dir, cache_limit_bytes: URL only: an on-disk page cache shared by the processes of one host,
             keyed by dataset id, LRU-bounded to ``cache_limit_bytes`` (default 10 GiB).
@@ -180,6 +182,9 @@ class Loader:
         storage_options = check.mapping("storage_options", storage_options, optional=True)
         if cache_dir is not None and (isinstance(cache_dir, bytes) or not isinstance(cache_dir, (str, os.PathLike))):
             raise TypeError(f"cache_dir must be a folder path (str or os.PathLike) or None, got {cache_dir!r}")
+        if cache_dir is not None and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
+            raise NotADirectoryError(f"cache_dir {os.fspath(cache_dir)!r} is a file, not a folder; pass cache_dir= a "
+                                     "folder path (created if missing) for the on-disk page cache")
         cache_limit_bytes = check.integer("cache_limit_bytes", cache_limit_bytes, minimum=1, optional=True)
         prefetch_bytes = check.integer("prefetch_bytes", prefetch_bytes, minimum=0, optional=True)
         max_requests = check.integer("max_requests", max_requests, minimum=1)
@@ -204,8 +209,12 @@ class Loader:
         self._remote_options = dict(prefetch_bytes=prefetch_bytes, max_requests=max_requests, cache_dir=cache_dir,
                                     cache_limit_bytes=cache_limit_bytes)
         try:
-            for p in (self._mixture.sources if self._mixture is not None else [path]):
-                self._datasets.append(Dataset(p, storage_options, request_timeout=request_timeout,
+            members = self._mixture.sources if self._mixture is not None else [path]
+            # storage_options go to the URL members of a Mixture; with no URL at all, Dataset refuses them
+            any_url = any(url_scheme(p) is not None for p in members)
+            for p in members:
+                opts = storage_options if url_scheme(p) is not None or not any_url else None
+                self._datasets.append(Dataset(p, opts, request_timeout=request_timeout,
                                               request_attempts=request_attempts))  # records or a token file
             self._ds = self._datasets[0]
             self._setup(page_cache, cache_pages, pipelines, verify_pages)
@@ -322,10 +331,12 @@ class Loader:
         self._subset = None
         if indices is None:
             return
+        seq_len = self._seq_len()
         try:
-            ids = as_indices(indices, self.n_records)
+            ids = as_indices(indices, self.n_records, unit="window" if seq_len else "record")
         except (TypeError, ValueError) as exc:
-            raise type(exc)(f"{self.path}: {exc}") from None
+            what = f" (a token file's ids are its seq_len={seq_len} windows)" if seq_len else ""
+            raise type(exc)(f"{self.path}: {exc}{what}") from None
         self._subset = SubsetLayout(self._page_sizes, ids, self.order)
         self.n_records = self._subset.n_records
         self.epoch_length = self._epoch_length()

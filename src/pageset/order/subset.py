@@ -31,47 +31,51 @@ import numpy as np
 from .shuffle import ORDERS, EpochOrder, _as_page_sizes
 
 
-def as_indices(indices, n_records: int, what: str = "indices") -> np.ndarray:
+def as_indices(indices, n_records: int, what: str = "indices", unit: str = "record") -> np.ndarray:
     """``indices`` validated against a file of ``n_records`` records: a new int64[n] array.
 
     Accepts any sequence or 1-D array of integers (Python ints, numpy integer scalars or an integer array;
     floats, bools and strings are refused). ValueError (TypeError for non-integers) naming the first bad
-    position and its value: an id outside ``[0, n_records)``, a non-integer, an empty or non-1-D sequence.
+    position and its value: an id outside ``[0, n_records)``, a non-integer, an empty or non-1-D sequence; a set
+    (unordered) is refused. ``unit`` names what the ids count in messages (``"window"`` for token files).
     """
+    if isinstance(indices, (set, frozenset)):
+        raise TypeError(f"{what} is a {type(indices).__name__}: sets are unordered, and the order of the ids is the "
+                        f"order of the subset; pass a list or 1-D integer array of {unit} ids (e.g. sorted(...))")
     if isinstance(indices, (str, bytes)) or not hasattr(indices, "__len__"):
-        raise TypeError(f"{what} must be a sequence of record ids (a list, range or 1-D integer array), "
+        raise TypeError(f"{what} must be a sequence of {unit} ids (a list, range or 1-D integer array), "
                         f"got {type(indices).__name__}")
     arr = np.asarray(indices) if not isinstance(indices, range) else np.arange(
         indices.start, indices.stop, indices.step, dtype=np.int64)
     if arr.ndim != 1:
-        raise ValueError(f"{what} must be 1-D (record ids), got shape {arr.shape}")
+        raise ValueError(f"{what} must be 1-D ({unit} ids), got shape {arr.shape}")
     if arr.size == 0:
-        raise ValueError(f"{what} is empty: a subset needs at least one record id")
+        raise ValueError(f"{what} is empty: a subset needs at least one {unit} id")
     if arr.dtype.kind == "b":
-        raise TypeError(f"{what} is a boolean mask; pass record ids instead, e.g. numpy.flatnonzero(mask)")
+        raise TypeError(f"{what} is a boolean mask; pass {unit} ids instead, e.g. numpy.flatnonzero(mask)")
     if arr.dtype.kind not in "iu":
         for q, value in enumerate(indices):
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
                 shown = repr(value) if isinstance(value, (str, bytes)) else str(value)
-                raise TypeError(f"{what}[{q}] = {shown} is not an integer record id "
+                raise TypeError(f"{what}[{q}] = {shown} is not an integer {unit} id "
                                 f"({type(value).__name__}); pass integer ids in [0, {n_records})")
         arr = np.asarray([int(v) for v in indices], dtype=object)  # Python ints: huge values stay exact
         bad = [q for q, v in enumerate(arr) if not 0 <= v < n_records]
         if bad:
             q = bad[0]
             raise ValueError(f"{what}[{q}] = {arr[q]} is outside [0, {n_records}) (the file has {n_records} "
-                             f"records)")
+                             f"{unit}s)")
         return arr.astype(np.int64)
     if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and arr.size and int(arr.max()) >= n_records:
         q = int(np.argmax(arr >= n_records))
         raise ValueError(f"{what}[{q}] = {int(arr[q])} is outside [0, {n_records}) (the file has {n_records} "
-                         f"records)")
+                         f"{unit}s)")
     arr = arr.astype(np.int64)
     bad = np.flatnonzero((arr < 0) | (arr >= n_records))
     if bad.size:
         q = int(bad[0])
         raise ValueError(f"{what}[{q}] = {int(arr[q])} is outside [0, {n_records}) (the file has {n_records} "
-                         f"records)")
+                         f"{unit}s)")
     return np.ascontiguousarray(arr)
 
 

@@ -596,6 +596,17 @@ class Dataset:
             start = self.data_offset + k * ps
             if crc != int(self._page_crcs[k]):
                 self.check_unchanged()  # a change under the reader, not damage at rest
+                if self.tokens_info is not None:  # a token file: no records; say which tokens and documents
+                    size = np.dtype(self.tokens_info["dtype"]).itemsize
+                    t0 = k * ps // size
+                    t1 = min((k + 1) * ps, self.data_length) // size
+                    offs = self.doc_offsets.astype(np.int64)
+                    d0 = max(0, int(np.searchsorted(offs, t0, side="right")) - 1)
+                    d1 = max(d0, int(np.searchsorted(offs, t1, side="left")) - 1)
+                    raise self._err(
+                        ChecksumMismatchError, f"page {k}", start,
+                        f"page CRC-32 mismatch; this page holds tokens [{t0}, {t1}) (documents {d0}..{d1})",
+                    )
                 pages = self.record_pages()
                 ends = (self.index["_offset"] + self.index["_length"]).astype(np.int64)
                 hit = np.flatnonzero((self.index["_offset"].astype(np.int64) < start + ps) & (ends > start))

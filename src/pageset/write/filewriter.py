@@ -235,6 +235,9 @@ def check_output_path(path) -> str:
     if not path or path.endswith(os.sep):
         raise ValueError(f"path must name a file, got {path!r}")
     if is_url(path):
+        if path.lower().startswith(("http://", "https://")):
+            raise ValueError(f"cannot write {path}: http(s) URLs are read-only; write to a local path or an object "
+                             "store URL (s3://, gs://, az://, ...), then serve that file over HTTP if you like")
         return path  # an object store: no folder to check
     local = local_path(path)
     folder = os.path.dirname(os.path.abspath(local))
@@ -248,13 +251,21 @@ def check_output_path(path) -> str:
     return path
 
 
-def check_replaceable(path: str, call: str) -> None:
-    """ValueError when the local output ``path`` exists, is not empty and is not a pageset file.
+def check_replaceable(path: str, call: str, storage_options: dict | None = None, policy=None,
+                      inputs=()) -> None:
+    """ValueError when the output ``path`` exists, is not empty and is not a pageset file.
 
     Every writer replaces its output whole; a call with the output and the source swapped (``call`` shows the
     right order, e.g. ``"write_tokens(path, source, tokenizer)"``) would otherwise replace the user's source
-    file (a corpus, a photo, a file list) with a pageset file. Empty files and URLs pass unchecked."""
+    file (a corpus, a photo, a file list) with a pageset file. Empty files pass. A URL's first bytes are read
+    through fsspec (``storage_options``; every request bounded by ``policy``, a
+    :class:`~pageset.write.upload.WritePolicy`), and the URL must not be one of the URL ``inputs``; see
+    :func:`~pageset.write.upload.check_url_output` for the errors about buckets, credentials and timeouts."""
     if is_url(path):
+        from .upload import check_url_output
+
+        check_url_output(path, storage_options, call, policy, [os.fspath(p) for p in inputs
+                                                              if isinstance(p, (str, os.PathLike))])
         return
     local = local_path(path)
     if not os.path.isfile(local) or os.path.getsize(local) == 0:
@@ -268,6 +279,12 @@ def check_replaceable(path: str, call: str) -> None:
 
 def check_not_input(path: str, inputs) -> None:
     """ValueError when the output ``path`` is one of the ``inputs`` (writing would destroy the source)."""
+    if is_url(path):
+        for src in inputs:
+            if isinstance(src, str) and src.rstrip("/") == path.rstrip("/"):
+                raise ValueError(f"the output {path!r} is the input {src!r}: writing would destroy the source; "
+                                 "choose another output path")
+        return
     out = os.path.realpath(path)
     for src in inputs:
         if isinstance(src, (str, os.PathLike)) and os.path.realpath(src) == out:
@@ -297,11 +314,12 @@ class Output:
     (``TMPDIR``), uploaded on commit through ``fsspec`` with ``autocommit=False``. On failure the upload is
     aborted; either way the previous file or object at ``path`` is untouched until the commit. ``f`` is the
     binary file to write (seekable forward; the first ``upload_block`` bytes may be rewritten); :meth:`abort`
-    removes what was written. ``storage_options`` go to ``fsspec.core.url_to_fs``.
+    removes what was written. ``storage_options`` go to ``fsspec.core.url_to_fs``; ``policy`` (a
+    :class:`~pageset.write.upload.WritePolicy`) bounds every S3 request.
     """
 
     def __init__(self, path: str, storage_options: dict | None = None, kind: str = "tmp",
-                 upload_block: int | None = None):
+                 upload_block: int | None = None, policy=None):
         self.path, self.storage_options = path, dict(storage_options or {})
         self.upload_block = upload_block or UPLOAD_BLOCK
         self.remote = is_url(path)
@@ -314,7 +332,7 @@ class Output:
                 from .upload import S3PartsFile
 
                 self.tmp = None
-                self.f = self.stream = S3PartsFile(fs, target, self.upload_block)
+                self.f = self.stream = S3PartsFile(fs, target, self.upload_block, url=self.path, policy=policy)
                 return
             fd, self.tmp = tempfile.mkstemp(prefix=f"pageset-upload-{_tag()}-", suffix=".pageset")
         else:

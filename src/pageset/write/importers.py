@@ -26,7 +26,7 @@ import numpy as np
 
 from ..format import arguments as check
 from ..format import constants as C
-from .filewriter import check_not_input, check_output_path
+from .filewriter import check_not_input, check_output_path, check_replaceable, is_url
 from .tokens import UINT16_MAX, UINT32_MAX, TokenFileWriter, TokenWriteResult
 from .writer import _check_page_size
 
@@ -54,7 +54,8 @@ def boundaries_at_eos(tokens: np.ndarray, eos_id: int | None, where: str = "afte
     return np.concatenate([[0], cuts, [n]]).astype(np.uint64)
 
 
-def _check_arguments(path, sources: list, eos_id, out_dtype, page_size, metadata) -> str:
+def _check_arguments(path, sources: list, eos_id, out_dtype, page_size, metadata,
+                     call: str = "import_nanogpt(path, bin_path)") -> str:
     """Check the importers' shared arguments before any work; returns ``path`` as a str.
 
     The output comes first (``import_nanogpt(path, bin_path)``, like ``write_tokens(path, source)``). A call with
@@ -65,22 +66,24 @@ def _check_arguments(path, sources: list, eos_id, out_dtype, page_size, metadata
         if isinstance(src, bytes) or not isinstance(src, (str, os.PathLike)):
             raise TypeError(f"the source must be a path (str or os.PathLike), got {src!r}")
         if not os.path.isfile(src):
-            raise FileNotFoundError(f"{os.fspath(src)}: no such file (the output comes first: "
-                                    "import_nanogpt(path, bin_path))")
+            raise FileNotFoundError(f"{os.fspath(src)}: no such file (the output comes first: {call})")
         if _is_pageset(src):
             raise ValueError(f"{os.fspath(src)} is a pageset file, not a source to import; the output comes first: "
                              "import_nanogpt(path, bin_path), import_llmc(path, bin_path), "
                              "import_megatron(path, prefix)")
     if os.path.isfile(path) and os.path.getsize(path) and not _is_pageset(path):
         raise ValueError(f"the output {path} exists and is not a pageset file: refusing to replace it (are the "
-                         "arguments swapped? the output comes first: import_nanogpt(path, bin_path)); remove it "
-                         "or choose another output path")
+                         f"arguments swapped? the output comes first: {call}); remove it or choose another output "
+                         "path")
     check_not_input(path, sources)
+    if is_url(path):  # an object's first bytes, through fsspec (credentials from the environment)
+        check_replaceable(path, call)
     check.integer("eos_id", eos_id, minimum=0, maximum=UINT32_MAX)
     check.choice("out_dtype", out_dtype, ("auto",) + C.TOKEN_DTYPES)
     if page_size is not None:
         _check_page_size(page_size)
     check.mapping("metadata", metadata, optional=True)
+    check.json_metadata("metadata", metadata)
     return path
 
 
@@ -162,7 +165,8 @@ def import_llmc(path, bin_path, *, eos_id: int | None = None, out_dtype: str = "
     ``eos_id`` (llm.c prepends it). Raises TypeError / ValueError (bad arguments, bad header),
     FileNotFoundError."""
     t0 = time.perf_counter()
-    path = _check_arguments(path, [bin_path], 0 if eos_id is None else eos_id, out_dtype, page_size, metadata)
+    path = _check_arguments(path, [bin_path], 0 if eos_id is None else eos_id, out_dtype, page_size, metadata,
+                            "import_llmc(path, bin_path)")
     dt, count = read_llmc_header(bin_path)
     if eos_id is None:
         eos_id = 50256 if dt.itemsize == 2 else 128000
@@ -212,7 +216,8 @@ def import_megatron(path, prefix, *, eos_id: int, out_dtype: str = "auto", page_
     for suffix in (".bin", ".idx"):
         if prefix.endswith(suffix):
             prefix = prefix[: -len(suffix)]
-    path = _check_arguments(path, [prefix + ".idx", prefix + ".bin"], eos_id, out_dtype, page_size, metadata)
+    path = _check_arguments(path, [prefix + ".idx", prefix + ".bin"], eos_id, out_dtype, page_size, metadata,
+                            "import_megatron(path, prefix)")
     idx = read_megatron_index(prefix + ".idx")
     dt, sizes, pointers, doc_idx = idx["dtype"], idx["sizes"], idx["pointers"], idx["doc_idx"]
     bin_size = os.path.getsize(prefix + ".bin")

@@ -146,7 +146,15 @@ def write_shard(url: str, header: dict, arrays: list[tuple[str, object]], storag
             f"shard folder {folder} does not exist on worker host {socket.gethostname()}: either its write has "
             "ended, or the folder is not on storage shared with the workers; pass shard_dir= a shared folder or "
             "an fsspec URL (s3://bucket/tmp) that every worker can write")
-    size = _write_shard(url, header, arrays, storage_options)
+    try:
+        size = _write_shard(url, header, arrays, storage_options)
+    except Exception as exc:
+        if not is_url(url) or getattr(exc, "pageset_store_error", False):
+            raise
+        err = shard_error(exc, folder, f"writing a shard on worker host {socket.gethostname()}")
+        if err is exc:
+            raise
+        raise err from None  # the store's traceback does not pickle well through engines; the message says it
     if not _exists(f"{folder}/{MARKER}", storage_options):
         _remove(url, storage_options)
         if not is_url(folder):
@@ -170,7 +178,10 @@ def _write_shard(url: str, header: dict, arrays: list[tuple[str, object]], stora
         fs, path = _fs(url, storage_options)
         # One call for the whole object (S3: one PUT, or a multipart upload completed only at its end), so a task
         # killed midway leaves nothing readable under the shard's name.
-        fs.pipe_file(path, b"".join([prefix] + [v.tobytes() for _, v in views]))
+        from .upload import pipe_bounded
+
+        pipe_bounded(fs, path, b"".join([prefix] + [v.tobytes() for _, v in views]), url.rsplit("/", 1)[0],
+                     f"writing a shard on worker host {socket.gethostname()} in shard_dir")
         return size
     path = local_path(url)
     tmp = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
@@ -302,6 +313,20 @@ class ShardPart:
 
 # ---- executors ---------------------------------------------------------------------------------------------
 
+def shard_error(exc: BaseException, folder: str, what: str) -> BaseException:
+    """A store failure on a shard URL as an error naming ``folder``, that it is the shard folder (shard_dir), and
+    the fix (credentials reach workers through storage_options); ``exc`` itself when it is not a store failure
+    it knows."""
+    from .upload import classify
+
+    err = classify(exc, folder, f"{what} in shard_dir")
+    if err is None:
+        return OSError(f"{folder}: {what} in shard_dir failed ({type(exc).__name__}: {exc}); shard_dir must be "
+                       "a folder or URL every worker can write (check its endpoint and credentials in "
+                       "storage_options)")
+    return err
+
+
 def new_shard_folder(output: str, shard_dir: str | None, storage_options: dict | None = None) -> str:
     """A fresh folder (or URL prefix) for one write's shards: ``<shard_dir or output>.shards-<host>-<pid>-<hex>``.
 
@@ -310,8 +335,21 @@ def new_shard_folder(output: str, shard_dir: str | None, storage_options: dict |
     base = shard_dir.rstrip("/") + "/" + os.path.basename(output.rstrip("/")) if shard_dir else output
     name = f"{base}.shards-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
     if is_url(name):
-        fs, path = _fs(name, storage_options)
-        fs.pipe_file(f"{path}/{MARKER}", b"")
+        if name.lower().startswith(("http://", "https://")):
+            raise ValueError(f"shard_dir {shard_dir or output!r}: http(s) URLs are read-only; pass shard_dir= a "
+                             "folder or an object store URL (s3://bucket/tmp) that every worker can write")
+        try:
+            from .upload import pipe_bounded
+
+            fs, path = _fs(name, storage_options)
+            pipe_bounded(fs, f"{path}/{MARKER}", b"", name, "creating the shard folder in shard_dir")
+        except Exception as exc:
+            if getattr(exc, "pageset_store_error", False):
+                raise
+            err = shard_error(exc, name, "creating the shard folder")
+            if err is exc:
+                raise
+            raise err from exc
     else:
         os.makedirs(local_path(name))
         open(os.path.join(local_path(name), MARKER), "wb").close()

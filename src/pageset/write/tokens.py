@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import io
 import itertools
 import json
 import os
@@ -39,6 +40,7 @@ from .filewriter import (
     executor_map,
     is_url,
     lineage,
+    local_path,
     ordered_map,
     temp_file,
     write_tail,
@@ -53,6 +55,7 @@ from .ranges import (
     unpickled,
     write_shard,
 )
+from .upload import WritePolicy
 from .writer import _check_page_size
 
 UINT16_MAX = 65535
@@ -90,13 +93,13 @@ class TokenFileWriter:
     removes the temp file. Nothing exists at ``path`` until ``finish`` succeeds."""
 
     def __init__(self, path: str, dtype: str, page_size: int = C.DEFAULT_PAGE_SIZE,
-                 storage_options: dict | None = None):
+                 storage_options: dict | None = None, policy=None):
         _check_page_size(page_size)
         if dtype not in C.TOKEN_DTYPES:
             raise ValueError(f"dtype must be one of {C.TOKEN_DTYPES}, got {dtype!r}")
         self.path, self.dtype, self.page_size = os.fspath(path), dtype, page_size
         self._le = np.dtype(dtype).newbyteorder("<")
-        self.out = Output(self.path, storage_options)
+        self.out = Output(self.path, storage_options, policy=policy)
         self.path = self.out.path
         self.f = self.out.f
         self.f.seek(C.DATA_OFFSET)
@@ -342,12 +345,25 @@ def _split_separator(text: str, separator: str) -> list[str]:
     return docs
 
 
-def _jsonl_documents(path: str, text_key: str):
+def _open_binary(path: str, storage_options: dict | None = None):
+    """A binary file object for a local path or an fsspec URL (``storage_options`` go to its filesystem);
+    FileNotFoundError naming the path."""
+    if not is_url(path):
+        return open(local_path(path), "rb")
+    import fsspec
+
+    try:
+        return fsspec.open(path, "rb", **dict(storage_options or {})).open()
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{path}: no such object ({exc}); check the URL and storage_options") from None
+
+
+def _jsonl_documents(path: str, text_key: str, storage_options: dict | None = None):
     """The ``text_key`` string of each line of a JSON Lines file (``.gz`` too); ValueError naming file, line and
     byte for a line that is not UTF-8, not valid JSON, or without a string under ``text_key``."""
-    opener = __import__("gzip").open if path.endswith(".gz") else open
     offset = 0  # byte offset of the line's start (in the decompressed stream for .gz)
-    with opener(path, "rb") as f:
+    raw_file = _open_binary(path, storage_options)
+    with (__import__("gzip").open(raw_file, "rb") if path.endswith(".gz") else raw_file) as f, raw_file:
         for lineno, raw in enumerate(f, 1):
             start, offset = offset, offset + len(raw)
             try:
@@ -373,20 +389,38 @@ def _jsonl_documents(path: str, text_key: str):
             yield text
 
 
-def _file_documents(path: str, text_key: str, separator: str | None):
+def _parquet_documents(path: str, text_key: str, storage_options: dict | None = None):
+    """The ``text_key`` column of a Parquet file, batch by batch; ValueError naming the file and the key (and the
+    columns it has) for a missing column, and the file for a damaged one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with _open_binary(path, storage_options) as raw:
+        try:
+            pf = pq.ParquetFile(raw)
+            names = pf.schema_arrow.names
+            if text_key not in names:
+                raise ValueError(f"{path}: no column {text_key!r} in the Parquet file (it has {names}); set "
+                                 "text_key= (--text-key) to the column holding the text")
+            for batch in pf.iter_batches(columns=[text_key], batch_size=1024):
+                yield from batch.column(0).to_pylist()
+        except (pa.ArrowException, OSError) as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            raise ValueError(f"{path}: cannot read it as Parquet ({type(exc).__name__}: {exc}); the file is damaged "
+                             "or not Parquet (rewrite it, or leave it out of the source)") from None
+
+
+def _file_documents(path: str, text_key: str, separator: str | None, storage_options: dict | None = None):
     if path.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
-        yield from _jsonl_documents(path, text_key)
+        yield from _jsonl_documents(path, text_key, storage_options)
         return
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        pf = pq.ParquetFile(path)
-        for batch in pf.iter_batches(columns=[text_key], batch_size=1024):
-            yield from batch.column(0).to_pylist()
+        yield from _parquet_documents(path, text_key, storage_options)
         return
     try:
-        with open(path, encoding="utf-8", errors="strict") as f:
-            text = f.read()
+        with io.TextIOWrapper(_open_binary(path, storage_options), encoding="utf-8", errors="strict") as f:
+            text = f.read()  # universal newlines, as open(path, encoding="utf-8") reads
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); convert it or leave it out "
                          "of the source") from None
@@ -396,19 +430,21 @@ def _file_documents(path: str, text_key: str, separator: str | None):
         yield from _split_separator(text, separator)
 
 
-def iter_documents(source, *, text_key: str = "text", separator: str | None = None):
+def iter_documents(source, *, text_key: str = "text", separator: str | None = None,
+                   storage_options: dict | None = None):
     """Yield documents (``str`` or integer arrays) from ``source`` in order.
 
     ``source``: a path (a file, or a directory whose regular files are read in sorted order, recursively), or a
-    glob pattern (``"corpus/*.jsonl"``, ``"**"`` recursive; matches in sorted order); an iterable of ``str``
+    glob pattern (``"corpus/*.jsonl"``, ``"**"`` recursive; matches in sorted order), local or an fsspec URL
+    (``s3://bucket/corpus/*.txt``; ``storage_options`` go to its filesystem); an iterable of ``str``
     documents, of ``os.PathLike`` files, or of integer arrays/lists (pre-tokenized).
     Files: ``.jsonl``/``.ndjson`` (``text_key`` of each line), ``.parquet`` (column ``text_key``, needs
     pyarrow), anything else UTF-8 text: one document per file, or split at lines equal to ``separator``
     (``"%"`` for fortune files).
     """
     if isinstance(source, (str, os.PathLike)):
-        for p in _source_files(source):
-            yield from _file_documents(p, text_key, separator)
+        for p in _source_files(source, storage_options):
+            yield from _file_documents(p, text_key, separator, storage_options)
         return
     for item in source:
         if isinstance(item, os.PathLike):
@@ -458,6 +494,10 @@ def _encode_chunk(start: int, docs: list, bos_id, eos_id, spec=None) -> tuple[np
 def _chunks(docs_iter, chunk_docs: int, chunk_chars: int):
     start, cur, chars = 0, [], 0
     for d in docs_iter:
+        if not isinstance(d, str) and (not hasattr(d, "__len__") or isinstance(d, (bytes, dict))):
+            raise TypeError(f"document {start + len(cur)}: expected text (str) or a 1-D integer array / list of "
+                            f"token ids, got {type(d).__name__} {d!r:.40}; a source is a sequence of documents, "
+                            "e.g. [[1, 2, 3], [4, 5]] for pre-tokenized ids, not [1, 2, 3]")
         cur.append(d)
         chars += len(d) if isinstance(d, str) else 4 * len(d)
         if len(cur) >= chunk_docs or chars >= chunk_chars:
@@ -532,6 +572,8 @@ def write_tokens(
     executor=None,
     shard_dir: str | None = None,
     storage_options: dict | None = None,
+    request_timeout: float = 30.0,
+    request_attempts: int = 5,
 ) -> TokenWriteResult:
     """Tokenize ``source`` and write one token file at ``path`` (atomically: temp file, fsync, rename).
 
@@ -564,7 +606,10 @@ def write_tokens(
             the files themselves); other sources are cut into chunks of documents sent with the tasks. Tasks
             write shard files (token ids of their range) to ``shard_dir``; the tokenizer must be picklable.
         shard_dir: folder or fsspec URL every worker can reach; default next to ``path``; removed at the end.
-        storage_options: passed to fsspec for URLs.
+        storage_options: passed to fsspec for URLs: ``path``, ``shard_dir`` and a URL ``source`` (e.g.
+            ``"s3://bucket/corpus/*.jsonl"``); with an ``executor`` they reach the workers too.
+        request_timeout, request_attempts: URL ``path`` only: seconds per request to the store and attempts per
+            request (as for reading); a store that never answers fails with TimeoutError naming the URL.
 
     Returns:
         :class:`TokenWriteResult` (``path, documents, tokens, dtype, dataset_id, bytes, seconds``).
@@ -584,6 +629,7 @@ def write_tokens(
     separator = check.text("separator", separator, optional=True)
     _check_page_size(page_size)
     metadata = check.mapping("metadata", metadata, optional=True)
+    check.json_metadata("metadata", metadata)
     chunk_docs = check.integer("chunk_docs", chunk_docs, minimum=1)
     chunk_chars = check.integer("chunk_chars", chunk_chars, minimum=1)
     eos_id = check.integer("eos_id", eos_id, minimum=0, optional=True)
@@ -593,6 +639,8 @@ def write_tokens(
         raise TypeError(f"executor must be a concurrent.futures.Executor (with .submit), got {type(executor).__name__}")
     shard_dir = check.text("shard_dir", shard_dir, optional=True)
     storage_options = check.mapping("storage_options", storage_options, optional=True)
+    policy = WritePolicy(check.real("request_timeout", request_timeout, low=0, low_open=True),
+                         check.integer("request_attempts", request_attempts, minimum=1))
     spec = load_tokenizer(tokenizer) if tokenizer is not None else None
     vocab = spec.vocab_size if spec is not None else None
     if eos_id is None:  # an explicit eos_id always wins; else the tokenizer's own end-of-text token
@@ -608,9 +656,8 @@ def write_tokens(
     direct = dtype if dtype != "auto" else ("uint16" if vocab is not None and vocab <= UINT16_MAX + 1 else None)
     limit = UINT16_MAX if direct == "uint16" else UINT32_MAX
     path = os.fspath(path)
-    if not is_url(path):
-        check_not_input(path, [source] if isinstance(source, (str, os.PathLike)) else [])
-    check_replaceable(path, "write_tokens(path, source, tokenizer)")
+    check_not_input(path, [source] if isinstance(source, (str, os.PathLike)) else [])
+    check_replaceable(path, "write_tokens(path, source, tokenizer)", storage_options, policy)
     info = {
         "eos_id": eos_id,
         "bos_id": bos_id,
@@ -622,13 +669,13 @@ def write_tokens(
             raise TypeError(f"executor must be a concurrent.futures.Executor, got {type(executor).__name__}")
         return _write_tokens_on(executor, path, source, spec, info, direct, limit, page_size, progress, text_key,
                                 separator, chunk_docs, chunk_chars, metadata, lineage, shard_dir,
-                                storage_options, t0)
-    docs_iter = iter_documents(source, text_key=text_key, separator=separator)
+                                storage_options, t0, policy)
+    docs_iter = iter_documents(source, text_key=text_key, separator=separator, storage_options=storage_options)
     lengths_parts: list[np.ndarray] = []
     max_id = -1
     spill, spill_name = None, None
     bar = tqdm(disable=not progress, desc="pageset tokens", unit="doc", leave=False)
-    writer = TokenFileWriter(path, direct or "uint32", page_size, storage_options) if direct else None
+    writer = TokenFileWriter(path, direct or "uint32", page_size, storage_options, policy) if direct else None
     try:
         if writer is None:
             fd, spill_name = tempfile.mkstemp(prefix="pageset-spill-") if is_url(path) else temp_file(path, "spill")
@@ -658,7 +705,7 @@ def write_tokens(
         final = direct or ("uint16" if max_id <= UINT16_MAX else "uint32")
         if writer is None:
             spill.close()
-            writer = TokenFileWriter(path, final, page_size, storage_options)
+            writer = TokenFileWriter(path, final, page_size, storage_options, policy)
             with open(spill_name, "rb") as f:
                 for block in iter(lambda: f.read(SPILL_CHUNK * 4), b""):
                     writer.write(np.frombuffer(block, dtype="<u4"))
@@ -679,8 +726,31 @@ def write_tokens(
                 pass
 
 
-def _source_files(source) -> list[str] | None:
+def _url_files(url: str, storage_options: dict | None) -> list[str]:
+    """The objects under an fsspec URL (one object, a folder / prefix, recursively, or a glob), sorted, as URLs."""
+    from fsspec.core import url_to_fs
+
+    fs, target = url_to_fs(url, **dict(storage_options or {}))
+    protocol = url.split("://", 1)[0]
+    if any(c in target for c in "*?["):
+        found = [p for p, info in fs.glob(target, detail=True).items() if info.get("type") != "directory"]
+        if not found:
+            raise FileNotFoundError(f"{url}: the pattern matches no object (check the URL and storage_options)")
+    elif fs.isdir(target):
+        found = fs.find(target)
+        if not found:
+            raise FileNotFoundError(f"{url}: the folder holds no object")
+    elif fs.isfile(target):
+        return [url]
+    else:
+        raise FileNotFoundError(f"{url}: no such object or folder (check the URL and storage_options)")
+    return [f"{protocol}://{p}" for p in sorted(found)]
+
+
+def _source_files(source, storage_options: dict | None = None) -> list[str] | None:
     """The files of a path source (in :func:`iter_documents` order), or None for an in-memory source."""
+    if isinstance(source, str) and is_url(source):
+        return _url_files(source, storage_options)
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if os.path.isdir(path):
@@ -708,7 +778,7 @@ def tokenize_to_shard(url: str, docs_or_file, start: int, spec_ref, bos_id, eos_
     spec = unpickled(spec_ref)
     if isinstance(docs_or_file, str):
         try:
-            docs = list(_file_documents(docs_or_file, text_key, separator))
+            docs = list(_file_documents(docs_or_file, text_key, separator, storage_options))
             flat, lengths = _encode_chunk(0, docs, bos_id, eos_id, spec)
         except (ValueError, TypeError) as exc:
             raise type(exc)(f"{docs_or_file}: {exc}") from exc
@@ -721,16 +791,18 @@ def tokenize_to_shard(url: str, docs_or_file, start: int, spec_ref, bos_id, eos_
 
 
 def _write_tokens_on(executor, path, source, spec, info, direct, limit, page_size, progress, text_key, separator,
-                     chunk_docs, chunk_chars, metadata, record_lineage, shard_dir, storage_options, t0):
+                     chunk_docs, chunk_chars, metadata, record_lineage, shard_dir, storage_options, t0,
+                     policy=None):
     """write_tokens on an executor: tasks write shards; the assembly streams them in order into one file."""
-    files = _source_files(source)
+    files = _source_files(source, storage_options)
     if files is not None:
         if not files:
             raise ValueError(f"{os.fspath(source)}: no files: nothing to write")
         items = [(k, k + 1, f) for k, f in enumerate(files)]
     else:
         items = ((start, start + len(docs), docs) for start, docs in
-                 _chunks(iter_documents(source, text_key=text_key, separator=separator), chunk_docs, chunk_chars))
+                 _chunks(iter_documents(source, text_key=text_key, separator=separator,
+                                        storage_options=storage_options), chunk_docs, chunk_chars))
     check_picklable(spec, "the tokenizer", executor)
     spec_ref = pickled_once(spec, executor)
     folder = new_shard_folder(path, shard_dir, storage_options)
@@ -750,7 +822,7 @@ def _write_tokens_on(executor, path, source, spec, info, direct, limit, page_siz
             docs_before += summary["documents"]
             done.append(summary)
             if direct:  # the dtype is known: stream this shard now
-                writer = writer or TokenFileWriter(path, direct, page_size, storage_options)
+                writer = writer or TokenFileWriter(path, direct, page_size, storage_options, policy)
                 summary["lengths"] = _copy_shard(summary, writer, storage_options)
             bar.update(1 if files is not None else summary["documents"])
         bar.close()
@@ -759,7 +831,7 @@ def _write_tokens_on(executor, path, source, spec, info, direct, limit, page_siz
         max_id = max(s["max_id"] for s in done)
         if writer is None:
             writer = TokenFileWriter(path, "uint16" if max_id <= UINT16_MAX else "uint32", page_size,
-                                     storage_options)
+                                     storage_options, policy)
             for summary in done:
                 summary["lengths"] = _copy_shard(summary, writer, storage_options)
         lengths = np.concatenate([s["lengths"] for s in done])

@@ -5,22 +5,138 @@ first ``part_size`` bytes stay in memory and go up last as part 1, while the byt
 2, 3, ... as soon as ``part_size`` of them are ready. S3 concatenates parts by number, whatever the upload order,
 and makes the object visible only when ``complete_multipart_upload`` succeeds; :meth:`S3PartsFile.abort` drops
 every uploaded part. Memory: at most two parts (2 x 64 MiB by default).
+
+Every request to the store is bounded like the reader's (:class:`WritePolicy`: ``request_timeout`` seconds per
+request, ``request_attempts`` attempts, backoff with jitter between them), so an endpoint that never answers
+fails within about ``attempts x (timeout + backoff)`` with an error naming the URL instead of hanging; failures
+that retrying cannot fix (no bucket, no credentials, access denied) are raised at once, naming the URL and the fix.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import random
+import time
+import warnings
+from dataclasses import dataclass
+
 MIN_PART = 5 << 20  # S3's smallest part but the last
+
+
+@dataclass(frozen=True)
+class WritePolicy:
+    """Bounds on every request a writer sends to an object store: ``timeout`` seconds per request (> 0) and
+    ``attempts`` (>= 1, the first included); ``request_timeout`` / ``request_attempts`` of the writers, named
+    like the reader's (:func:`pageset.open_dataset`). Between attempts: ``min(5, 0.1 * 2**i)`` s x [0.5, 1]."""
+
+    timeout: float = 30.0
+    attempts: int = 5
+
+    def __post_init__(self):
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
+            raise ValueError(f"request_timeout must be a number of seconds > 0, got {self.timeout!r}")
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
+            raise ValueError(f"request_attempts must be an int >= 1, got {self.attempts!r}")
+
+
+def _chain(exc):
+    for _ in range(16):  # bounded walk of __cause__ / __context__
+        if exc is None:
+            return
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _status(exc) -> tuple[int | None, str]:
+    for e in _chain(exc):
+        resp = getattr(e, "response", None)
+        if isinstance(resp, dict):
+            err = resp.get("Error", {}) or {}
+            return (resp.get("ResponseMetadata", {}) or {}).get("HTTPStatusCode"), str(err.get("Code", ""))
+    return None, ""
+
+
+CREDENTIALS_FIX = ("give credentials in storage_options (e.g. {'key': ..., 'secret': ...}, or 'profile'; "
+                   "--storage-options on the command line) or in the AWS_* environment; with an executor (Dask) "
+                   "the workers need them too: storage_options reach the workers, the driver's environment does not")
+
+
+def classify(exc: BaseException, url: str, what: str):
+    """A failed store request as the error to raise (FileNotFoundError / PermissionError naming ``url`` and the
+    fix; ``exc`` itself for a bug or bad argument), or None when it is worth another attempt (timeouts, resets,
+    5xx, throttling)."""
+    names = {type(e).__name__ for e in _chain(exc)}
+    if names & {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}:
+        return PermissionError(f"{url}: no credentials for {what} ({exc}); {CREDENTIALS_FIX}")
+    status, code = _status(exc)
+    if code == "NoSuchBucket" or "bucket does not exist" in str(exc).lower():
+        return FileNotFoundError(f"{url}: {what}: the bucket does not exist; create it first (e.g. "
+                                 "s3fs.S3FileSystem(**storage_options).mkdir('BUCKET')) or write to an existing "
+                                 "bucket")
+    if isinstance(exc, FileNotFoundError) or status == 404:
+        return FileNotFoundError(f"{url}: {what}: not found ({exc}); check the bucket and the path")
+    if isinstance(exc, PermissionError) or status in (401, 403) or code in (
+            "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        return PermissionError(f"{url}: {what}: access denied ({exc}); check the credentials and the bucket's "
+                               f"permissions: {CREDENTIALS_FIX}")
+    if isinstance(exc, (TypeError, AttributeError, NameError, ValueError)) and status is None:
+        return exc  # a bug or a bad argument, not a transient failure
+    return None
+
+
+def bounded(fs, make_coro, url: str, what: str, policy: WritePolicy | None):
+    """Run ``make_coro()`` (a coroutine of the async filesystem ``fs``, e.g. s3fs's ``_call_s3``) on ``fs.loop``,
+    each attempt cut at ``policy.timeout`` s and cancelled, at most ``policy.attempts`` times. Raises the
+    :func:`classify`-ed error, or TimeoutError / ConnectionError naming ``url``, ``what`` and the knobs."""
+    policy = policy or WritePolicy()
+    rng = random.Random()
+    last, timed_out = "?", True
+    for attempt in range(policy.attempts):
+        if attempt:
+            time.sleep(min(5.0, 0.1 * 2 ** (attempt - 1)) * rng.uniform(0.5, 1.0))
+        fut = asyncio.run_coroutine_threadsafe(asyncio.wait_for(make_coro(), policy.timeout), fs.loop)
+        try:
+            return fut.result(policy.timeout + 5)
+        except (asyncio.TimeoutError, concurrent.futures.TimeoutError):
+            fut.cancel()
+            last, timed_out = f"no answer within {policy.timeout} s", True
+        except Exception as exc:
+            err = classify(exc, url, what)
+            if err is exc:
+                raise
+            if err is not None:
+                err.pageset_store_error = True  # worded already: callers re-raise it as is
+                raise err from exc
+            last, timed_out = f"{type(exc).__name__}: {exc}", False
+    kind = TimeoutError if timed_out else ConnectionError
+    err = kind(f"{url}: {what} failed after {policy.attempts} attempts (request_timeout {policy.timeout} s each); "
+               f"last error: {last}. Check the endpoint in storage_options (client_kwargs.endpoint_url) and the "
+               "network, or raise request_timeout / request_attempts")
+    err.pageset_store_error = True
+    raise err
+
+
+def pipe_bounded(fs, path: str, data: bytes, url: str, what: str, policy: WritePolicy | None = None) -> None:
+    """``fs.pipe_file(path, data)``, each attempt bounded by ``policy`` (default 30 s x 5) on an async
+    filesystem (S3, GCS, Azure); a plain call on others (memory://, local)."""
+    if getattr(fs, "async_impl", False) and callable(getattr(fs, "_pipe_file", None)):
+        bounded(fs, lambda: fs._pipe_file(path, data), url, what, policy)
+    else:
+        fs.pipe_file(path, data)
 
 
 class S3PartsFile:
     """A write-only file over one S3 multipart upload, for the writers' access pattern: sequential writes,
     forward seeks (the gap reads as zeros), and rewrites inside the first ``part_size`` bytes (the header).
 
-    ``fs`` is an ``s3fs.S3FileSystem``; ``path`` is ``bucket/key``. Raises ValueError for a write that would
-    go back before the bytes already uploaded.
+    ``fs`` is an ``s3fs.S3FileSystem``; ``path`` is ``bucket/key``; ``url`` names the object in errors;
+    ``policy`` bounds every request (:func:`bounded`). Raises ValueError for a write that would go back before the
+    bytes already uploaded; FileNotFoundError / PermissionError / TimeoutError / ConnectionError naming the URL
+    when the store fails.
     """
 
-    def __init__(self, fs, path: str, part_size: int):
+    def __init__(self, fs, path: str, part_size: int, url: str | None = None, policy: WritePolicy | None = None):
         if part_size < MIN_PART:
             raise ValueError(f"part_size must be >= {MIN_PART} bytes (S3's minimum), got {part_size}")
         self.fs, self.part_size = fs, part_size
@@ -32,7 +148,13 @@ class S3PartsFile:
         self.pos = 0
         self.parts: list[dict] = []
         self.closed = False
-        self.upload_id = fs.call_s3("create_multipart_upload", Bucket=self.bucket, Key=self.key)["UploadId"]
+        self.url, self.policy = url or f"s3://{path}", policy or WritePolicy()
+        self.upload_id = None
+        self.upload_id = self._call("create_multipart_upload", "starting the upload", Bucket=self.bucket,
+                                    Key=self.key)["UploadId"]
+
+    def _call(self, method: str, what: str, **kwargs):
+        return bounded(self.fs, lambda: self.fs._call_s3(method, **kwargs), self.url, what, self.policy)
 
     # -- file protocol used by the writers ------------------------------------------------------------------
     def seek(self, pos: int, whence: int = 0) -> int:
@@ -89,8 +211,8 @@ class S3PartsFile:
 
     def _upload(self, body: bytes, number: int | None = None) -> None:
         number = number if number is not None else len(self.parts) + 2
-        out = self.fs.call_s3("upload_part", Bucket=self.bucket, Key=self.key, UploadId=self.upload_id,
-                              PartNumber=number, Body=body)
+        out = self._call("upload_part", f"uploading part {number}", Bucket=self.bucket, Key=self.key,
+                         UploadId=self.upload_id, PartNumber=number, Body=body)
         self.parts.append({"PartNumber": number, "ETag": out["ETag"]})
 
     # -- ending ----------------------------------------------------------------------------------------------
@@ -101,8 +223,8 @@ class S3PartsFile:
             self.tail = bytearray()
         self._upload(bytes(self.head), number=1)
         parts = sorted(self.parts, key=lambda p: p["PartNumber"])
-        self.fs.call_s3("complete_multipart_upload", Bucket=self.bucket, Key=self.key, UploadId=self.upload_id,
-                        MultipartUpload={"Parts": parts})
+        self._call("complete_multipart_upload", "completing the upload", Bucket=self.bucket, Key=self.key,
+                   UploadId=self.upload_id, MultipartUpload={"Parts": parts})
         self.fs.invalidate_cache(f"{self.bucket}/{self.key}")
         self.closed = True
 
@@ -110,7 +232,87 @@ class S3PartsFile:
         """Drop the upload and every part sent (the previous object, if any, is untouched)."""
         if not self.closed:
             self.closed = True
-            self.fs.call_s3("abort_multipart_upload", Bucket=self.bucket, Key=self.key, UploadId=self.upload_id)
+            if self.upload_id is not None:  # one bounded attempt: this runs while another error is raised
+                try:
+                    bounded(self.fs, lambda: self.fs._call_s3("abort_multipart_upload", Bucket=self.bucket,
+                                                              Key=self.key, UploadId=self.upload_id),
+                            self.url, "aborting the upload", WritePolicy(self.policy.timeout, 1))
+                except Exception as exc:
+                    warnings.warn(f"{self.url}: could not abort multipart upload {self.upload_id} ({exc}); its "
+                                  "parts stay billed until aborted (list_multipart_uploads / a lifecycle rule)",
+                                  RuntimeWarning, stacklevel=2)
 
     def close(self) -> None:
         self.abort()
+
+
+def _same_url(a: str, b: str) -> bool:
+    return a.rstrip("/") == b.rstrip("/")
+
+
+def check_url_output(url: str, storage_options: dict | None, call: str, policy: WritePolicy | None = None,
+                     inputs=()) -> None:
+    """Refuse to write the URL ``url`` where a writer would destroy data, before any work: ``url`` is one of
+    ``inputs`` (ValueError), or an existing, non-empty object whose first bytes are not the pageset magic
+    (ValueError, like a local file; ``call`` shows the argument order). Reads at most the magic's bytes, each
+    request bounded by ``policy``. Also raises FileNotFoundError (the bucket does not exist), PermissionError
+    (no credentials), TimeoutError / ConnectionError (the store does not answer), naming ``url`` and the fix.
+    An object the credentials may not read (HTTP 403) passes: write-only credentials are valid for writing."""
+    from ..format import constants as C
+
+    for src in inputs:
+        if isinstance(src, str) and _same_url(src, url):
+            raise ValueError(f"the output {url!r} is the input {src!r}: writing would destroy the source; choose "
+                             "another output path")
+    try:
+        from fsspec.core import url_to_fs
+
+        fs, target = url_to_fs(url, **dict(storage_options or {}))
+    except ImportError as exc:
+        raise ImportError(f"cannot write {url}: {exc}; install the fsspec backend for its scheme (s3fs for "
+                          "s3://, gcsfs for gs://, adlfs for az://)") from None
+    n = len(C.MAGIC)
+    if callable(getattr(fs, "_call_s3", None)):
+        bucket, key, _ = fs.split_path(target)
+
+        async def first_bytes():
+            try:
+                head = await fs._call_s3("head_object", Bucket=bucket, Key=key)
+            except FileNotFoundError:
+                return None
+            if not int(head.get("ContentLength", 0)):
+                return b""
+            resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{n - 1}")
+            try:
+                return await resp["Body"].read()
+            finally:
+                resp["Body"].close()
+
+        try:
+            data = bounded(fs, first_bytes, url, "checking the existing output", policy)
+        except PermissionError as exc:
+            if ": no credentials for " in str(exc):
+                raise
+            return
+        if data is None:  # no object: the bucket must exist, or the whole write would be lost at its end
+            try:
+                bounded(fs, lambda: fs._call_s3("head_bucket", Bucket=bucket), url, "checking the bucket", policy)
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(f"cannot write {url}: the bucket {bucket!r} does not exist; create it "
+                                        "first (e.g. s3fs.S3FileSystem(**storage_options).mkdir("
+                                        f"{bucket!r})) or write to an existing bucket") from exc
+            except PermissionError as exc:
+                if ": no credentials for " in str(exc):
+                    raise
+            return
+    else:
+        try:
+            with fs.open(target, "rb") as f:
+                data = f.read(n)
+        except FileNotFoundError:
+            return
+        except IsADirectoryError:
+            raise IsADirectoryError(f"cannot write {url}: it is a folder; give a file name") from None
+    if data and data != C.MAGIC:
+        raise ValueError(f"the output {url} exists and is not a pageset file: refusing to replace it (are the "
+                         f"arguments swapped? the order is {call}); remove it or choose another output path")

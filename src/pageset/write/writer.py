@@ -29,7 +29,6 @@ from .filewriter import (
     check_output_path,
     check_replaceable,
     executor_map,
-    is_url,
     ordered_map,
 )
 from .filewriter import lineage as lineage_info
@@ -43,6 +42,7 @@ from .ranges import (
     remove_shard_folder,
 )
 from .sources import ImageList, SampleError, Source, open_source
+from .upload import WritePolicy
 
 # Said once under a failing sample's message when on_error="raise" (the CLI says --on-error skip instead).
 ON_ERROR_HINT = ("To leave bad samples out instead, pass on_error='skip': their indices and errors are recorded in "
@@ -77,6 +77,8 @@ def write_dataset(
     executor=None,
     shard_dir: str | None = None,
     storage_options: dict | None = None,
+    request_timeout: float = 30.0,
+    request_attempts: int = 5,
 ) -> WriteResult:
     """Convert ``source`` into one pageset file at ``path``.
 
@@ -108,7 +110,11 @@ def write_dataset(
             and is retried by the engine rewrites the same shard.
         shard_dir: where executor tasks write shards, a folder or fsspec URL every worker can reach; default
             next to ``path`` (``<path>.shards-<host>-<pid>-<random>``). Removed at the end, also on failure.
-        storage_options: passed to fsspec for URLs (``path`` and ``shard_dir``), e.g. ``{"endpoint_url": ...}``.
+        storage_options: passed to fsspec for URLs (``path`` and ``shard_dir``), e.g. ``{"endpoint_url": ...}``;
+            with an ``executor`` they reach the workers too (credentials for a URL ``shard_dir``).
+        request_timeout, request_attempts: URL ``path`` only: seconds per request to the store and attempts per
+            request (as for reading, :func:`~pageset.open_dataset`); a store that never answers fails after about
+            ``request_attempts * request_timeout`` seconds with TimeoutError naming the URL.
 
     Returns:
         :class:`WriteResult`.
@@ -117,7 +123,10 @@ def write_dataset(
         SampleError: a sample could not be read or encoded (names the source, sample index, field and cause,
             and how to skip bad samples; a worker's traceback is its ``__cause__``); ``TypeError`` (wrong kind of
             value) / ``ValueError`` (out of range) for invalid arguments, naming the argument, before any work, or
-            a source that cannot be pickled for ``executor``; FileNotFoundError: the output folder does not exist;
+            a source that cannot be pickled for ``executor``, an http(s) ``path`` (read-only), or an existing ``path``
+            (file or object) that is not a pageset file; FileNotFoundError: the output folder or bucket does not
+            exist; PermissionError: no credentials or access for a URL (naming it: output or shard_dir);
+            TimeoutError / ConnectionError: the store did not answer within ``request_attempts`` attempts;
         RuntimeError: a worker process died (killed or crashed); with an executor, whatever the engine raises
             once it gives up on a task (Dask: ``KilledWorker`` after ``allowed-failures`` deaths).
     """
@@ -135,6 +144,8 @@ def write_dataset(
         raise TypeError(f"executor must be a concurrent.futures.Executor (with .submit), got {type(executor).__name__}")
     shard_dir = check.text("shard_dir", shard_dir, optional=True)
     storage_options = check.mapping("storage_options", storage_options, optional=True)
+    policy = WritePolicy(check.real("request_timeout", request_timeout, low=0, low_open=True),
+                         check.integer("request_attempts", request_attempts, minimum=1))
     if num_workers is None:
         num_workers = os.cpu_count() or 1
     if chunk_size is None:
@@ -143,21 +154,22 @@ def write_dataset(
     writer_params = {"page_size": page_size, "checksum": ALGORITHM}
     schema = build_schema(fields, src.attributes, writer_params)
     _, row_dtype = parse_schema(schema)  # the writer must never produce a schema its own reader refuses
-    canonical_json(metadata or {})  # fail early on non-JSON metadata, before any work
+    check.json_metadata("metadata", metadata)  # fail early on non-JSON metadata, before any work
+    canonical_json(metadata or {})
 
-    if not is_url(path):
-        if isinstance(source, (str, os.PathLike)):
-            check_not_input(path, [source])
-        elif isinstance(src.data, list) and src.data and isinstance(src.data[0], str):  # a list of image paths
-            check_not_input(path, src.data)
-        if isinstance(src.data, ImageList):
-            check_not_input(path, [src.data.path] + [row[0] for row in src.data.rows])
-    check_replaceable(path, "write_dataset(path, source, fields)")  # after check_not_input: its message is sharper
+    if isinstance(source, (str, os.PathLike)):
+        check_not_input(path, [source])
+    elif isinstance(src.data, list) and src.data and isinstance(src.data[0], str):  # a list of image paths
+        check_not_input(path, src.data)
+    if isinstance(src.data, ImageList):
+        check_not_input(path, [src.data.path] + [row[0] for row in src.data.rows])
+    # after check_not_input: its message is sharper
+    check_replaceable(path, "write_dataset(path, source, fields)", storage_options, policy)
     ranges = cut(len(src), chunk_size)
     if executor is not None and ranges:
         check_picklable(src.part(*ranges[0]).data, "source", executor)
         check_picklable(fields, "fields", executor)
-    out = Output(path, storage_options)
+    out = Output(path, storage_options, policy=policy)
     try:
         parts = _encoded_parts(src, fields, row_dtype, ranges, num_workers, on_error, executor, path, shard_dir,
                                storage_options)
