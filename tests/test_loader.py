@@ -205,6 +205,24 @@ def test_list_loader_keeps_every_batch_valid(image_file):
     assert digests == expect
 
 
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_for_loop_reuses_the_batch_buffers_across_epochs(image_file, num_threads):
+    # 48 records / 8 = 6 steps, one more than the ring's batches_ahead + 2 = 5 slots: a slot chosen by
+    # step % slots would give step 0 of each epoch the slot of the previous epoch's last batch, still held by
+    # the loop variable, and a new batch buffer every epoch.
+    kw = dict(batch_size=8, pipelines={"image": RRC}, seed=4, num_threads=num_threads, batches_ahead=3)
+    truth = [_epoch_of(image_file, e, **kw) for e in range(3)]
+    with Loader(image_file, **kw) as loader:
+        assert len(loader) == 6
+        buffers, seen = set(), []
+        for _ in range(3):
+            for b in loader:  # holds one batch (b) while asking for the next, as a training loop does
+                buffers.add(b["image"].data_ptr())
+                seen.append((b["_index"].tolist(), batch_digest(b)))
+        assert len(buffers) <= 5
+    assert seen == [x for t in truth for x in t]
+
+
 def test_drop_last_false_pads_and_flags(image_file):
     n = 48
     with Loader(image_file, batch_size=20, pipelines={"image": None}, order="sequential",

@@ -6,12 +6,12 @@ virtual environments, and ``benchmarks/run_all.py`` imports it from the main one
 Protocol, one fresh process per row (so RSS and CPU belong to that row alone):
 - ``t0`` is taken when the script starts, before any loader import: **time to first batch** is
   ``t0 -> first batch of epoch 0`` (import, file open, JIT compile or kernel-cache load, worker start, decode);
-- epoch 0 is finished (warm-up: page cache, worker pools, lazy allocations), then **epoch 1** is timed:
-  images/s = images / wall seconds;
+- epoch 0 is finished (warm-up: page cache, worker pools, lazy allocations), then **epochs 1, 2, ...** are
+  timed, whole epochs until at least 2 s have passed: images/s = images / wall seconds;
 - **CPU s/image**: user+system CPU seconds of this process and all its live descendants (DataLoader worker
-  processes, numba threads) over epoch 1, divided by the images; 2 cores busy for 1 s = 2 CPU s;
+  processes, numba threads) over the timed epochs, divided by the images; 2 cores busy for 1 s = 2 CPU s;
 - **peak RSS**: the largest sum over the process tree of PSS (proportional set size: pages shared by forked
-  workers are split between them, not counted once per worker), sampled every 50 ms over both epochs;
+  workers are split between them, not counted once per worker), sampled every 50 ms over every epoch;
   file pages a loader maps (pageset's and FFCV's mmap) count while they are mapped.
 """
 
@@ -184,10 +184,15 @@ def batch_len(batch) -> int:
     return len(batch[1] if isinstance(batch, (list, tuple)) else batch)
 
 
-def measure(make_iter, check=None) -> dict:
-    """Run epoch 0 (first batch timed from T0) and a timed epoch 1 of ``make_iter(epoch)``.
+def measure(make_iter, check=None, min_seconds: float = 2.0, max_epochs: int = 50) -> dict:
+    """Run epoch 0 (first batch timed from T0), then time epochs 1, 2, ... of ``make_iter(epoch)``: whole epochs
+    until at least ``min_seconds`` of wall time have passed (at most ``max_epochs``).
 
-    ``check(batch)`` is called on the first batch (shape / dtype assertions). Returns the row's numbers.
+    A small epoch (320 images: 5 batches of 64, 0.15-0.9 s) timed once is dominated by its start and end (the
+    ring of batches ahead fills and drains) and by the machine's load changing from one second to the next:
+    timing several epochs makes a row's rate an average over seconds, not a sample of a fraction of one.
+    ``check(batch)`` is called on the first batch (shape / dtype assertions). Returns the row's numbers
+    (``images``, ``epoch_s``: the images and wall seconds of the ``epochs`` timed epochs).
     """
     sampler = TreeSampler()
     first, n0 = None, 0
@@ -198,14 +203,15 @@ def measure(make_iter, check=None) -> dict:
                 check(batch)
         n0 += batch_len(batch)
     c0, t1 = sampler.cpu_seconds(), time.perf_counter()
-    n1 = 0
-    it = make_iter(1)
-    for batch in it:
-        n1 += batch_len(batch)
+    n1 = epochs = 0
+    while epochs < max(1, max_epochs) and (epochs == 0 or time.perf_counter() - t1 < min_seconds):
+        epochs += 1
+        for batch in make_iter(epochs):
+            n1 += batch_len(batch)
     dt = time.perf_counter() - t1
     cpu = sampler.cpu_seconds() - c0
     sampler.stop()
-    return {"images_per_s": n1 / dt, "first_batch_s": first, "images": n1, "epoch_s": dt,
+    return {"images_per_s": n1 / dt, "first_batch_s": first, "images": n1, "epoch_s": dt, "epochs": epochs,
             "cpu_s_per_image": cpu / max(n1, 1), "peak_rss_mb": sampler.peak_bytes / 2**20}
 
 
