@@ -138,6 +138,25 @@ def test_lookup_kernel_equals_per_position_orders(order_name):
         np.testing.assert_array_equal(order.lookup(start, stop)[1], _lookup_reference(order, 7, start, stop)[1])
 
 
+def test_epoch_batches_looked_up_ahead_equal_lookup():
+    """MixtureEpoch.batch (ranges looked up several batches ahead, handed out as slices) gives lookup's ids for
+    consecutive batches, a rank's strided batches, jumps back, the epoch's last batch, and a kept batch that
+    the caller writes to does not change the next one."""
+    order = MixtureOrder(MixtureSchedule((5, 3, 2)), [[30, 40, 50], [20, 20], [10, 10, 10]], 3, "quasi_random", 2)
+    epoch = order.epoch(2, 200)
+    ref = order.epoch(2, 200)
+    kept = []
+    for start, stop in [(0, 8), (8, 16), (16, 24), (40, 48), (56, 64), (8, 16), (192, 200), (100, 130), (130, 131)]:
+        src, ids = epoch.batch(start, stop)
+        want_src, want_ids = ref.lookup(start, stop)
+        np.testing.assert_array_equal(src, want_src)
+        np.testing.assert_array_equal(ids, want_ids)
+        kept.append(ids)
+        ids[:] = -1  # the caller's own batch: the next batches are unaffected
+    assert all((k == -1).all() for k in kept)
+    assert epoch._ahead[2] == 200  # looked up ahead up to the epoch's end, not past it
+
+
 def test_quotas_resolve_weights():
     assert quotas([0.5, 0.3, 0.2]) == (5, 3, 2)
     assert quotas([0.999, 0.001]) == (999, 1)

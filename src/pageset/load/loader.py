@@ -603,7 +603,7 @@ class Loader:
         slot.step, slot.generation, slot.error, slot.prefetched = step, self._pool.generation, None, None
         if self._plan is not None:  # a mixture: no padding, every position is a sample of the schedule
             slot.positions, slot.padding = positions, np.zeros(B, dtype=bool)
-            slot.sources, slot.ids = order.lookup(start, start + B)
+            slot.sources, slot.ids = order.batch(start, start + B)
         else:
             slot.positions, slot.padding = positions, positions >= self.n_records
             slot.sources, slot.ids = None, order.ids(start, start + B)

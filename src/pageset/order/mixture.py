@@ -347,8 +347,9 @@ class MixtureOrder:
         self._capacity, self._windows, self._window_ids = cap, windows, buf
 
     def epoch(self, epoch: int, epoch_length: int) -> MixtureEpoch:
-        """The view of mixture epoch ``epoch`` (of ``epoch_length`` positions): ``lookup(start, stop)``."""
-        return MixtureEpoch(self, int(epoch) * int(epoch_length))
+        """The view of mixture epoch ``epoch`` (of ``epoch_length`` positions): ``lookup(start, stop)``,
+        ``batch(start, stop)``."""
+        return MixtureEpoch(self, int(epoch) * int(epoch_length), int(epoch_length))
 
     def cursors(self, g: int) -> list[tuple[int, int]]:
         """``[(epoch_i, cursor_i)]``: where each source's own stream stands after global positions
@@ -357,13 +358,36 @@ class MixtureOrder:
 
 
 class MixtureEpoch:
-    """Epoch positions of one mixture epoch -> (sources, ids): global position = ``origin + position``."""
+    """Epoch positions of one mixture epoch -> (sources, ids): global position = ``origin + position``.
 
-    def __init__(self, order: MixtureOrder, origin: int):
-        self.order, self.origin = order, origin
+    ``batch(start, stop)`` serves a loader's consecutive batches: it looks up ``BATCHES_AHEAD`` times the
+    range at once (within the epoch) and hands out slices of that, while the ranges asked for stay inside it
+    (one process reading every rank's positions, world_size 1); the ids are the same as ``lookup``'s.
+    """
+
+    BATCHES_AHEAD = 16
+
+    def __init__(self, order: MixtureOrder, origin: int, length: int | None = None):
+        self.order, self.origin, self.length = order, origin, length
+        # the range looked up ahead: epoch positions [base, end) in src / ids, of which [base, frontier) are out
+        self._ahead = (0, 0, 0, None, None)
 
     def lookup(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(sources int16[n], ids int64[n])`` of epoch positions ``[start, stop)`` (new arrays)."""
         return self.order.lookup(self.origin + start, self.origin + stop)
+
+    def batch(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`lookup`, but may return views of one array looked up ahead for several batches; a range is
+        handed out once (the views of two calls never overlap: a caller may keep or write its own)."""
+        base, frontier, end, src, ids = self._ahead
+        if not frontier <= start <= stop <= end:
+            end = start + (stop - start) * self.BATCHES_AHEAD
+            if self.length is not None:
+                end = min(end, self.length)
+            base, end = start, max(end, stop)
+            src, ids = self.order.lookup(self.origin + base, self.origin + end)
+        self._ahead = (base, stop, end, src, ids)
+        return src[start - base : stop - base], ids[start - base : stop - base]
 
 
 # --- the resume state --------------------------------------------------------------------------------------
