@@ -164,11 +164,7 @@ def _stage_loop(handle, buf, offs, lens, heights, widths, boxes, flips, table, o
         if mode == MODE_REGION:
             continue
         region = jpeg_kernels.window_view(decoded, h0, w0, row, col, sh, sw)
-        f = num / den
-        bx0 = min(max(x * f - sx, 0.0), sw - 1e-3)
-        by0 = min(max(y * f - sy, 0.0), sh - 1e-3)
-        bx1 = min(max((x + cw) * f - sx, bx0 + 1e-3), float(sw))
-        by1 = min(max((y + ch) * f - sy, by0 + 1e-3), float(sh))
+        bx0, by0, bx1, by1 = jpeg_scale.box_in_region(x, y, cw, ch, num, den, sx, sy, sw, sh)
         resize._resize(region, bx0, by0, bx1, by1, flips[j], table, out[j], True, resize_scratch, stages)
     return failed
 

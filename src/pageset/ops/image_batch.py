@@ -105,11 +105,7 @@ def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flip
         if st < 0:
             return j
         region = jpeg_kernels.window_view(decoded, h0, w0, row, col, sh, sw)
-        f = num / den
-        bx0 = min(max(x * f - sx, 0.0), sw - 1e-3)
-        by0 = min(max(y * f - sy, 0.0), sh - 1e-3)
-        bx1 = min(max((x + cw) * f - sx, bx0 + 1e-3), float(sw))
-        by1 = min(max((y + ch) * f - sy, by0 + 1e-3), float(sh))
+        bx0, by0, bx1, by1 = jpeg_scale.box_in_region(x, y, cw, ch, num, den, sx, sy, sw, sh)
         resize_crop_flip_normalize(region, bx0, by0, bx1, by1, flips[j], table, out[rows[j]], channels_last,
                                    resize_scratch)
     return -1

@@ -73,6 +73,19 @@ def scale_region(width, height, x, y, w, h, num, denom):
 
 
 @numba.njit(nogil=True)
+def box_in_region(x, y, w, h, num, denom, sx, sy, sw, sh):
+    """The crop ``[x, x+w) x [y, y+h)`` (original pixels) in the coordinates of the decoded region ``(sx, sy, sw,
+    sh)`` of :func:`scale_region`: ``(x0, y0, x1, y1)`` floats, scaled by num/denom, shifted to the region and
+    kept inside it with at least 1e-3 px of width and height (what the resize kernel samples)."""
+    f = num / denom
+    x0 = min(max(x * f - sx, 0.0), sw - 1e-3)
+    y0 = min(max(y * f - sy, 0.0), sh - 1e-3)
+    x1 = min(max((x + w) * f - sx, x0 + 1e-3), float(sw))
+    y1 = min(max((y + h) * f - sy, y0 + 1e-3), float(sh))
+    return x0, y0, x1, y1
+
+
+@numba.njit(nogil=True)
 def _known_subsamp(subsamp):
     return 0 <= subsamp < len(MCU_WIDTH)
 
