@@ -119,7 +119,8 @@ def test_only_run_keeps_the_other_sections_with_their_own_header(tmp_path):
     assert list(new["benchmarks"]) == [n for n in run_all.BENCHES if n in new["benchmarks"]]
     b = tables.blocks(new)
     assert b["mixture"].startswith("Measured with `python -m benchmarks.run_all --only mixture`")
-    assert b["tokens"].startswith(f"Measured with `{old['command']}`")  # kept: the run that measured it
+    measured_by = (old["benchmarks"]["tokens"].get("run") or {}).get("command", old["command"])
+    assert b["tokens"].startswith(f"Measured with `{measured_by}`")  # kept: the run that measured it
     assert "Kept from earlier runs" in b["targets"]
 
 
