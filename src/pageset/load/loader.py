@@ -594,7 +594,7 @@ class Loader:
         return slot
 
     def _prepare(self, slot: Slot, order, epoch: int, step: int) -> None:
-        """Set the slot up for ``step``: positions, padding, record ids (and sources), augmentation keys."""
+        """Set the slot up for ``step``: padding, record ids (and sources), augmentation keys."""
         # rank_positions(step, rank, world_size, G, N, drop_last) without re-validating what __init__ checked
         # (step is in [0, steps_per_epoch) here): positions step*G + rank*B + j, padding where >= N
         B = self.batch_size
@@ -602,10 +602,10 @@ class Loader:
         positions = np.arange(start, start + B, dtype=np.int64)
         slot.step, slot.generation, slot.error, slot.prefetched = step, self._pool.generation, None, None
         if self._plan is not None:  # a mixture: no padding, every position is a sample of the schedule
-            slot.positions, slot.padding = positions, np.zeros(B, dtype=bool)
+            slot.padding = np.zeros(B, dtype=bool)
             slot.sources, slot.ids = order.batch(start, start + B)
         else:
-            slot.positions, slot.padding = positions, positions >= self.n_records
+            slot.padding = positions >= self.n_records
             slot.sources, slot.ids = None, order.ids(start, start + B)
         slot.keys = sample_keys(self.seed, epoch, positions) if self._needs_keys else None
 

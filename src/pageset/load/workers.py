@@ -24,7 +24,6 @@ class Slot:
     generation: int = -1
     ids: object = None  # int64[B] record ids
     sources: object = None  # int16[B] file of each sample (a Mixture), else None
-    positions: object = None  # int64[B] epoch positions
     padding: object = None  # bool[B]
     keys: object = None  # uint64[B]
     pending: int = 0
