@@ -170,6 +170,22 @@ MUTATIONS = [
              "return start, -(-end // page_size) * page_size",
              "return start, end",
              ("tests/test_properties.py::test_place_record_never_straddles",)),
+    # -- write paths checked against the reference reader (issue 18, tests/test_reference_write.py)
+    Mutation("WebDataset source keeps reading the first shard it opened", "write/external.py",
+             "            if self._open is None or self._open[0] != s:",
+             "            if self._open is None:",
+             ("tests/test_reference_write.py::test_webdataset_several_shards",)),
+    Mutation("Parquet source caches a row group by its number inside the file (serves another file's rows)",
+             "write/external.py",
+             "        if self._cached is None or self._cached[0] != g:\n            import fsspec\n"
+             "            import pyarrow.parquet as pq\n\n            path, rg = self._groups[g]",
+             "        path, rg = self._groups[g]\n        if self._cached is None or self._cached[0] != rg:\n"
+             "            import fsspec\n            import pyarrow.parquet as pq\n\n            g = rg",
+             ("tests/test_reference_write.py::test_parquet_several_files",)),
+    Mutation("merge copies a damaged short last page", "merge.py",
+             "            if self.crcs is not None and zlib.crc32(data)",
+             "            if self.crcs is not None and k < len(self.crcs) - 1 and zlib.crc32(data)",
+             ("tests/test_reference_write.py::test_merge_refuses_damage_in_every_page_position",)),
 ]
 
 

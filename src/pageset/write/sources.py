@@ -208,11 +208,12 @@ def open_source(source, fields: Mapping[str, Field] | None) -> tuple[Source, dic
     if isinstance(source, ImageList):
         default = {"image": RGBImage(), "label": Int()} if source.labelled else {"image": RGBImage()}
         data, description = source, f"file list {source.path!r}"
-    elif isinstance(source, (str, os.PathLike)):
-        folder = ImageFolder(os.fspath(source))
+    elif isinstance(source, (str, os.PathLike, ImageFolder)):
+        # an ImageFolder object keeps its class list too (it was once written as a plain indexable source)
+        folder = source if isinstance(source, ImageFolder) else ImageFolder(os.fspath(source))
         attributes = {"class_names": folder.classes, "ignored_files": folder.ignored}
         default = {"image": RGBImage(), "label": Int()}
-        data, description = folder, f"ImageFolder {os.fspath(source)!r}"
+        data, description = folder, f"ImageFolder {os.fspath(folder.root)!r}"
     elif isinstance(source, Sequence) and source and all(isinstance(p, (str, os.PathLike)) for p in source):
         default = {"image": RGBImage()}
         data, description = [os.fspath(p) for p in source], f"list of {len(source)} image paths"
