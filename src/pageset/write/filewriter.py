@@ -301,7 +301,7 @@ def local_path(path: str) -> str:
     return path[len("file://"):] if path.startswith("file://") else path
 
 
-UPLOAD_BLOCK = 64 << 20  # bytes per multipart part (S3 allows 5 MiB .. 5 GiB; 10,000 parts: files up to 640 GB)
+UPLOAD_BLOCK = 64 << 20  # bytes per block of the other fsspec stores' uploads (S3 gets a growing PartPlan)
 
 
 class Output:
@@ -313,15 +313,17 @@ class Output:
     whole. Other fsspec URLs: a temp file ``pageset-upload-<host>-<pid>-*`` in the local temp folder
     (``TMPDIR``), uploaded on commit through ``fsspec`` with ``autocommit=False``. On failure the upload is
     aborted; either way the previous file or object at ``path`` is untouched until the commit. ``f`` is the
-    binary file to write (seekable forward; the first ``upload_block`` bytes may be rewritten); :meth:`abort`
-    removes what was written. ``storage_options`` go to ``fsspec.core.url_to_fs``; ``policy`` (a
-    :class:`~pageset.write.upload.WritePolicy`) bounds every S3 request.
+    binary file to write (seekable forward; the first ``parts.size(1)`` bytes, 64 MiB by default, may be
+    rewritten); :meth:`abort` removes what was written. ``storage_options`` go to ``fsspec.core.url_to_fs``;
+    ``policy`` (a :class:`~pageset.write.upload.WritePolicy`) bounds every S3 request; ``parts`` (a
+    :class:`~pageset.write.upload.PartPlan`) sizes the S3 parts; ``min_size``, a lower bound of the file's size in
+    bytes where the writer knows one, refuses an S3 output over 5 TiB before the upload starts (ValueError).
     """
 
-    def __init__(self, path: str, storage_options: dict | None = None, kind: str = "tmp",
-                 upload_block: int | None = None, policy=None):
+    def __init__(self, path: str, storage_options: dict | None = None, kind: str = "tmp", parts=None,
+                 policy=None, min_size: int = 0):
         self.path, self.storage_options = path, dict(storage_options or {})
-        self.upload_block = upload_block or UPLOAD_BLOCK
+        self.upload_block = UPLOAD_BLOCK
         self.remote = is_url(path)
         self.stream = None
         if self.remote:
@@ -332,7 +334,8 @@ class Output:
                 from .upload import S3PartsFile
 
                 self.tmp = None
-                self.f = self.stream = S3PartsFile(fs, target, self.upload_block, url=self.path, policy=policy)
+                self.f = self.stream = S3PartsFile(fs, target, parts, url=self.path, policy=policy,
+                                                   min_size=min_size)
                 return
             fd, self.tmp = tempfile.mkstemp(prefix=f"pageset-upload-{_tag()}-", suffix=".pageset")
         else:
