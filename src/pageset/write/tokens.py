@@ -37,6 +37,7 @@ from .filewriter import (
     check_not_input,
     check_output_path,
     check_replaceable,
+    DiskFile,
     executor_map,
     is_url,
     lineage,
@@ -682,7 +683,13 @@ def write_tokens(
     try:
         if writer is None:
             fd, spill_name = tempfile.mkstemp(prefix="pageset-spill-") if is_url(path) else temp_file(path, "spill")
-            spill = os.fdopen(fd, "wb")
+            try:
+                spill = DiskFile(fd, "wb", spill_name, f"the spill file of the output {path} (token ids kept until "
+                                 "the largest is known)", "another temp folder (TMPDIR)" if is_url(path) else
+                                 "another output path")
+            except BaseException:
+                os.close(fd)
+                raise
         for start, n, (flat, lengths) in _encoded_in_order(docs_iter, spec, bos_id, eos_id, num_workers,
                                                            chunk_docs, chunk_chars):
             if flat.size:
@@ -722,7 +729,8 @@ def write_tokens(
         raise
     finally:
         if spill is not None:
-            spill.close()
+            spill.discard()
+        if spill_name is not None:
             try:
                 os.unlink(spill_name)
             except FileNotFoundError:
