@@ -42,18 +42,24 @@ def _check_message(exc: OSError, file_prefix: str, folder: str, choose: str):
 
 
 class _Quota:
-    """A file that takes ``room`` bytes, then fails like a full disk (the write that does not fit raises
-    ENOSPC, as write(2) does once nothing fits)."""
+    """A file that takes ``room`` bytes, then fails like a full disk: the write that does not fit raises ENOSPC,
+    and so does closing afterwards (a buffered file still holding bytes fails its final flush again)."""
 
     def __init__(self, f, room: int):
-        self.f, self.room = f, room
+        self.f, self.room, self.full = f, room, False
 
     def write(self, data):
         n = memoryview(data).nbytes
         if n > self.room:
+            self.full = True
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         self.room -= n
         return self.f.write(data)
+
+    def close(self):
+        self.f.close()
+        if self.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     def __getattr__(self, name):
         return getattr(self.f, name)
@@ -90,6 +96,7 @@ def test_write_dataset_disk_full_names_the_temp_file_and_keeps_the_previous_outp
                       page_size=1 << 12, **KW)
     written = _check_message(ei.value, f"{out}.tmp-", str(tmp_path), "another output path")
     assert 0 < written <= 200_000 + 4096  # what the file took (the 4 KiB header page is a hole until the end)
+    assert re.search(r"bytes written \(writing [\d,]+ more\), at", str(ei.value))  # the failed write's error
     assert out.read_bytes() == before and _leftovers(tmp_path, ["d.pageset"]) == []
 
 
@@ -183,6 +190,11 @@ def test_a_real_full_disk_tmpfs(tmp_path, small_tmpfs):
     written = _check_message(ei.value, f"{out}.tmp-", str(small_tmpfs), "another output path")
     assert 900_000 < written <= 1 << 20  # the disk filled up: about its size, less the previous output's bytes
     assert out.read_bytes() == before and os.listdir(small_tmpfs) == ["t.pageset"]
+    with pytest.raises(OSError) as ei:  # small writes (4 KiB pages) through the file's buffer
+        write_dataset(small_tmpfs / "d.pageset", [(i,) for i in range(150_000)], {"y": Int()}, num_workers=0,
+                      page_size=1 << 12, **KW)
+    _check_message(ei.value, f"{small_tmpfs}/d.pageset.tmp-", str(small_tmpfs), "another output path")
+    assert os.listdir(small_tmpfs) == ["t.pageset"]
     shards = small_tmpfs / "shards"
     shards.mkdir()
     with ThreadPoolExecutor(2) as ex, pytest.raises(OSError) as ei:
