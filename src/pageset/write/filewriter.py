@@ -162,10 +162,10 @@ def write_tail(f, *, page_size: int, data_length: int, page_count: int, record_c
 
 def disk_error(exc: OSError, name: str, written: int, what: str, choose: str, pending: int = 0) -> OSError:
     """``exc``, an OSError of writing the file ``name`` (``what`` it is, e.g. "the temp file of the output
-    x.pageset") after ``written`` bytes (while writing ``pending`` more, where known), as an OSError of the same errno (and subclass) whose message names the
-    file, its folder and the space free there, the bytes written so far, and the fix: free space or ``choose``
-    another folder (e.g. "another output path"). The caller raises it ``from exc``. An error made here already is
-    returned as is."""
+    x.pageset") after ``written`` bytes (while writing ``pending`` more, where known), as an OSError of the same
+    errno (and subclass) whose message names the file, its folder and the space free there, the bytes written so
+    far, and the fix: free space or ``choose`` another folder (e.g. "another output path"). The caller raises it
+    ``from exc``. An error made here already is returned as is."""
     if getattr(exc, "pageset_where", False) or not isinstance(exc, OSError):
         return exc
     folder = os.path.dirname(os.path.abspath(name))
