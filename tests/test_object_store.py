@@ -89,13 +89,13 @@ class FailsAt:
 
 
 def test_interrupted_upload_is_aborted_and_previous_object_stays(tmp_path, photos, moto_s3, monkeypatch):
-    import pageset.write.filewriter as fw
+    import pageset.write.upload as upload
 
     url = "s3://pageset-test/big/train.pageset"
     write_dataset(url, photos[:1], {"image": RGBImage(max_resolution=32)}, num_workers=0, progress=False,
                   storage_options=moto_s3)
     before = _fs(moto_s3).cat_file(url)
-    monkeypatch.setattr(fw, "UPLOAD_BLOCK", 5 << 20)  # S3's smallest part, so a few MB make several parts
+    monkeypatch.setattr(upload, "DEFAULT_PARTS", upload.PartPlan(5 << 20))  # S3's smallest part: several parts
     src = FailsAt(photos, 44, 40, moto_s3)
     with pytest.raises(SampleError, match="connection to the image store lost"):
         write_dataset(url, src, {"image": RGBImage(max_resolution=512, encoding="raw")}, num_workers=0,
@@ -112,6 +112,136 @@ def test_interrupted_upload_is_aborted_and_previous_object_stays(tmp_path, photo
     write_dataset(tmp_path / "ref.pageset", src, fields, **kw)
     assert _fs(moto_s3).cat_file(url) == (tmp_path / "ref.pageset").read_bytes()
     assert (tmp_path / "ref.pageset").stat().st_size > 3 * (5 << 20) and _uploads(moto_s3) == []
+
+
+MiB, GiB, TiB = 1 << 20, 1 << 30, 1 << 40
+
+
+@pytest.mark.parametrize("total, count, largest, last", [
+    # hand-computed from S3's limits and the default plan: part n holds 64 MiB x (1 + (n - 1) // 500)
+    (0, 1, 0, 0),  # one empty part 1
+    (1, 1, 1, 1),
+    (5 * MiB - 1, 1, 5 * MiB - 1, 5 * MiB - 1),
+    (5 * MiB, 1, 5 * MiB, 5 * MiB),
+    (64 * MiB, 1, 64 * MiB, 64 * MiB),
+    (64 * MiB + 1, 2, 64 * MiB, 1),  # part 1 (the header's part, uploaded last) is full: only the last is short
+    (500 * 64 * MiB, 500, 64 * MiB, 64 * MiB),  # where the part size steps: 500 parts of 64 MiB ...
+    (500 * 64 * MiB + 1, 501, 64 * MiB, 1),  # ... then 128 MiB parts
+    (500 * 64 * MiB + 128 * MiB, 501, 128 * MiB, 128 * MiB),
+    (625 * GiB, 2917, 384 * MiB, 256 * MiB),  # 2,500 parts up to 320 MiB = 480,000 MiB, 416 x 384 MiB, 256 MiB
+    (5 * TiB, 8802, 1152 * MiB, 128 * MiB),  # 8,500 parts = 4,896,000 MiB, then 301 x 1,152 MiB, 128 MiB
+])
+def test_part_plan_keeps_s3_limits_for_any_size_up_to_5_tib(total, count, largest, last):
+    """The part plan (a pure function: nothing is uploaded): every part but the last within S3's 5 MiB .. 5 GiB,
+    at most 10,000 parts, sizes that add up to the output; the counts are worked out by hand."""
+    from pageset.write.upload import PartPlan
+
+    sizes = PartPlan().sizes(total)
+    assert sum(sizes) == total and len(sizes) == count <= 10_000
+    assert max(sizes) == largest and sizes[-1] == last
+    assert all(5 * MiB <= s <= 5 * GiB for s in sizes[:-1]) and sizes[-1] <= 5 * GiB
+    assert sizes[:-1] == sorted(sizes[:-1])  # parts grow as they are numbered, never shrink
+    assert PartPlan().sizes(total) == sizes  # deterministic
+
+
+def test_part_plan_refuses_outputs_over_5_tib_and_checks_every_part_number():
+    from pageset.write.upload import MAX_OBJECT, PartPlan
+
+    plan = PartPlan()
+    assert MAX_OBJECT == 5 * TiB == 5_497_558_138_880 and plan.limit() == 5 * TiB
+    assert [plan.size(n) for n in (1, 500, 501, 1000, 1001, 9501, 10_000)] == [
+        64 * MiB, 64 * MiB, 128 * MiB, 128 * MiB, 192 * MiB, 1280 * MiB, 1280 * MiB]
+    every = [plan.size(n) for n in range(1, 10_001)]
+    assert all(5 * MiB <= s <= 5 * GiB for s in every) and sum(every) == 6_720_000 * MiB >= 5 * TiB
+    with pytest.raises(ValueError, match=r"S3 part numbers are 1 \.\. 10000, got 10001"):
+        plan.size(10_001)
+    with pytest.raises(ValueError, match=r"more than 5,497,558,138,880 bytes \(5 TiB, S3's largest object\), at "
+                                         r"least 5,497,558,138,881.*several files"):
+        plan.sizes(5 * TiB + 1)
+    # other plans: the cap at 5 GiB, and a plan whose 10,000 parts hold less than 5 TiB refuses above its total
+    assert PartPlan(5 * GiB, 1).size(2) == 5 * GiB
+    small = PartPlan(5 * MiB, 1000)  # 1,000 parts each of 5, 10, ... 50 MiB: 275,000 MiB
+    assert small.limit() == 275_000 * MiB and len(small.sizes(small.limit())) == 10_000
+    with pytest.raises(ValueError, match=r"more than 288,358,400,000 bytes \(268.555 GiB, what 10,000 parts"):
+        small.sizes(small.limit() + 1)
+    for bad in ({"first": 5 * MiB - 1}, {"first": 5 * GiB + 1}, {"parts_per_step": 0}, {"first": 2.0 ** 23}):
+        with pytest.raises(ValueError):
+            PartPlan(**bad)
+
+
+def _part_sizes(opts, key):
+    """The sizes of a completed multipart object's parts, as the server recorded them (HEAD ?partNumber=k)."""
+    fs = _fs(opts)
+    first = fs.call_s3("head_object", Bucket="pageset-test", Key=key, PartNumber=1)
+    sizes = [first["ContentLength"]]
+    for k in range(2, first["PartsCount"] + 1):
+        sizes.append(fs.call_s3("head_object", Bucket="pageset-test", Key=key, PartNumber=k)["ContentLength"])
+    return sizes
+
+
+def test_s3_upload_parts_grow_as_they_are_numbered(tmp_path, moto_s3):
+    """A real multipart upload (moto) with a plan growing every part (5, 10, 15 MiB, ...): the server holds
+    parts of those sizes, part 1 (the header's, uploaded last) full, and the object's bytes are a local write's."""
+    from pageset.write.tokens import TokenFileWriter
+    from pageset.write.upload import PartPlan
+
+    ids = (np.arange(9_000_000, dtype=np.int64) * 7919 % 50_000).astype(np.uint32)  # 36 MB of tokens
+    offsets = np.array([0, 1000, 5_000_000, ids.size], dtype=np.uint64)
+    url = "s3://pageset-test/grow/t.pageset"
+    files = []
+    for out in (url, tmp_path / "ref.pageset"):
+        w = TokenFileWriter(out, "uint32", 1 << 16, moto_s3, parts=PartPlan(5 * MiB, 1))
+        for k in range(0, ids.size, 1 << 20):
+            w.write(ids[k:k + (1 << 20)])
+        files.append(w.finish(offsets, {"source": "test"}, None, 0.0, record_lineage=False))
+    data = _fs(moto_s3).cat_file(url)
+    size = files[0].bytes
+    assert len(data) == size == files[1].bytes and data == (tmp_path / "ref.pageset").read_bytes()
+    assert data[4096:4096 + ids.nbytes] == ids.astype("<u4").tobytes()  # the tokens, after the 4 KiB header page
+    sizes = _part_sizes(moto_s3, "grow/t.pageset")
+    assert sizes[:3] == [5 * MiB, 10 * MiB, 15 * MiB] and len(sizes) == 4 and sum(sizes) == size
+    assert 0 < sizes[3] < 20 * MiB and sizes == PartPlan(5 * MiB, 1).sizes(size) and _uploads(moto_s3) == []
+
+
+def test_s3_output_over_the_limit_is_refused_before_its_bytes_go_up(tmp_path, moto_s3, monkeypatch):
+    """Streaming: the write that would pass the limit raises ValueError naming it, before those bytes are
+    uploaded, and the upload is aborted. A size known in advance (merge) or given (min_size) is refused before
+    the upload starts: with an endpoint that never answers, the error is the ValueError, not a timeout."""
+    import socket
+
+    import pageset.write.upload as upload
+
+    monkeypatch.setattr(upload, "MAX_OBJECT", 12 * MiB)  # S3's 5 TiB, scaled down
+    monkeypatch.setattr(upload, "DEFAULT_PARTS", upload.PartPlan(5 * MiB))
+    docs = [np.arange(1, 1 << 20, dtype=np.uint32) for _ in range(4)]  # 16 MiB of uint32 tokens
+    url = "s3://pageset-test/limit/t.pageset"
+    with pytest.raises(ValueError, match=r"s3://pageset-test/limit/t.pageset: the output needs more than "
+                                         r"12,582,912 bytes \(12 MiB, S3's largest object\).*several files"):
+        write_tokens(url, docs, None, eos_id=0, dtype="uint32", num_workers=0, progress=False,
+                     storage_options=moto_s3)
+    assert _uploads(moto_s3) == [] and _keys(moto_s3, "limit") == []
+    for k in range(2):
+        write_tokens(tmp_path / f"{k}.pageset", docs[:2], None, eos_id=0, dtype="uint32", num_workers=0,
+                     progress=False)  # 8 MiB each: fits alone, not merged
+    write_tokens("s3://pageset-test/limit/one.pageset", docs[:2], None, eos_id=0, dtype="uint32",
+                 num_workers=0, progress=False, storage_options=moto_s3)
+    with pytest.raises(ValueError, match=r"needs more than 12,582,912 bytes .*at least 16,781,312"):
+        merge_datasets(url, [tmp_path / "0.pageset", tmp_path / "1.pageset"], progress=False,
+                       storage_options=moto_s3)  # 4096 + 2 x 2 x (2^20 - 1 + 1 eos) x 4 bytes
+    assert _uploads(moto_s3) == [] and _keys(moto_s3, "limit") == ["limit/one.pageset"]
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    try:
+        opts = {"key": "k", "secret": "s", "skip_instance_cache": True,
+                "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{silent.getsockname()[1]}",
+                                  "region_name": "us-east-1"}}
+        from pageset.write.filewriter import Output
+
+        with pytest.raises(ValueError, match="needs more than 12,582,912 bytes"):
+            Output("s3://bucket/big.pageset", opts, policy=upload.WritePolicy(0.3, 1), min_size=12 * MiB + 1)
+    finally:
+        silent.close()
 
 
 def test_other_fsspec_urls_upload_a_local_temp_file(tmp_path):

@@ -17,6 +17,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .format import arguments as check
+from .format import constants as C
 from .format.errors import ChecksumMismatchError
 from .format.schema import canonical_json
 from .read.reader import Dataset
@@ -222,7 +223,10 @@ def _merge_records(out, paths, opened, page_size, metadata, record_lineage, stor
     source, counts = _merged_source(opened)
     row_dtype = opened[0].index.dtype
     span_names = [name for name, f in opened[0].fields.items() if not f.inline]
-    output = Output(out, storage_options, policy=policy)
+    # a lower bound of the output's size (its header and every record's bytes), known before any work: an S3
+    # output above 5 TiB is refused before the upload starts
+    least = C.DATA_OFFSET + sum(int(ds.index["_length"].sum(dtype=np.int64)) for ds in opened)
+    output = Output(out, storage_options, policy=policy, min_size=least)
     try:
         asm = Assembly(output.f, schema, row_dtype, span_names, page_size, source)
         bar = tqdm(total=sum(len(ds) for ds in opened), disable=not progress, desc="pageset merge", unit="record",
@@ -253,7 +257,8 @@ def _merge_tokens(out, paths, opened, page_size, metadata, record_lineage, stora
                 raise ValueError(f"{p}: token setting {key!r} is {info.get(key)!r}, but {paths[0]} has "
                                  f"{infos[0].get(key)!r}; merge needs token files written the same way")
     dtype = "uint32" if any(i["dtype"] == "uint32" for i in infos) else "uint16"
-    writer = TokenFileWriter(out, dtype, page_size, storage_options, policy)
+    least = C.DATA_OFFSET + sum(int(i["count"]) for i in infos) * np.dtype(dtype).itemsize  # a lower bound
+    writer = TokenFileWriter(out, dtype, page_size, storage_options, policy, min_size=least)
     try:
         lengths = []
         bar = tqdm(total=sum(int(i["count"]) for i in infos), disable=not progress, desc="pageset merge",

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import collections
 import datetime
+import errno
 import glob
 import multiprocessing
 import os
 import platform
+import shutil
 import socket
 import sys
 import tempfile
@@ -156,6 +158,120 @@ def write_tail(f, *, page_size: int, data_length: int, page_count: int, record_c
     return file_size
 
 
+# ---- files written to disk: errors that say where --------------------------------------------------------
+
+def disk_error(exc: OSError, name: str, written: int, what: str, choose: str, pending: int = 0) -> OSError:
+    """``exc``, an OSError of writing the file ``name`` (``what`` it is, e.g. "the temp file of the output
+    x.pageset") after ``written`` bytes (while writing ``pending`` more, where known), as an OSError of the same
+    errno (and subclass) whose message names the file, its folder and the space free there, the bytes written so
+    far, and the fix: free space or ``choose`` another folder (e.g. "another output path"). The caller raises it
+    ``from exc``. An error made here already is returned as is."""
+    if getattr(exc, "pageset_where", False) or not isinstance(exc, OSError):
+        return exc
+    folder = os.path.dirname(os.path.abspath(name))
+    try:
+        du = shutil.disk_usage(folder)
+        space = f"{du.free:,} bytes free of {du.total:,}"
+    except OSError:
+        space = "free space unknown"
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = f"free space in {folder} (or raise the quota there), or choose {choose} on a disk with room"
+    elif exc.errno == errno.EFBIG:
+        fix = f"the file system or the process (ulimit -f) limits file sizes: choose {choose} without that limit"
+    else:
+        fix = f"check that {folder} is writable and its disk healthy, or choose {choose}"
+    more = f" (writing {pending:,} more)" if pending else ""
+    err = OSError(exc.errno, f"{reason}: writing {what} failed after {written:,} bytes written{more}, at {name} "
+                             f"(folder {folder}: {space}); {fix}")
+    err.pageset_where = True
+    return err
+
+
+def _open_raw(target, mode: str, name: str):
+    """``open(target, mode)`` for a path or fd: the one place written files are opened (tests inject disk errors
+    here)."""
+    return open(target, mode)
+
+
+class DiskFile:
+    """A binary file open for writing (and reading back) at ``name``, whose OSErrors say where
+    (:func:`disk_error`: ``what`` the file is, the folder and free space, the bytes written so far, and the fix:
+    free space or ``choose`` another folder). ``written`` counts the bytes written."""
+
+    def __init__(self, target, mode: str, name: str, what: str, choose: str):
+        self.name, self.what, self.choose, self.written = name, what, choose, 0
+        self.f = _open_raw(target, mode, name)
+
+    def _error(self, exc: OSError, pending: int = 0) -> OSError:
+        written = self.written
+        try:  # what reached the file (a failed write may have written part of its bytes)
+            written = max(written, os.fstat(self.f.fileno()).st_size)
+        except (OSError, ValueError):
+            pass
+        return disk_error(exc, self.name, written, self.what, self.choose, pending)
+
+    def write(self, data) -> int:
+        try:
+            n = self.f.write(data)
+        except OSError as exc:
+            raise self._error(exc, memoryview(data).nbytes) from exc
+        self.written += n
+        return n
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except OSError as exc:
+            raise self._error(exc) from exc
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        return self._call(self.f.seek, pos, whence)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def truncate(self, size: int | None = None) -> int:
+        return self._call(self.f.truncate, size)
+
+    def read(self, n: int = -1) -> bytes:
+        return self._call(self.f.read, n)
+
+    def flush(self) -> None:
+        self._call(self.f.flush)
+
+    def fsync(self) -> None:
+        """Flush and ``os.fsync``: the bytes are on the disk (or the error says where they are not)."""
+        self._call(self.f.flush)
+        self._call(os.fsync, self.f.fileno())
+
+    def fileno(self) -> int:
+        return self.f.fileno()
+
+    @property
+    def closed(self) -> bool:
+        return self.f.closed
+
+    def close(self) -> None:
+        self._call(self.f.close)
+
+    def discard(self) -> None:
+        """Close without raising: the file is being removed (closing flushes, which fails again on a full disk)."""
+        try:
+            self.f.close()
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0] is None:
+            self.close()
+        else:
+            self.discard()
+
+
 def _umask() -> int:
     """The process umask, read without changing it where Linux allows (``/proc/self/status``)."""
     try:
@@ -301,7 +417,7 @@ def local_path(path: str) -> str:
     return path[len("file://"):] if path.startswith("file://") else path
 
 
-UPLOAD_BLOCK = 64 << 20  # bytes per multipart part (S3 allows 5 MiB .. 5 GiB; 10,000 parts: files up to 640 GB)
+UPLOAD_BLOCK = 64 << 20  # bytes per block of the other fsspec stores' uploads (S3 gets a growing PartPlan)
 
 
 class Output:
@@ -313,15 +429,17 @@ class Output:
     whole. Other fsspec URLs: a temp file ``pageset-upload-<host>-<pid>-*`` in the local temp folder
     (``TMPDIR``), uploaded on commit through ``fsspec`` with ``autocommit=False``. On failure the upload is
     aborted; either way the previous file or object at ``path`` is untouched until the commit. ``f`` is the
-    binary file to write (seekable forward; the first ``upload_block`` bytes may be rewritten); :meth:`abort`
-    removes what was written. ``storage_options`` go to ``fsspec.core.url_to_fs``; ``policy`` (a
-    :class:`~pageset.write.upload.WritePolicy`) bounds every S3 request.
+    binary file to write (seekable forward; the first ``parts.size(1)`` bytes, 64 MiB by default, may be
+    rewritten); :meth:`abort` removes what was written. ``storage_options`` go to ``fsspec.core.url_to_fs``;
+    ``policy`` (a :class:`~pageset.write.upload.WritePolicy`) bounds every S3 request; ``parts`` (a
+    :class:`~pageset.write.upload.PartPlan`) sizes the S3 parts; ``min_size``, a lower bound of the file's size in
+    bytes where the writer knows one, refuses an S3 output over 5 TiB before the upload starts (ValueError).
     """
 
-    def __init__(self, path: str, storage_options: dict | None = None, kind: str = "tmp",
-                 upload_block: int | None = None, policy=None):
+    def __init__(self, path: str, storage_options: dict | None = None, kind: str = "tmp", parts=None,
+                 policy=None, min_size: int = 0):
         self.path, self.storage_options = path, dict(storage_options or {})
-        self.upload_block = upload_block or UPLOAD_BLOCK
+        self.upload_block = UPLOAD_BLOCK
         self.remote = is_url(path)
         self.stream = None
         if self.remote:
@@ -332,14 +450,22 @@ class Output:
                 from .upload import S3PartsFile
 
                 self.tmp = None
-                self.f = self.stream = S3PartsFile(fs, target, self.upload_block, url=self.path, policy=policy)
+                self.f = self.stream = S3PartsFile(fs, target, parts, url=self.path, policy=policy,
+                                                   min_size=min_size)
                 return
             fd, self.tmp = tempfile.mkstemp(prefix=f"pageset-upload-{_tag()}-", suffix=".pageset")
+            what, choose = f"the local copy of {self.path} (uploaded at the end)", "another temp folder (TMPDIR)"
         else:
             self.path = local_path(path)
             remove_stale_temps(self.path)
             fd, self.tmp = temp_file(self.path, kind)
-        self.f = os.fdopen(fd, "w+b")
+            what, choose = f"the output {self.path} (its temp file)", "another output path"
+        try:
+            self.f = DiskFile(fd, "w+b", self.tmp, what, choose)
+        except BaseException:
+            os.close(fd)
+            os.unlink(self.tmp)
+            raise
 
     def commit(self) -> None:
         """fsync and rename (local) or upload and complete (URL); removes the temp file either way."""
@@ -354,9 +480,13 @@ class Output:
             if self.remote:
                 self._upload()
             else:
-                os.fsync(self.f.fileno())
+                self.f.fsync()
                 self.f.close()
-                os.replace(self.tmp, self.path)
+                try:
+                    os.replace(self.tmp, self.path)
+                except OSError as exc:
+                    raise disk_error(exc, self.path, self.f.written, f"the output {self.path} (renaming "
+                                     f"{self.tmp} over it)", "another output path") from exc
                 fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         finally:
             self.abort()
@@ -383,7 +513,10 @@ class Output:
 
     def abort(self) -> None:
         try:
-            self.f.close()  # S3PartsFile: abort_multipart_upload
+            if isinstance(self.f, DiskFile):
+                self.f.discard()
+            else:
+                self.f.close()  # S3PartsFile: abort_multipart_upload
         finally:
             if self.tmp is not None:
                 try:

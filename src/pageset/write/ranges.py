@@ -27,7 +27,7 @@ import numpy as np
 from ..format.fields import Field
 from .assemble import EncodedRange
 from .encode import describe_path, encode_value
-from .filewriter import is_url, local_path
+from .filewriter import DiskFile, disk_error, is_url, local_path
 from .sources import SampleError, Source
 
 SHARD_MAGIC = b"PGSHARD1"
@@ -186,11 +186,15 @@ def _write_shard(url: str, header: dict, arrays: list[tuple[str, object]], stora
     path = local_path(url)
     tmp = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        with open(tmp, "wb") as f:
+        with DiskFile(tmp, "wb", tmp, f"a shard (on worker host {socket.gethostname()})",
+                      "another shard_dir (a folder every worker can write)") as f:
             f.write(prefix)
             for _, v in views:
                 f.write(v)
-        os.replace(tmp, path)  # a retried or duplicated task replaces the shard with the same bytes
+        try:
+            os.replace(tmp, path)  # a retried or duplicated task replaces the shard with the same bytes
+        except OSError as exc:
+            raise disk_error(exc, path, size, f"a shard (renaming {tmp} over it)", "another shard_dir") from exc
     except BaseException:
         try:
             os.unlink(tmp)
@@ -351,8 +355,12 @@ def new_shard_folder(output: str, shard_dir: str | None, storage_options: dict |
                 raise
             raise err from exc
     else:
-        os.makedirs(local_path(name))
-        open(os.path.join(local_path(name), MARKER), "wb").close()
+        try:
+            os.makedirs(local_path(name))
+            open(os.path.join(local_path(name), MARKER), "wb").close()
+        except OSError as exc:
+            raise disk_error(exc, os.path.join(local_path(name), MARKER), 0, "the shard folder of the output "
+                             f"{output}", "another shard_dir (shard_dir=, a folder every worker can write)") from exc
     return name
 
 

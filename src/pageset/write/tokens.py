@@ -37,6 +37,7 @@ from .filewriter import (
     check_not_input,
     check_output_path,
     check_replaceable,
+    DiskFile,
     executor_map,
     is_url,
     lineage,
@@ -90,16 +91,17 @@ class TokenFileWriter:
     ``dtype``) to the data area; ``finish(doc_offsets, info, user, t0)`` writes schema, page checksums,
     metadata and doc_offsets sections, the section table and the header, fsyncs and renames the temp file over
     ``path`` (or uploads it, for an fsspec URL; see :class:`pageset.write.filewriter.Output`). ``abort()``
-    removes the temp file. Nothing exists at ``path`` until ``finish`` succeeds."""
+    removes the temp file. Nothing exists at ``path`` until ``finish`` succeeds. ``parts`` and ``min_size`` (bytes
+    the file will hold at least) go to :class:`~pageset.write.filewriter.Output`."""
 
     def __init__(self, path: str, dtype: str, page_size: int = C.DEFAULT_PAGE_SIZE,
-                 storage_options: dict | None = None, policy=None):
+                 storage_options: dict | None = None, policy=None, parts=None, min_size: int = 0):
         _check_page_size(page_size)
         if dtype not in C.TOKEN_DTYPES:
             raise ValueError(f"dtype must be one of {C.TOKEN_DTYPES}, got {dtype!r}")
         self.path, self.dtype, self.page_size = os.fspath(path), dtype, page_size
         self._le = np.dtype(dtype).newbyteorder("<")
-        self.out = Output(self.path, storage_options, policy=policy)
+        self.out = Output(self.path, storage_options, policy=policy, parts=parts, min_size=min_size)
         self.path = self.out.path
         self.f = self.out.f
         self.f.seek(C.DATA_OFFSET)
@@ -618,7 +620,9 @@ def write_tokens(
         ValueError: bad ids or arguments, no EOS found, an empty corpus, or a token id > 65535 with
         ``dtype="uint16"`` (naming the document index); TypeError: an argument of the wrong kind, or a document
         that is neither text nor an integer array; FileNotFoundError: the output folder does not exist, or a
-        source file; RuntimeError: a worker died.
+        source file; RuntimeError: a worker died. An ``s3://`` output goes up in parts of 64 MiB growing by
+        64 MiB every 500 parts (:class:`~pageset.write.upload.PartPlan`), within S3's limits for any file up to
+        5 TiB; a larger one raises ValueError naming the limit, before its bytes past 5 TiB are uploaded.
     """
     t0 = time.perf_counter()
     path = check_output_path(path)
@@ -679,7 +683,13 @@ def write_tokens(
     try:
         if writer is None:
             fd, spill_name = tempfile.mkstemp(prefix="pageset-spill-") if is_url(path) else temp_file(path, "spill")
-            spill = os.fdopen(fd, "wb")
+            try:
+                spill = DiskFile(fd, "wb", spill_name, f"the spill file of the output {path} (token ids kept until "
+                                 "the largest is known)", "another temp folder (TMPDIR)" if is_url(path) else
+                                 "another output path")
+            except BaseException:
+                os.close(fd)
+                raise
         for start, n, (flat, lengths) in _encoded_in_order(docs_iter, spec, bos_id, eos_id, num_workers,
                                                            chunk_docs, chunk_chars):
             if flat.size:
@@ -719,7 +729,8 @@ def write_tokens(
         raise
     finally:
         if spill is not None:
-            spill.close()
+            spill.discard()
+        if spill_name is not None:
             try:
                 os.unlink(spill_name)
             except FileNotFoundError:

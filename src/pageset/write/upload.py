@@ -1,10 +1,15 @@
 """Streaming a pageset file into one S3 multipart upload while it is assembled, with no local copy.
 
-The header at offset 0 is written last (it holds the counts, the section table offset and the dataset id), so the
-first ``part_size`` bytes stay in memory and go up last as part 1, while the bytes after them are uploaded as parts
-2, 3, ... as soon as ``part_size`` of them are ready. S3 concatenates parts by number, whatever the upload order,
-and makes the object visible only when ``complete_multipart_upload`` succeeds; :meth:`S3PartsFile.abort` drops
-every uploaded part. Memory: at most two parts (2 x 64 MiB by default).
+The header at offset 0 is written last (it holds the counts, the section table offset and the dataset id), so
+part 1 (the file's first bytes) stays in memory and goes up last, while the bytes after it are uploaded as parts
+2, 3, ... as soon as each is full. S3 concatenates parts by number, whatever the upload order, and makes the object
+visible only when ``complete_multipart_upload`` succeeds; :meth:`S3PartsFile.abort` drops every uploaded part.
+
+Part sizes follow :class:`PartPlan`, a pure function of the part number (the final size is not known while the
+file streams): 64 MiB for parts 1-500, 128 MiB for 501-1000, ... 1,280 MiB for 9,501-10,000, so that every part
+but the last is within S3's 5 MiB .. 5 GiB and any output up to 5 TiB (S3's largest object) fits in 10,000 parts.
+A larger output is refused before its bytes past the limit are uploaded (before any upload where a lower bound of
+its size is known), naming the limit. Memory: part 1 plus the part being filled (at most 64 MiB + 1,280 MiB).
 
 Every request to the store is bounded like the reader's (:class:`WritePolicy`: ``request_timeout`` seconds per
 request, ``request_attempts`` attempts, backoff with jitter between them), so an endpoint that never answers
@@ -16,12 +21,83 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import random
 import time
 import warnings
 from dataclasses import dataclass
 
 MIN_PART = 5 << 20  # S3's smallest part but the last
+MAX_PART = 5 << 30  # S3's largest part
+MAX_PARTS = 10_000  # part numbers 1 .. 10,000
+MAX_OBJECT = 5 << 40  # S3's largest object (the "5 TB" of its documentation is 5 TiB)
+
+
+def _iec(n: int) -> str:
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):g} {unit}"
+    return f"{n} bytes"
+
+
+@dataclass(frozen=True)
+class PartPlan:
+    """The size of each part of a multipart upload whose final size is not known in advance: part ``number``
+    (1-based) holds ``first * (1 + (number - 1) // parts_per_step)`` bytes, at most 5 GiB (the last part of an
+    upload holds what is left). The default (``first`` 64 MiB, ``parts_per_step`` 500) reaches 6.4 TiB in 10,000
+    parts, so :meth:`limit` is S3's 5 TiB; ``first`` must be in [5 MiB, 5 GiB] (S3's part sizes) and
+    ``parts_per_step`` an int >= 1. Deterministic: the same bytes always give the same parts."""
+
+    first: int = 64 << 20
+    parts_per_step: int = 500
+
+    def __post_init__(self):
+        if isinstance(self.first, bool) or not isinstance(self.first, int) or not MIN_PART <= self.first <= MAX_PART:
+            raise ValueError(f"first (bytes of part 1) must be an int in [{MIN_PART}, {MAX_PART}] (S3's part "
+                             f"sizes), got {self.first!r}")
+        if isinstance(self.parts_per_step, bool) or not isinstance(self.parts_per_step, int) \
+                or self.parts_per_step < 1:
+            raise ValueError(f"parts_per_step must be an int >= 1, got {self.parts_per_step!r}")
+
+    def size(self, number: int) -> int:
+        """Bytes of part ``number`` (1 .. 10,000) when it is not the last part; ValueError outside that range."""
+        if not 1 <= number <= MAX_PARTS:
+            raise ValueError(f"S3 part numbers are 1 .. {MAX_PARTS}, got {number}")
+        return min(self.first * (1 + (number - 1) // self.parts_per_step), MAX_PART)
+
+    def limit(self) -> int:
+        """The largest upload this plan allows, in bytes: its 10,000 parts together, at most S3's 5 TiB."""
+        return _plan_total(self.first, self.parts_per_step, MAX_OBJECT)
+
+    def sizes(self, total: int) -> list[int]:
+        """The parts an upload of ``total`` bytes is cut into: ``[size(1), size(2), ..., rest]`` (sum ``total``;
+        ``[0]``, one empty part, for 0 bytes). ValueError above :meth:`limit`, naming it."""
+        self.check(total)
+        out, left, number = [], total, 1
+        while left > 0 or not out:
+            out.append(min(self.size(number), left))
+            left -= out[-1]
+            number += 1
+        return out
+
+    def check(self, total: int, url: str = "S3 upload") -> None:
+        """ValueError when an output of ``total`` bytes is larger than :meth:`limit`, naming the limit and the fix."""
+        limit = self.limit()
+        if total > limit:
+            what = ("S3's largest object" if limit == MAX_OBJECT else
+                    f"what {MAX_PARTS:,} parts of this part plan ({self!r}) hold")
+            raise ValueError(f"{url}: the output needs more than {limit:,} bytes ({_iec(limit)}, {what}), at least "
+                             f"{total:,}: nothing is kept; write it as several files (e.g. one per part of the "
+                             "source) and read them together, or write to a local path")
+
+
+DEFAULT_PARTS = PartPlan()
+
+
+@functools.lru_cache(maxsize=64)
+def _plan_total(first: int, parts_per_step: int, max_object: int) -> int:
+    plan = PartPlan(first, parts_per_step)
+    return min(sum(plan.size(n) for n in range(1, MAX_PARTS + 1)), max_object)
 
 
 @dataclass(frozen=True)
@@ -128,27 +204,33 @@ def pipe_bounded(fs, path: str, data: bytes, url: str, what: str, policy: WriteP
 
 class S3PartsFile:
     """A write-only file over one S3 multipart upload, for the writers' access pattern: sequential writes,
-    forward seeks (the gap reads as zeros), and rewrites inside the first ``part_size`` bytes (the header).
+    forward seeks (the gap reads as zeros), and rewrites inside part 1 (the header), which is uploaded last.
 
-    ``fs`` is an ``s3fs.S3FileSystem``; ``path`` is ``bucket/key``; ``url`` names the object in errors;
-    ``policy`` bounds every request (:func:`bounded`). Raises ValueError for a write that would go back before the
-    bytes already uploaded; FileNotFoundError / PermissionError / TimeoutError / ConnectionError naming the URL
-    when the store fails.
+    ``fs`` is an ``s3fs.S3FileSystem``; ``path`` is ``bucket/key``; ``parts`` (a :class:`PartPlan`, default
+    64 MiB growing by 64 MiB every 500 parts) sizes the parts; ``url`` names the object in errors; ``policy``
+    bounds every request (:func:`bounded`); ``min_size`` is a lower bound of the final size in bytes, when the
+    caller knows one: above ``parts.limit()`` (5 TiB) it is refused before the upload starts. Raises ValueError
+    for a write that would go back before the bytes already uploaded, or take the file past ``parts.limit()``
+    (before those bytes are uploaded; the caller aborts); FileNotFoundError / PermissionError / TimeoutError /
+    ConnectionError naming the URL when the store fails.
     """
 
-    def __init__(self, fs, path: str, part_size: int, url: str | None = None, policy: WritePolicy | None = None):
-        if part_size < MIN_PART:
-            raise ValueError(f"part_size must be >= {MIN_PART} bytes (S3's minimum), got {part_size}")
-        self.fs, self.part_size = fs, part_size
+    def __init__(self, fs, path: str, parts: PartPlan | None = None, url: str | None = None,
+                 policy: WritePolicy | None = None, min_size: int = 0):
+        self.fs, self.plan = fs, parts or DEFAULT_PARTS
+        self.url, self.policy = url or f"s3://{path}", policy or WritePolicy()
+        self.limit = self.plan.limit()
+        self.plan.check(min_size, self.url)  # a known size: refused before anything is sent
         self.bucket, self.key, _ = fs.split_path(path)
-        self.head = bytearray()  # bytes [0, part_size): uploaded last, as part 1
-        self.tail = bytearray()  # bytes [sent, end) not yet uploaded
-        self.sent = part_size  # file offset where ``tail`` starts
+        self.head_size = self.plan.size(1)
+        self.head = bytearray()  # bytes [0, head_size): uploaded last, as part 1
+        self.tail = bytearray()  # bytes [sent, end) not yet uploaded: the part being filled
+        self.sent = self.head_size  # file offset where ``tail`` starts
+        self.number = 2  # the part ``tail`` fills
         self.end = 0  # bytes in the file so far
         self.pos = 0
         self.parts: list[dict] = []
         self.closed = False
-        self.url, self.policy = url or f"s3://{path}", policy or WritePolicy()
         self.upload_id = None
         self.upload_id = self._call("create_multipart_upload", "starting the upload", Bucket=self.bucket,
                                     Key=self.key)["UploadId"]
@@ -171,7 +253,7 @@ class S3PartsFile:
             self._append(bytes(self.pos - self.end))
         if self.pos < self.end:  # a rewrite: only inside the head, which is still in memory
             stop = self.pos + n
-            if stop > self.part_size:
+            if stop > self.head_size:
                 raise ValueError(f"S3 upload: cannot rewrite bytes [{self.pos}, {stop}): the part holding them "
                                  "was uploaded already")
             over = min(stop, self.end) - self.pos
@@ -197,29 +279,35 @@ class S3PartsFile:
 
     def _append(self, mv) -> None:
         mv = memoryview(mv).cast("B")
-        room = self.part_size - len(self.head)
+        if self.end + len(mv) > self.limit:
+            self.plan.check(self.end + len(mv), self.url)
+        room = self.head_size - len(self.head)
         if room > 0:
             self.head += mv[:room]
             mv = mv[room:]
-        self.tail += mv
-        self.end = len(self.head) + (self.sent - self.part_size) + len(self.tail)
+        while len(mv):
+            size = self.plan.size(self.number)
+            take = mv[:size - len(self.tail)]
+            self.tail += take
+            mv = mv[len(take):]
+            if len(self.tail) == size:  # full: up it goes (a full part is valid as the last one too)
+                self._upload(bytes(self.tail), self.number)
+                self.sent += size
+                self.number += 1
+                self.tail = bytearray()
+        self.end = len(self.head) + (self.sent - self.head_size) + len(self.tail)
         self.pos = self.end
-        while len(self.tail) >= 2 * self.part_size:  # keep one part back: the last one may be short
-            self._upload(bytes(self.tail[:self.part_size]))
-            del self.tail[:self.part_size]
-            self.sent += self.part_size
 
-    def _upload(self, body: bytes, number: int | None = None) -> None:
-        number = number if number is not None else len(self.parts) + 2
-        out = self._call("upload_part", f"uploading part {number}", Bucket=self.bucket, Key=self.key,
-                         UploadId=self.upload_id, PartNumber=number, Body=body)
+    def _upload(self, body: bytes, number: int) -> None:
+        out = self._call("upload_part", f"uploading part {number} ({len(body):,} bytes)", Bucket=self.bucket,
+                         Key=self.key, UploadId=self.upload_id, PartNumber=number, Body=body)
         self.parts.append({"PartNumber": number, "ETag": out["ETag"]})
 
     # -- ending ----------------------------------------------------------------------------------------------
     def complete(self) -> None:
         """Upload what is left and part 1, then complete: the object appears, whole, at once."""
         if self.tail:
-            self._upload(bytes(self.tail))
+            self._upload(bytes(self.tail), self.number)
             self.tail = bytearray()
         self._upload(bytes(self.head), number=1)
         parts = sorted(self.parts, key=lambda p: p["PartNumber"])

@@ -129,6 +129,9 @@ def write_dataset(
             TimeoutError / ConnectionError: the store did not answer within ``request_attempts`` attempts;
         RuntimeError: a worker process died (killed or crashed); with an executor, whatever the engine raises
             once it gives up on a task (Dask: ``KilledWorker`` after ``allowed-failures`` deaths).
+        An ``s3://`` output goes up in parts of 64 MiB growing by 64 MiB every 500 parts
+        (:class:`~pageset.write.upload.PartPlan`), within S3's limits for any file up to 5 TiB; a larger one
+        raises ValueError naming the limit, before its bytes past 5 TiB are uploaded.
     """
     t0 = time.perf_counter()
     path = check_output_path(path)
