@@ -155,19 +155,30 @@ def test_bad_urls_are_clear_errors(servers):
         open_dataset("train.pageset", {"anon": True})
 
 
-def test_unreachable_http_server_is_not_a_missing_file():
-    # fsspec's HTTP filesystem raises FileNotFoundError when it cannot connect at all; that is retried and
-    # ends in RemoteReadError saying so, not "no such object". A port nobody listens on (bound, then closed):
+def _free_port() -> int:
+    """A port nobody listens on (bound, then closed)."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/train.pageset"
-    t0 = time.monotonic()
-    with pytest.raises(RemoteReadError, match=re.escape(url) + r": metadata failed after 2 attempts.*cannot connect"):
-        open_dataset(url, request_timeout=2.0, request_attempts=2)
-    assert time.monotonic() - t0 < 30
+        return s.getsockname()[1]
+
+
+def test_refused_connection_is_named_not_a_missing_file_nor_a_timeout():
+    # fsspec's HTTP filesystem raises FileNotFoundError when it cannot connect at all, and botocore's own retries
+    # (on by default) ran past request_timeout, so a refused connection read "no such object" or "no answer
+    # within 2 s". Both: retried request_attempts times, then the refusal is named; never "no answer".
+    port = _free_port()
+    for url, opts in [(f"http://127.0.0.1:{port}/train.pageset", None),
+                      (f"s3://{BUCKET}/train.pageset",  # botocore's default retry settings (no config_kwargs)
+                       {"key": "testing", "secret": "testing",
+                        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"}})]:
+        t0 = time.monotonic()
+        with pytest.raises(RemoteReadError, match=re.escape(url) + r": metadata failed after 2 attempts.*"
+                           r"connection refused .*nothing accepts connections at the endpoint") as info:
+            open_dataset(url, opts, request_timeout=2.0, request_attempts=2)
+        assert "no answer" not in str(info.value)
+        assert time.monotonic() - t0 < 30
 
 
 def test_no_credentials_is_the_clients_error_with_the_url(servers, monkeypatch):
