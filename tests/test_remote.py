@@ -371,6 +371,185 @@ def test_never_answering_store_ends_in_a_clear_error(servers):
         assert time.monotonic() - t0 < 10
 
 
+STORE_ANSWERS = [  # (status, code, message, raised, retried): the store's answers as S3 words them
+    (400, "InvalidArgument", "Invalid argument: the request names an unsupported option.", RemoteReadError, False),
+    (403, "AccessDenied", "Access Denied", PermissionError, False),
+    (404, "NoSuchKey", "The specified key does not exist.", FileNotFoundError, False),
+    (416, "InvalidRange", "The requested range is not satisfiable", RemoteReadError, False),
+    (500, "InternalError", "We encountered an internal error. Please try again.", RemoteReadError, True),
+    (503, "SlowDown", "Please reduce your request rate.", RemoteReadError, True),
+]
+
+
+@pytest.mark.parametrize("store", ["s3", "http"])
+def test_a_refusal_is_answered_at_once_a_server_fault_is_retried(files, servers, store):
+    """A 4xx is the store's answer to this request (asking again gets the same): raised at the first answer, with
+    the store's status, code and message; a 5xx / 429 is retried request_attempts times and then named as the
+    store's fault. Neither tells the user to check the network."""
+    url, opts = _urls(servers, "train.pageset")[0 if store == "s3" else 1]
+    proxy = servers[f"{store}_proxy"]
+    with open_dataset(url, opts, request_timeout=10, request_attempts=3) as ds:
+        for status, code, message, raised, retried in STORE_ANSWERS:
+            proxy.reset()
+            proxy.error = (status, code, message)
+            with pytest.raises(raised, match=re.escape(url)) as info:
+                ds[3]
+            text = str(info.value)
+            assert len(proxy.range_gets()) == (3 if retried else 1), (status, proxy.range_gets())
+            assert "network" not in text and "check the endpoint" not in text, text
+            if raised is RemoteReadError:
+                assert f"the store answered HTTP {status} {code}: {message}" in text, text
+                assert info.value.status == status and info.value.code == code
+                assert ("after 3 attempts" in text) == retried, text
+            else:
+                assert code in text, text
+        proxy.reset()
+        assert ds[3]["label"] is not None  # the store answers again: so do we
+    # mid-epoch, through the Loader: the refusal reaches next() and no range is asked twice
+    with Loader(url, batch_size=4, pipelines=PIPE, num_threads=2, storage_options=opts, request_attempts=5) as ld:
+        proxy.reset()
+        proxy.error = (400, "InvalidArgument", "Invalid argument.")
+        with pytest.raises(RemoteReadError, match=re.escape(url) + r": GET bytes \d+-\d+: the store answered HTTP "
+                           r"400 InvalidArgument: Invalid argument\."):
+            next(iter(ld))
+        gets = proxy.range_gets()
+        assert gets and len(gets) == len(set(gets)), gets
+
+
+def test_an_upload_refusal_is_answered_at_once_a_server_fault_is_retried(servers):
+    """The write side sorts the store's answers by the same rule (pageset.format.store_errors)."""
+    proxy = servers["s3_proxy"]
+    url = f"s3://{BUCKET}/refused-upload.pageset"
+    kw = dict(num_workers=0, progress=False, lineage=False, storage_options=servers["opts"], request_timeout=10,
+              request_attempts=3)
+    for status, code, message, retried in [(400, "InvalidArgument", "Part number must be an integer.", False),
+                                           (500, "InternalError", "We encountered an internal error.", True)]:
+        proxy.reset()
+        proxy.error, proxy.error_methods = (status, code, message), ("PUT",)  # UploadPart / PutObject
+        with pytest.raises(OSError, match=re.escape(url)) as info:
+            write_dataset(url, [(1,), (2,)], {"y": Int()}, **kw)
+        text = str(info.value)
+        puts = sum(n for (method, _), n in proxy.counts.items() if method == "PUT")
+        assert puts == (3 if retried else 1), (status, proxy.counts)
+        assert f"the store answered HTTP {status} {code}: {message}" in text, text
+        assert "network" not in text and "check the endpoint" not in text, text
+    proxy.reset()
+    write_dataset(url, [(1,), (2,)], {"y": Int()}, **kw)  # the store accepts again: so do we
+
+
+@pytest.mark.parametrize("fault", ["shift", "short_range"])
+def test_a_range_answer_other_than_asked_is_the_servers_fault(files, servers, fault):
+    """A 206 for another range than asked (Content-Range start shifted, or fewer bytes, complete and consistent)
+    is named as the server's fault, with the range asked and the range answered: not as a damaged object."""
+    for url, opts in _urls(servers, "train.pageset"):
+        proxy = servers["s3_proxy" if url.startswith("s3") else "http_proxy"]
+        with open_dataset(url, opts, request_attempts=3) as ds:
+            proxy.reset()
+            setattr(proxy, f"{fault}_every", 1)
+            with pytest.raises(RemoteReadError) as info:
+                ds[5]
+            text = str(info.value)
+            asked = proxy.range_gets()[0].removeprefix("bytes=")
+            a, b = map(int, asked.split("-"))
+            answered = f"{a + 1}-{b + 1}" if fault == "shift" else f"{a}-{a + (b - a + 1) // 2 - 1}"
+            assert text.startswith(f"{url}: GET bytes {asked}: the server answered bytes {answered} "), text
+            assert "a fault of the server or of a proxy" in text and "damaged" not in text.replace(
+                "not damaged", ""), text
+            assert not isinstance(info.value, ChecksumMismatchError)
+            assert len(proxy.range_gets()) == 1  # not retried: the server answers what it answers
+
+
+def _server_process(path, latency_ms: float, log):
+    """tests/remote_servers.py in a child process (moto S3 + aiohttp HTTP, each behind a proxy adding
+    ``latency_ms`` per request) serving ``path``, its stderr to ``log``: (process, (s3 url, storage_options),
+    (http url, None))."""
+    import select
+
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("remote_servers.py")), str(path),
+                                 "--latency-ms", str(latency_ms)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+    ready, _, _ = select.select([proc.stdout], [], [], 120)  # bounded: the servers start in seconds
+    if not ready or proc.poll() is not None:
+        proc.kill()
+        proc.wait(30)
+        raise AssertionError(f"the server process did not start within 120 s: {Path(log).read_text()[-2000:]}")
+    info = json.loads(proc.stdout.readline())
+    return (proc, (info["s3_prefix"] + path.name, s3_options(info["s3_endpoint"])),
+            (info["http_prefix"] + path.name, None))
+
+
+def test_a_stopped_store_ends_next_within_the_documented_bound(files, tmp_path):
+    """The store (moto S3 and aiohttp, in a child process) is SIGSTOPped mid-epoch with many page requests
+    pending (random order, one request at a time, 50 ms each): next() raises RemoteReadError within
+    RetryPolicy.bound = request_attempts x request_timeout + backoff of the stall (plus slack for a loaded
+    machine), not after each pending request's own retries. Then the process is killed: a refused connection is
+    named as such, not as "no answer". Prints the measured times (stall -> error)."""
+    import signal
+
+    timeout, attempts = 1.0, 2
+    bound = attempts * timeout + 0.1  # the README's bound: one backoff of at most 0.1 s between the two attempts
+    kw = dict(batch_size=16, order="random", seed=1, num_threads=4, max_requests=1, request_timeout=timeout,
+              request_attempts=attempts, pipelines={"tokens": [TokenWindows(seq_len=64)]})
+    rng = np.random.default_rng(8)  # ~200 pages of 4 KiB: most are still to come after the first batch
+    docs = [rng.integers(0, 60000, size=int(rng.integers(100, 300))) for _ in range(2000)]
+    write_tokens(tmp_path / "stall.pageset", docs, eos_id=60001, num_workers=0, page_size=4096, progress=False)
+    proc, (s3_url, s3_opts), (http_url, _) = _server_process(tmp_path / "stall.pageset", 50, tmp_path / "server.log")
+    try:
+        for url, opts in [(s3_url, s3_opts), (http_url, None)]:
+            with Loader(url, storage_options=opts, **kw) as loader:
+                it = iter(loader)
+                next(it)
+                pending = loader.remote_stats()["pages_fetched"]
+                os.kill(proc.pid, signal.SIGSTOP)
+                t0 = time.monotonic()
+                try:
+                    with pytest.raises(RemoteReadError, match=re.escape(url) + r": .*(no answer|not fetched)"):
+                        for _ in range(len(loader)):
+                            next(it)
+                    elapsed = time.monotonic() - t0
+                finally:
+                    os.kill(proc.pid, signal.SIGCONT)
+                assert pending < loader._pages.page_count // 2  # most pages were to come when the store stopped
+            print(f"{url.split(':')[0]}: stall -> error {elapsed:.2f} s (bound {bound:.2f} s: request_attempts "
+                  f"{attempts} x request_timeout {timeout} s + backoff)")
+            assert elapsed <= bound + 5, (url, elapsed, bound)
+        loaders = [Loader(url, storage_options=opts, **kw) for url, opts in [(s3_url, s3_opts), (http_url, None)]]
+        try:
+            its = [iter(ld) for ld in loaders]
+            for it in its:
+                next(it)
+            proc.kill()  # nothing listens any more: connections are refused (or reset), and said so
+            proc.wait(30)
+            for url, it in zip([s3_url, http_url], its):
+                t0 = time.monotonic()
+                with pytest.raises(RemoteReadError, match=re.escape(url)) as info:
+                    for _ in range(len(loaders[0])):
+                        next(it)
+                elapsed = time.monotonic() - t0
+                print(f"{url.split(':')[0]}: killed -> error {elapsed:.2f} s: {info.value}")
+                assert "connection refused" in str(info.value) and "no answer" not in str(info.value), info.value
+                assert elapsed <= bound + 5
+        finally:
+            for ld in loaders:
+                ld.close()
+    finally:
+        try:
+            os.kill(proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        proc.kill()
+        proc.wait(30)
+
+
+def test_retry_bound_is_the_readmes():
+    from pageset.read.remote import RetryPolicy
+
+    assert RetryPolicy(1.0, 2).bound == pytest.approx(2.1)
+    assert RetryPolicy().bound == pytest.approx(5 * 30 + 0.1 + 0.2 + 0.4 + 0.8)  # the defaults: 151.5 s
+    assert RetryPolicy(10.0, 10).bound == pytest.approx(100 + 0.1 + 0.2 + 0.4 + 0.8 + 1.6 + 3.2 + 5 * 3)
+
+
 RANK_SCRIPT = textwrap.dedent(
     """
     import hashlib, json, sys

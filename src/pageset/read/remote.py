@@ -338,8 +338,6 @@ class RemoteFile:
         headers.update(kw.pop("headers", {}) or {})
         session = await self.fs.set_session()
         async with session.get(self.fs.encode_url(self.path), headers=headers, **kw) as r:
-            if r.status == 404:
-                raise FileNotFoundError(self.url)
             if r.status == 412:
                 raise self._changed("HTTP 412 on If-Match")
             if r.status >= 400:  # the store's answer, with its own words (an S3-style XML body or plain text)
