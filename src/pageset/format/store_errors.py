@@ -154,3 +154,18 @@ def store_fault(exc: BaseException) -> StoreFault:
     if isinstance(exc, BUG_TYPES):
         return StoreFault("bug", message=str(exc))
     return StoreFault("other", message=f"{type(exc).__name__}: {exc}")
+
+
+def one_try_options(url: str, storage_options: dict | None) -> dict:
+    """``storage_options`` for ``url`` with the S3 client's own retries off (``config_kwargs["retries"] =
+    {"total_max_attempts": 1}``) unless the caller set ``config_kwargs["retries"]`` (their choice wins).
+
+    pageset bounds and retries every request itself (``request_timeout`` x ``request_attempts``); botocore's
+    retries (up to 5 by default) would run inside one ``request_timeout`` and turn a refused connection into
+    "no answer". Other schemes: the options unchanged (a copy)."""
+    options = dict(storage_options or {})
+    if url.split("://", 1)[0].lower() in ("s3", "s3a"):
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("retries", {"total_max_attempts": 1})
+        options["config_kwargs"] = config
+    return options

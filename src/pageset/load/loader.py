@@ -230,6 +230,7 @@ class Loader:
         self._active = None  # the running epoch generator, if any
         self._pool = ThreadPool(0 if self._inline else num_threads, self._run_slice)
         self._ctx: dict = {"thread": "consumer"}  # scratch of the thread calling next() when it helps
+        self._pid = os.getpid()  # the process whose threads (and a URL's connections) this Loader uses
         self._closed = False  # only now: close() and __del__ have everything to release
 
     def _setup(self, page_cache, cache_pages, pipelines, verify_pages) -> None:
@@ -433,10 +434,33 @@ class Loader:
         state (batches already handed out are not repeated). The epoch counter advances at its end."""
         if self._closed:
             raise RuntimeError("this Loader is closed")
+        self._check_process()
         self._stop_active()
         gen = self._epoch_batches()
         self._active = weakref.ref(gen)
         return gen
+
+    def _check_process(self) -> None:
+        """Raise RuntimeError at once when this Loader is used in a forked child of the process that created it
+        and holds something a fork does not carry over: a URL's fetch threads and connections (fsspec's event
+        loop), or decode threads already started (their tasks and locks stay behind in the parent). A Loader
+        with neither (a local file whose batches are filled by the calling thread) is the child's from then on.
+        """
+        pid = os.getpid()
+        if pid == self._pid:
+            return
+        remote = any(getattr(ds, "remote", None) is not None for ds in self._datasets)
+        if not remote and not self._pool.threads:
+            self._pid = pid
+            return
+        lost = ("the store's connections (fsspec's event loop) and its fetch threads" if remote else
+                f"its {len(self._pool.threads)} decode threads")
+        raise RuntimeError(
+            f"{self.path}: this Loader was created in process {self._pid} and is used in process {pid}, a forked "
+            f"child: {lost} do not survive a fork. Create the Loader in the child (after the fork, e.g. in the "
+            "worker's own code or a DataLoader worker_init_fn), or start the workers with the 'spawn' or "
+            "'forkserver' method (multiprocessing.get_context('spawn'), DataLoader(multiprocessing_context="
+            "'spawn'))")
 
     def _stop_active(self) -> None:
         gen = self._active() if self._active is not None else None
@@ -464,6 +488,7 @@ class Loader:
             pages.plan(pages_of_step, first, steps, min_ahead=self.batches_ahead)
         try:
             for step in range(first, steps):
+                self._check_process()  # a generator carried over a fork: say so before touching its threads
                 for pages, _ in planned:
                     pages.advance(step)
                 while nxt < steps and nxt - step < self.batches_ahead:
@@ -514,6 +539,7 @@ class Loader:
         G, B = self.global_batch_size, self.batch_size
         times = self._fill_times
         for step in range(first, steps):
+            self._check_process()
             slot = self._next_slot()
             self._reclaim(slot)
             self._prepare(slot, order, epoch, step)

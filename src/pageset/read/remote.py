@@ -37,7 +37,7 @@ import numpy as np
 
 from ..format.checksum import crc32
 from ..format.errors import ChecksumMismatchError, ObjectChangedError, RemoteReadError
-from ..format.store_errors import StoreFault, store_fault
+from ..format.store_errors import StoreFault, one_try_options, store_fault
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 # Which package serves which scheme (fsspec's own registry names them too; this makes the message exact).
@@ -144,13 +144,7 @@ class RemoteFile:
             raise ImportError(f"{url}: reading URLs needs fsspec and {PACKAGES.get(self.scheme, 'its backend')}: "
                               "pip install 'pageset[remote]'") from None
         pkg = PACKAGES.get(self.scheme)
-        options = dict(storage_options or {})
-        if self.scheme in ("s3", "s3a"):
-            # one retry layer, ours (bounded): botocore's own retries would run inside one request_timeout and
-            # hide what happened (a refused connection became "no answer"); the user's choice wins
-            config = dict(options.get("config_kwargs") or {})
-            config.setdefault("retries", {"total_max_attempts": 1})
-            options["config_kwargs"] = config
+        options = one_try_options(url, storage_options)  # one retry layer, ours (bounded)
         try:
             self.fs, self.path = fsspec.core.url_to_fs(url, **options)
         except ImportError as exc:

@@ -21,7 +21,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
-from ..format.store_errors import store_fault
+from ..format.store_errors import one_try_options, store_fault
 
 MIN_PART = 5 << 20  # S3's smallest part but the last
 
@@ -277,7 +277,7 @@ def check_url_output(url: str, storage_options: dict | None, call: str, policy: 
     try:
         from fsspec.core import url_to_fs
 
-        fs, target = url_to_fs(url, **dict(storage_options or {}))
+        fs, target = url_to_fs(url, **one_try_options(url, storage_options))
     except ImportError as exc:
         raise ImportError(f"cannot write {url}: {exc}; install the fsspec backend for its scheme (s3fs for "
                           "s3://, gcsfs for gs://, adlfs for az://)") from None
