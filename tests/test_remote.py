@@ -46,14 +46,19 @@ BUCKET = "pageset-test"
 PIPE = {"image": [RandomResizedCrop(32), RandomHorizontalFlip()]}
 
 
+def _token_docs() -> list:
+    """The documents of tokens.pageset (each gets EOS 60001 appended in the file)."""
+    rng = np.random.default_rng(5)
+    return [rng.integers(0, 60000, size=int(rng.integers(1, 300))) for _ in range(200)]
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, imagenet_like, photos):
     root = tmp_path_factory.mktemp("remote")
     write_dataset(root / "train.pageset", imagenet_like, {"image": RGBImage(jpeg_quality=90), "label": Int()},
                   num_workers=0, page_size=1 << 16, progress=False)
-    rng = np.random.default_rng(5)
-    docs = [rng.integers(0, 60000, size=int(rng.integers(1, 300))) for _ in range(200)]
-    write_tokens(root / "tokens.pageset", docs, eos_id=60001, num_workers=0, page_size=4096, progress=False)
+    write_tokens(root / "tokens.pageset", _token_docs(), eos_id=60001, num_workers=0, page_size=4096,
+                 progress=False)
     Path(root / "photo.jpg").write_bytes(Path(photos[0]).read_bytes())  # an object that is not a pageset file
     return root
 
@@ -179,6 +184,13 @@ def test_refused_connection_is_named_not_a_missing_file_nor_a_timeout():
             open_dataset(url, opts, request_timeout=2.0, request_attempts=2)
         assert "no answer" not in str(info.value)
         assert time.monotonic() - t0 < 30
+    # the writers too (their S3 client had botocore's 5 retries inside each request_timeout: "no answer")
+    url = f"s3://{BUCKET}/refused.pageset"
+    with pytest.raises(ConnectionError, match=re.escape(url) + r": checking the existing output failed after 2 "
+                       r"attempts.*connection refused .*nothing accepts connections at the endpoint") as info:
+        write_dataset(url, [(1,), (2,)], {"y": Int()}, num_workers=0, progress=False, lineage=False,
+                      storage_options=opts, request_timeout=2.0, request_attempts=2)
+    assert "no answer" not in str(info.value) and not isinstance(info.value, TimeoutError), info.value
 
 
 def test_no_credentials_is_the_clients_error_with_the_url(servers, monkeypatch):
@@ -540,6 +552,106 @@ def test_a_stopped_store_ends_next_within_the_documented_bound(files, tmp_path):
             pass
         proc.kill()
         proc.wait(30)
+
+
+def _in_forked_child(fn, timeout: float = 120.0):
+    """``fn()`` run in a child forked from this process (the parent's objects as they are): its return value, or
+    ``(exception type name, message)``. Bounded: the child is killed after ``timeout`` s (the test then fails)."""
+    import multiprocessing
+    import queue
+
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+
+    def child():
+        try:
+            q.put(fn())
+        except BaseException as exc:  # handed to the parent, whatever it is
+            q.put((type(exc).__name__, str(exc)))
+
+    proc = ctx.Process(target=child, daemon=True)
+    proc.start()
+    try:
+        return q.get(timeout=timeout)
+    except queue.Empty:
+        raise AssertionError(f"the forked child gave no answer within {timeout} s") from None
+    finally:
+        proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(30)
+
+
+def _requests(datasets) -> int:
+    return sum(ds.remote.requests for ds in datasets)
+
+
+def _attempt(call, datasets):
+    """In the child: ``call()``'s failure as (type name, message, requests this process sent), or ("ok", ...)."""
+    before = _requests(datasets)
+    try:
+        call()
+    except Exception as exc:
+        return type(exc).__name__, str(exc), _requests(datasets) - before
+    return "ok", "", _requests(datasets) - before
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork")
+def test_a_url_opened_before_fork_is_refused_at_once_in_the_child(files, servers):
+    """A Dataset, a token dataset or a Loader over a URL, opened (and read) in the parent and used in a forked
+    child: RuntimeError at the first use, with no request sent (fsspec's event loop and connections stay behind
+    in the parent; retrying could only repeat the failure), naming the URL and the fix. The parent's objects
+    keep working."""
+    images, tokens = _urls(servers, "train.pageset"), _urls(servers, "tokens.pageset")
+    for (url, opts), (turl, _) in zip(images, tokens):
+        with open_dataset(url, opts) as ds, open_tokens(turl, opts) as td, \
+                Loader(url, batch_size=4, pipelines=PIPE, num_threads=2, storage_options=opts) as ld, \
+                Loader(turl, batch_size=4, pipelines={"tokens": [TokenWindows(seq_len=32)]}, num_threads=2,
+                       storage_options=opts) as tld:
+            label, doc = ds[3]["label"], td.document(7)
+            next(iter(ld))
+            next(iter(tld))
+            for what, call, datasets, says in [
+                ("dataset", lambda: ds[len(ds) - 1], [ds], "opened in process"),  # a page not in memory
+                ("tokens", lambda: td.document(td.documents - 1), [td.dataset], "opened in process"),
+                ("loader", lambda: next(iter(ld)), ld._datasets, "this Loader was created in process"),
+                ("token loader", lambda: next(iter(tld)), tld._datasets, "this Loader was created in process")]:
+                name, text, sent = _in_forked_child(lambda: _attempt(call, datasets))
+                assert name == "RuntimeError", (url, what, name, text)
+                assert text.startswith(f"{url if 'token' not in what else turl}: {says}"), (what, text)
+                assert "a forked child" in text and "in the child" in text and "'spawn'" in text, text
+                assert "attempts" not in text and sent == 0, (what, sent, text)  # nothing retried, nothing sent
+            assert ds[3]["label"] == label and np.array_equal(td.document(7), doc)  # the parent's still work
+            assert len(next(iter(ld))["label"]) == 4
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork")
+def test_a_local_file_opened_before_fork_works_in_the_child(files):
+    """Local files survive a fork: a Dataset / token dataset opened in the parent reads in the child (the bytes
+    written), and so does a Loader whose batches the calling thread fills (a token Loader). A Loader whose decode
+    threads were started in the parent is refused at once, naming the fix (its threads stay behind)."""
+    docs = _token_docs()
+    with open_tokens(files / "tokens.pageset") as td, open_dataset(files / "train.pageset") as ds:
+        ds[0]
+        got = _in_forked_child(lambda: [td.document(i).tolist() for i in (0, 7, 199)] + [ds[5]["label"]])
+        assert got[:3] == [docs[i].tolist() + [60001] for i in (0, 7, 199)]  # the documents written, EOS added
+        assert got[3] == ds[5]["label"]
+    kw = dict(batch_size=4, pipelines={"tokens": [TokenWindows(seq_len=32)]}, num_threads=2, seed=4)
+    with Loader(files / "tokens.pageset", **kw) as tld, Loader(files / "tokens.pageset", **kw) as again:
+        next(iter(tld))
+        assert not tld._pool.threads  # the fixture's premise: batches filled by the calling thread
+        child = _in_forked_child(lambda: [np.asarray(v).tolist() for b in [next(iter(tld))] for v in b.values()])
+        parent = [np.asarray(v).tolist() for it in [iter(again)] for b in [next(it), next(it)] for v in b.values()]
+        assert child == parent[len(child):]  # the child went on with the second batch, as the parent would
+    with Loader(files / "train.pageset", batch_size=4, pipelines=PIPE, num_threads=2) as ld:
+        it = iter(ld)
+        next(it)
+        for call in (lambda: next(it), lambda: next(iter(ld))):  # the running epoch, and a new one
+            name, text, _ = _in_forked_child(lambda: _attempt(call, []))
+            assert name == "RuntimeError", text
+            assert text.startswith(f"{files / 'train.pageset'}: this Loader was created in process"), text
+            assert "its 2 decode threads do not survive a fork" in text and "'spawn'" in text, text
+        assert len(next(it)["label"]) == 4  # the parent's Loader goes on
 
 
 def test_retry_bound_is_the_readmes():
