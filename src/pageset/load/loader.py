@@ -120,7 +120,11 @@ class Loader:
         prefetch_bytes, max_requests: URL only: bytes of the next steps' pages requested ahead (default 64
             MiB) and range requests running at once (default 8).
         request_timeout, request_attempts: URL only: seconds per request and attempts per request (retries
-            with exponential backoff and jitter); then RemoteReadError names the URL, byte range and attempts.
+            with exponential backoff and jitter, of what can succeed on a retry: timeouts, resets, refused
+            connections, 5xx, 429); then RemoteReadError names the URL, byte range and attempts. A stopped store
+            ends the waiting ``next()`` within ``request_attempts x request_timeout`` + backoff s (151.5 s by
+            default); a refusal (4xx) is raised at once. Used in a forked child (a URL, or decode threads
+            started): RuntimeError at once.
         verify_pages: check each page's CRC-32 the first time a batch needs it (off by default: one extra pass
             over the data); a damaged page raises ChecksumMismatchError naming the page and the sample.
         indices: load only these record ids (token files: window ids), e.g. a train/validation split: a sequence
