@@ -99,7 +99,8 @@ class FaultProxy:
     read and never answered, until ``stop()``), ``shift_every`` (every k-th range GET is forwarded for the range
     ``shift`` bytes later: the answer is that range, honestly labelled in its Content-Range), ``short_range_every``
     (every k-th range GET is forwarded for the first half of its range only: a complete, consistent 206 of fewer
-    bytes than asked). ``error = (status, code, message)`` answers an S3-style XML error instead of forwarding,
+    bytes than asked), ``ignore_range_every`` (every k-th range GET is forwarded without its Range header: the
+    server answers 200 with the whole object). ``error = (status, code, message)`` answers an S3-style XML error instead of forwarding,
     to every ``error_every``-th request whose method is in ``error_methods`` (``"GET"``: range GETs only).
     ``counts`` maps ``(method, path)`` to requests seen; ``ranges`` lists ``(path, Range header)`` of every range
     GET.
@@ -110,7 +111,7 @@ class FaultProxy:
         self.upstream = (host, int(port))
         self.latency = 0.0
         self.fail_every = self.drop_every = self.truncate_every = self.corrupt_every = 0
-        self.shift_every = self.short_range_every = 0
+        self.shift_every = self.short_range_every = self.ignore_range_every = 0
         self.shift = 1
         self.error: tuple[int, str, str] | None = None
         self.error_every, self.error_methods = 1, ("GET",)
@@ -146,7 +147,7 @@ class FaultProxy:
         with self._lock:
             self.latency = 0.0
             self.fail_every = self.drop_every = self.truncate_every = self.corrupt_every = 0
-            self.shift_every = self.short_range_every = 0
+            self.shift_every = self.short_range_every = self.ignore_range_every = 0
             self.shift = 1
             self.error, self.error_every, self.error_methods, self._m = None, 1, ("GET",), 0
             self.hang = False
@@ -180,7 +181,8 @@ class FaultProxy:
             if is_range and fault is None:
                 for name, every in (("fail", self.fail_every), ("drop", self.drop_every),
                                     ("truncate", self.truncate_every), ("corrupt", self.corrupt_every),
-                                    ("shift", self.shift_every), ("short_range", self.short_range_every)):
+                                    ("shift", self.shift_every), ("short_range", self.short_range_every),
+                                    ("ignore_range", self.ignore_range_every)):
                     if every and n % every == 0:
                         fault = name
                         self.faults[name] += 1
@@ -212,6 +214,8 @@ class FaultProxy:
                 a, b = map(int, rng.removeprefix("bytes=").split("-"))
                 a, b = (a + shift, b + shift) if fault == "shift" else (a, a + max(0, (b - a + 1) // 2 - 1))
                 headers = {k: (f"bytes={a}-{b}" if k.lower() == "range" else v) for k, v in headers.items()}
+            if fault == "ignore_range":
+                headers = {k: v for k, v in headers.items() if k.lower() != "range"}
             conn.request(h.command, h.path, body=body, headers=headers)
             resp = conn.getresponse()
             data = resp.read() if h.command != "HEAD" else b""

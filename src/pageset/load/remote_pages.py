@@ -130,6 +130,8 @@ class RemotePages:
         return min(self.page_size, self.data_length - k * self.page_size)
 
     def _network(self, k0: int, k1: int) -> list[np.ndarray]:
+        with self._lock:  # a request starts (after a disk cache lock wait, perhaps): the stall clock restarts
+            self._last_event = time.monotonic()
         pages = self.reader.read_run(k0, k1)
         with self._lock:
             self.network_requests += 1

@@ -313,8 +313,7 @@ class RemoteFile:
         if status == 200 and whole:
             return
         if status == 200:
-            raise RemoteReadError(f"{self.url}: the server ignores Range requests (HTTP 200 for bytes "
-                                  f"{start}-{end - 1}); serve the file from a server that supports ranges")
+            raise _answered(self.url, (start, end), "HTTP 200, the whole object (it ignores Range requests)")
         got = _content_range(content_range)
         if got is None:
             raise _answered(self.url, (start, end), f"HTTP {status} with Content-Range {content_range!r}")
