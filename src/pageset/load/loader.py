@@ -507,8 +507,8 @@ class Loader:
             self._epoch, self._cursor = epoch + 1, 0
         finally:
             self._pool.cancel()
-            for slot in scheduled:  # let in-flight slices finish before their buffers are reused
-                self._wait(slot, raise_errors=False)
+            for slot in scheduled if os.getpid() == self._pid else ():  # (in a forked child: no thread runs them)
+                self._wait(slot, raise_errors=False)  # let in-flight slices finish before their buffers are reused
 
     def _remote_plans(self, order) -> list:
         """``[(remote pages, pages_of_step)]`` of the files whose pages are fetched ahead (URLs whose stages read
