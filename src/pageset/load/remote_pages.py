@@ -154,6 +154,8 @@ class RemotePages:
                 for k in range(k0, k1):
                     if self._inflight.get(k) is fut:
                         del self._inflight[k]
+                if not fut.done() and self._failure is None:
+                    self._failure = exc  # in the same step: no thread sees these pages neither asked nor failed
             if _settle(fut, exc=exc):  # not a fetch already given up on (by close, a plan, another failure)
                 self._fail(exc)
             return
@@ -169,7 +171,10 @@ class RemotePages:
         _settle(fut, result=got)
 
     def _issue(self, missing: list[int]) -> int:
-        """Request sorted ``missing`` pages as runs of adjacent pages (caller holds the lock); returns bytes."""
+        """Request sorted ``missing`` pages as runs of adjacent pages (caller holds the lock); returns bytes.
+        Raises the failure of a fetch since the last ``plan`` instead (asking again would only repeat it)."""
+        if missing and self._failure is not None:
+            raise self._failure
         total, i = 0, 0
         while i < len(missing):
             j = i
