@@ -51,7 +51,7 @@ class MotoS3:
 def s3_options(endpoint: str, **client_config) -> dict:
     """s3fs storage_options for a local endpoint (path-style, fixed test credentials)."""
     return {**S3_CREDENTIALS, "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-            "config_kwargs": {"retries": {"max_attempts": 1}, **client_config}}
+            "config_kwargs": {"retries": {"total_max_attempts": 1}, **client_config}}  # one try per request
 
 
 class StaticHTTP:
@@ -95,8 +95,15 @@ class FaultProxy:
     Settings (change them any time): ``latency`` (seconds before each request is forwarded), ``fail_every``
     (every k-th range GET answers 503 SlowDown), ``drop_every`` (every k-th range GET is cut off mid-body and the
     connection closed), ``truncate_every`` (every k-th range GET answers a complete-looking response with half
-    the body), ``corrupt_every`` (every k-th range GET has one byte of its body flipped), ``hang`` (requests are read and never answered, until ``stop()``). ``counts`` maps
-    ``(method, path)`` to requests seen; ``ranges`` lists ``(path, Range header)`` of every range GET.
+    the body), ``corrupt_every`` (every k-th range GET has one byte of its body flipped), ``hang`` (requests are
+    read and never answered, until ``stop()``), ``shift_every`` (every k-th range GET is forwarded for the range
+    ``shift`` bytes later: the answer is that range, honestly labelled in its Content-Range), ``short_range_every``
+    (every k-th range GET is forwarded for the first half of its range only: a complete, consistent 206 of fewer
+    bytes than asked), ``ignore_range_every`` (every k-th range GET is forwarded without its Range header: the
+    server answers 200 with the whole object). ``error = (status, code, message)`` answers an S3-style XML error instead of forwarding,
+    to every ``error_every``-th request whose method is in ``error_methods`` (``"GET"``: range GETs only).
+    ``counts`` maps ``(method, path)`` to requests seen; ``ranges`` lists ``(path, Range header)`` of every range
+    GET.
     """
 
     def __init__(self, upstream: str):
@@ -104,6 +111,11 @@ class FaultProxy:
         self.upstream = (host, int(port))
         self.latency = 0.0
         self.fail_every = self.drop_every = self.truncate_every = self.corrupt_every = 0
+        self.shift_every = self.short_range_every = self.ignore_range_every = 0
+        self.shift = 1
+        self.error: tuple[int, str, str] | None = None
+        self.error_every, self.error_methods = 1, ("GET",)
+        self._m = 0
         self.hang = False
         self.counts: collections.Counter = collections.Counter()
         self.ranges: list[tuple[str, str]] = []
@@ -135,6 +147,9 @@ class FaultProxy:
         with self._lock:
             self.latency = 0.0
             self.fail_every = self.drop_every = self.truncate_every = self.corrupt_every = 0
+            self.shift_every = self.short_range_every = self.ignore_range_every = 0
+            self.shift = 1
+            self.error, self.error_every, self.error_methods, self._m = None, 1, ("GET",), 0
             self.hang = False
             self.counts.clear()
             self.ranges.clear()
@@ -158,13 +173,21 @@ class FaultProxy:
                 self._n += 1
             n, hang, latency = self._n, self.hang, self.latency
             fault = None
-            if is_range:
+            if self.error is not None and h.command in self.error_methods and (h.command != "GET" or is_range):
+                self._m += 1
+                if self._m % self.error_every == 0:
+                    fault = "error"
+                    self.faults["error"] += 1
+            if is_range and fault is None:
                 for name, every in (("fail", self.fail_every), ("drop", self.drop_every),
-                                    ("truncate", self.truncate_every), ("corrupt", self.corrupt_every)):
+                                    ("truncate", self.truncate_every), ("corrupt", self.corrupt_every),
+                                    ("shift", self.shift_every), ("short_range", self.short_range_every),
+                                    ("ignore_range", self.ignore_range_every)):
                     if every and n % every == 0:
                         fault = name
                         self.faults[name] += 1
                         break
+            error, shift = self.error, self.shift
         if hang:
             for _ in range(2400):  # bounded: 120 s, or until stop()
                 if self._stop.wait(0.05):
@@ -173,18 +196,26 @@ class FaultProxy:
             return
         if latency:
             time.sleep(latency)
-        if fault == "fail":
-            msg = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-                   b"<Message>Please reduce your request rate.</Message></Error>")
-            h.send_response(503)
+        if fault in ("fail", "error"):
+            status, code, message = (503, "SlowDown", "Please reduce your request rate.") if fault == "fail" else error
+            msg = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{message}</Message>'
+                   "</Error>").encode()
+            h.send_response(status)
             h.send_header("Content-Type", "application/xml")
             h.send_header("Content-Length", str(len(msg)))
             h.end_headers()
-            h.wfile.write(msg)
+            if h.command != "HEAD":
+                h.wfile.write(msg)
             return
         conn = http.client.HTTPConnection(*self.upstream, timeout=30)
         try:
             headers = {k: v for k, v in h.headers.items() if k.lower() not in HOP_BY_HOP}
+            if fault in ("shift", "short_range"):  # ask the server for another range than the client did
+                a, b = map(int, rng.removeprefix("bytes=").split("-"))
+                a, b = (a + shift, b + shift) if fault == "shift" else (a, a + max(0, (b - a + 1) // 2 - 1))
+                headers = {k: (f"bytes={a}-{b}" if k.lower() == "range" else v) for k, v in headers.items()}
+            if fault == "ignore_range":
+                headers = {k: v for k, v in headers.items() if k.lower() != "range"}
             conn.request(h.command, h.path, body=body, headers=headers)
             resp = conn.getresponse()
             data = resp.read() if h.command != "HEAD" else b""

@@ -120,7 +120,11 @@ class Loader:
         prefetch_bytes, max_requests: URL only: bytes of the next steps' pages requested ahead (default 64
             MiB) and range requests running at once (default 8).
         request_timeout, request_attempts: URL only: seconds per request and attempts per request (retries
-            with exponential backoff and jitter); then RemoteReadError names the URL, byte range and attempts.
+            with exponential backoff and jitter, of what can succeed on a retry: timeouts, resets, refused
+            connections, 5xx, 429); then RemoteReadError names the URL, byte range and attempts. A stopped store
+            ends the waiting ``next()`` within ``request_attempts x request_timeout`` + backoff s (151.5 s by
+            default); a refusal (4xx) is raised at once. Used in a forked child (a URL, or decode threads
+            started): RuntimeError at once.
         verify_pages: check each page's CRC-32 the first time a batch needs it (off by default: one extra pass
             over the data); a damaged page raises ChecksumMismatchError naming the page and the sample.
         indices: load only these record ids (token files: window ids), e.g. a train/validation split: a sequence
@@ -230,6 +234,7 @@ class Loader:
         self._active = None  # the running epoch generator, if any
         self._pool = ThreadPool(0 if self._inline else num_threads, self._run_slice)
         self._ctx: dict = {"thread": "consumer"}  # scratch of the thread calling next() when it helps
+        self._pid = os.getpid()  # the process whose threads (and a URL's connections) this Loader uses
         self._closed = False  # only now: close() and __del__ have everything to release
 
     def _setup(self, page_cache, cache_pages, pipelines, verify_pages) -> None:
@@ -433,10 +438,33 @@ class Loader:
         state (batches already handed out are not repeated). The epoch counter advances at its end."""
         if self._closed:
             raise RuntimeError("this Loader is closed")
+        self._check_process()
         self._stop_active()
         gen = self._epoch_batches()
         self._active = weakref.ref(gen)
         return gen
+
+    def _check_process(self) -> None:
+        """Raise RuntimeError at once when this Loader is used in a forked child of the process that created it
+        and holds something a fork does not carry over: a URL's fetch threads and connections (fsspec's event
+        loop), or decode threads already started (their tasks and locks stay behind in the parent). A Loader
+        with neither (a local file whose batches are filled by the calling thread) is the child's from then on.
+        """
+        pid = os.getpid()
+        if pid == self._pid:
+            return
+        remote = any(getattr(ds, "remote", None) is not None for ds in self._datasets)
+        if not remote and not self._pool.threads:
+            self._pid = pid
+            return
+        lost = ("the store's connections (fsspec's event loop) and its fetch threads" if remote else
+                f"its {len(self._pool.threads)} decode threads")
+        raise RuntimeError(
+            f"{self.path}: this Loader was created in process {self._pid} and is used in process {pid}, a forked "
+            f"child: {lost} do not survive a fork. Create the Loader in the child (after the fork, e.g. in the "
+            "worker's own code or a DataLoader worker_init_fn), or start the workers with the 'spawn' or "
+            "'forkserver' method (multiprocessing.get_context('spawn'), DataLoader(multiprocessing_context="
+            "'spawn'))")
 
     def _stop_active(self) -> None:
         gen = self._active() if self._active is not None else None
@@ -464,6 +492,7 @@ class Loader:
             pages.plan(pages_of_step, first, steps, min_ahead=self.batches_ahead)
         try:
             for step in range(first, steps):
+                self._check_process()  # a generator carried over a fork: say so before touching its threads
                 for pages, _ in planned:
                     pages.advance(step)
                 while nxt < steps and nxt - step < self.batches_ahead:
@@ -478,8 +507,8 @@ class Loader:
             self._epoch, self._cursor = epoch + 1, 0
         finally:
             self._pool.cancel()
-            for slot in scheduled:  # let in-flight slices finish before their buffers are reused
-                self._wait(slot, raise_errors=False)
+            for slot in scheduled if os.getpid() == self._pid else ():  # (in a forked child: no thread runs them)
+                self._wait(slot, raise_errors=False)  # let in-flight slices finish before their buffers are reused
 
     def _remote_plans(self, order) -> list:
         """``[(remote pages, pages_of_step)]`` of the files whose pages are fetched ahead (URLs whose stages read
@@ -514,6 +543,7 @@ class Loader:
         G, B = self.global_batch_size, self.batch_size
         times = self._fill_times
         for step in range(first, steps):
+            self._check_process()
             slot = self._next_slot()
             self._reclaim(slot)
             self._prepare(slot, order, epoch, step)

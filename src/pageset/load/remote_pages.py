@@ -13,6 +13,12 @@ host -> the store (:class:`~pageset.read.remote.PageReader`: CRC-32 checked on a
 ETag seen at open). An error in a fetch thread reaches the decode thread that needs the page, and from there
 the training loop's ``next()``.
 
+Bound: a store that stops answering ends every wait within ``RetryPolicy.bound`` seconds (``request_attempts x
+request_timeout`` + the backoff between attempts) of its last answer, however many requests are pending: the
+first request to give up fails every pending one (and later waits, until the next ``plan``), and a thread waiting
+longer than the bound with no request started or answered in between gives up itself. While answers arrive,
+nothing is cut (a slow store is not a stopped one).
+
 Cost model: requests per step = runs of adjacent missing pages in the step's page set. ``quasi_random`` reads
 each page of its windows once per epoch (while the window's pages stay in memory); ``random`` needs nearly one
 page per sample, so a step of B samples costs ~B page reads unless the memory or disk cache holds the file.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import os
 import threading
 import time
 
@@ -47,15 +54,16 @@ def span_pages(starts: np.ndarray, lengths: np.ndarray, data_offset: int, page_s
     return np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)]))
 
 
-def _settle(fut: concurrent.futures.Future, result=None, exc: BaseException | None = None) -> None:
-    """Complete ``fut`` unless close() already failed it."""
+def _settle(fut: concurrent.futures.Future, result=None, exc: BaseException | None = None) -> bool:
+    """Complete ``fut`` unless close() (or another fetch's failure) already failed it; True if this did."""
     try:
         if exc is not None:
             fut.set_exception(exc)
         else:
             fut.set_result(result)
     except concurrent.futures.InvalidStateError:
-        pass
+        return False
+    return True
 
 
 class RemotePages:
@@ -89,9 +97,12 @@ class RemotePages:
         self.memory_bytes = int(memory_bytes if memory_bytes is not None else 2 * self.prefetch_bytes)
         self.max_run_pages = max(1, int(max_run_bytes) // self.page_size)
         self.max_requests = int(max_requests)
-        retry = ds.remote.retry
-        # every request is bounded (timeout x attempts + backoff); a wait on one is bounded by the whole queue
-        self.wait_timeout = 3600.0 + retry.attempts * (retry.timeout + retry.backoff_max)
+        retry = self.retry = ds.remote.retry
+        self.stall_after = retry.bound  # no answer (nor a request started) for this long: the store stopped
+        self.wait_timeout = 3600.0 + retry.bound  # a hard cap on one wait, even while answers keep arriving
+        self._pid = os.getpid()
+        self._failure: BaseException | None = None  # a failed fetch fails every wait until the next plan()
+        self._last_event = float("-inf")  # monotonic time a fetch last started or arrived
         self.disk = None
         if cache_dir is not None:
             from .disk_cache import DiskPageCache
@@ -119,6 +130,8 @@ class RemotePages:
         return min(self.page_size, self.data_length - k * self.page_size)
 
     def _network(self, k0: int, k1: int) -> list[np.ndarray]:
+        with self._lock:  # a request starts (after a disk cache lock wait, perhaps): the stall clock restarts
+            self._last_event = time.monotonic()
         pages = self.reader.read_run(k0, k1)
         with self._lock:
             self.network_requests += 1
@@ -128,20 +141,26 @@ class RemotePages:
 
     def _job(self, k0: int, k1: int, fut: concurrent.futures.Future) -> None:
         try:
-            if fut.done():  # failed by close()
+            if fut.done():  # failed by close() or by another fetch's failure
                 return
+            with self._lock:
+                self._last_event = time.monotonic()
             if self.disk is not None:
                 got = self.disk.get_run(k0, k1, self._network)
             else:
                 got = dict(zip(range(k0, k1), self._network(k0, k1)))
-        except BaseException as exc:  # handed to every thread waiting on these pages
+        except BaseException as exc:  # handed to every thread waiting on these pages, and on any other
             with self._lock:
                 for k in range(k0, k1):
                     if self._inflight.get(k) is fut:
                         del self._inflight[k]
-            _settle(fut, exc=exc)
+                if not fut.done() and self._failure is None:
+                    self._failure = exc  # in the same step: no thread sees these pages neither asked nor failed
+            if _settle(fut, exc=exc):  # not a fetch already given up on (by close, a plan, another failure)
+                self._fail(exc)
             return
         with self._lock:
+            self._last_event = time.monotonic()
             for k, page in got.items():
                 if self._inflight.get(k) is fut:
                     del self._inflight[k]
@@ -152,7 +171,10 @@ class RemotePages:
         _settle(fut, result=got)
 
     def _issue(self, missing: list[int]) -> int:
-        """Request sorted ``missing`` pages as runs of adjacent pages (caller holds the lock); returns bytes."""
+        """Request sorted ``missing`` pages as runs of adjacent pages (caller holds the lock); returns bytes.
+        Raises the failure of a fetch since the last ``plan`` instead (asking again would only repeat it)."""
+        if missing and self._failure is not None:
+            raise self._failure
         total, i = 0, 0
         while i < len(missing):
             j = i
@@ -166,6 +188,29 @@ class RemotePages:
             self._pool.submit(self._job, k0, k1, fut)
             i = j + 1
         return total
+
+    def _fail(self, exc: BaseException) -> None:
+        """A fetch failed (after its retries) or a wait gave up: fail every pending fetch with ``exc`` (the
+        store is the same for all; waiting on them would only add their own timeouts) and every later wait
+        until the next ``plan``."""
+        with self._lock:
+            if self._failure is None:
+                self._failure = exc
+            pending = list(set(self._inflight.values()))
+            self._inflight.clear()
+        for fut in pending:
+            _settle(fut, exc=exc)
+
+    def _check(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self.url}: the page source is closed")
+        if os.getpid() != self._pid:
+            self.reader.remote.check_process()  # names the fork (async stores)
+            raise RuntimeError(f"{self.url}: this Loader was created in process {self._pid} and is used in process "
+                               f"{os.getpid()}, a forked child: its fetch threads do not survive a fork; create "
+                               "the Loader in the child, or start it with the 'spawn' or 'forkserver' method")
+        if self._failure is not None:
+            raise self._failure
 
     def _evict(self) -> None:
         if self._ready_bytes <= self.memory_bytes:
@@ -182,8 +227,7 @@ class RemotePages:
 
     def pages(self, wanted: np.ndarray) -> dict[int, np.ndarray]:
         """``{page: uint8 array}`` for the sorted unique pages ``wanted``, waiting for (or issuing) fetches."""
-        if self._closed:
-            raise RuntimeError(f"{self.url}: the page source is closed")
+        self._check()
         got, waits = {}, {}
         with self._lock:
             for k in wanted.tolist():
@@ -200,13 +244,37 @@ class RemotePages:
         if waits:
             with self._lock:
                 self.waits += 1
-            deadline = time.monotonic() + self.wait_timeout
+            self._wait_for(waits)
             for k, fut in waits.items():
-                try:
-                    got[k] = fut.result(timeout=max(0.0, deadline - time.monotonic()))[k]
-                except concurrent.futures.TimeoutError:
-                    raise RemoteReadError(f"{self.url}: page {k} not fetched within {self.wait_timeout:.0f} s") from None
+                got[k] = fut.result(timeout=0)[k]
         return got
+
+    def _wait_for(self, waits: dict) -> None:
+        """Wait until every future of ``waits`` (page -> future) is done; raise the first failure, or
+        RemoteReadError once the store gave no sign of life (no fetch started or arrived) for ``stall_after``
+        seconds since this wait began (or ``wait_timeout`` passed)."""
+        began = time.monotonic()
+        pending = set(waits.values())
+        while pending:
+            with self._lock:
+                since = max(began, self._last_event)
+            now = time.monotonic()
+            left = min(since + self.stall_after, began + self.wait_timeout) - now
+            if left <= 0:
+                k = next(k for k, f in waits.items() if f in pending)
+                quiet = now - since
+                exc = RemoteReadError(
+                    f"{self.url}: page {k} not fetched: no answer from the store for {quiet:.1f} s with "
+                    f"{len(pending)} request(s) awaited ({self.retry.describe()}); the store or the network "
+                    "stopped answering: check the endpoint (storage_options client_kwargs.endpoint_url) and the "
+                    "network, or raise request_timeout / request_attempts")
+                self._fail(exc)
+                raise exc
+            done, pending = concurrent.futures.wait(pending, timeout=left,
+                                                    return_when=concurrent.futures.FIRST_EXCEPTION)
+            for fut in done:
+                if fut.exception() is not None:
+                    raise fut.exception()
 
     # ---- the order's plan -------------------------------------------------------------------------------
     def plan(self, pages_of_step, first: int, steps: int, min_ahead: int = 1) -> None:
@@ -215,6 +283,7 @@ class RemotePages:
         (those the decode threads already work on) are always planned, whatever the byte budget, so their pages
         are requested (and pinned) before a thread asks for them."""
         with self._lock:
+            self._failure = None  # a new iteration tries the store again
             for _, pages, _ in self._planned:
                 self._pins.subtract(pages.tolist())
             self._pins = +self._pins
@@ -229,6 +298,7 @@ class RemotePages:
         pages requested up to ``prefetch_bytes`` (and at most MAX_LOOKAHEAD_STEPS steps ahead)."""
         if self._closed or self._pages_of_step is None:
             return
+        self._check()
         with self._lock:
             while self._planned and self._planned[0][0] < step:
                 _, pages, nbytes = self._planned.popleft()

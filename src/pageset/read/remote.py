@@ -8,16 +8,25 @@ naming the URL. Credentials and endpoints come from ``storage_options`` (passed 
 ``{"client_kwargs": {"endpoint_url": ...}}``) or the backend's standard environment (``AWS_*``); pageset has
 no authentication code of its own.
 
-Every request has a timeout and is retried with exponential backoff and jitter on timeouts, connection
-errors, 5xx, 429/SlowDown and short bodies, at most ``RetryPolicy.attempts`` times; then
-:class:`~pageset.format.errors.RemoteReadError` names the URL, byte range and attempts. fsspec is imported here
-only, and only when a URL is opened: local paths never import it.
+Every request has a timeout and is retried with exponential backoff and jitter on what can succeed on retry
+(timeouts, resets, refused connections, 5xx, 429/SlowDown, short bodies: :mod:`pageset.format.store_errors`),
+at most ``RetryPolicy.attempts`` times; then :class:`~pageset.format.errors.RemoteReadError` names the URL, byte
+range, attempts and the last failure. A store that refuses a request (any other 4xx: 400 InvalidArgument, 403,
+404, 412) is answered at once with the store's code and message, never retried. Every range answer is checked
+against the request (status 206, the Content-Range start and end, the body length): a server that answers
+another range is named as the fault. pageset's own retries are the only ones: s3fs's are bypassed and botocore's
+are off unless ``storage_options`` set ``config_kwargs["retries"]``, so one ``request_timeout`` bounds one try.
+
+A RemoteFile (and the Dataset holding it) belongs to the process that opened it: fsspec's event loop and
+connections do not survive ``fork``, so a read from a forked child raises RuntimeError at once.
+fsspec is imported here only, and only when a URL is opened: local paths never import it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import random
 import re
 import threading
@@ -28,6 +37,7 @@ import numpy as np
 
 from ..format.checksum import crc32
 from ..format.errors import ChecksumMismatchError, ObjectChangedError, RemoteReadError
+from ..format.store_errors import StoreFault, one_try_options, store_fault
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 # Which package serves which scheme (fsspec's own registry names them too; this makes the message exact).
@@ -71,34 +81,49 @@ class RetryPolicy:
     def delay(self, attempt: int, rng: random.Random) -> float:
         return min(self.backoff_max, self.backoff * (2 ** attempt)) * rng.uniform(0.5, 1.0)
 
+    @property
+    def backoff_total(self) -> float:
+        """The longest total sleep between the attempts of one request (seconds)."""
+        return sum(min(self.backoff_max, self.backoff * (2 ** i)) for i in range(self.attempts - 1))
+
+    @property
+    def bound(self) -> float:
+        """Seconds one request may take at most, every attempt included: ``attempts x timeout`` plus
+        :attr:`backoff_total` (5 x 30 s + 1.5 s = 151.5 s by default)."""
+        return self.attempts * self.timeout + self.backoff_total
+
+    def describe(self) -> str:
+        return (f"request_attempts {self.attempts} x request_timeout {self.timeout:g} s + backoff "
+                f"{self.backoff_total:.2f} s = {self.bound:.2f} s")
+
 
 class _Retry(Exception):
-    """A transient failure worth another attempt (timeout, reset, 5xx, 429, short body)."""
+    """A transient failure worth another attempt (timeout, reset, refused connection, 5xx, 429, short body)."""
+
+    def __init__(self, fault: StoreFault):
+        super().__init__(fault.describe())
+        self.fault = fault
 
 
-def _chain(exc):
-    seen = 0
-    while exc is not None and seen < 16:  # bounded walk of __cause__ / __context__
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
+def _refusal(url: str, what: str, fault: StoreFault) -> RemoteReadError:
+    err = RemoteReadError(f"{url}: {what}: {fault.describe()}; {fault.advice()}")
+    err.status, err.code = fault.status, fault.code
+    return err
 
 
-def _status(exc) -> tuple[int | None, str]:
-    """(HTTP status, error code) found anywhere in the exception chain (botocore ClientError, aiohttp)."""
-    for e in _chain(exc):
-        resp = getattr(e, "response", None)
-        if isinstance(resp, dict):
-            err = resp.get("Error", {}) or {}
-            status = (resp.get("ResponseMetadata", {}) or {}).get("HTTPStatusCode")
-            code = str(err.get("Code", ""))
-            if status is None and code.isdigit():
-                status = int(code)
-            return status, code
-        status = getattr(e, "status", None)
-        if isinstance(status, int):
-            return status, ""
-    return None, ""
+def _answered(url: str, asked: tuple[int, int], detail: str) -> RemoteReadError:
+    """A range answer that is not the range asked: the server's (or a proxy's) fault, not the object's."""
+    return RemoteReadError(f"{url}: GET bytes {asked[0]}-{asked[1] - 1}: the server answered {detail}: a fault of "
+                           "the server or of a proxy in between (the object is not damaged); it must answer "
+                           "exactly the range asked (HTTP 206 with that Content-Range): fix or bypass it")
+
+
+def _content_range(value) -> tuple[int, int, int | None] | None:
+    """``"bytes 0-99/1000"`` -> (0, 100, 1000) (end exclusive; total None for ``*``); None if unparseable."""
+    m = re.fullmatch(r"\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*", value or "")
+    if m is None:
+        return None
+    return int(m.group(1)), int(m.group(2)) + 1, None if m.group(3) == "*" else int(m.group(3))
 
 
 class RemoteFile:
@@ -119,8 +144,9 @@ class RemoteFile:
             raise ImportError(f"{url}: reading URLs needs fsspec and {PACKAGES.get(self.scheme, 'its backend')}: "
                               "pip install 'pageset[remote]'") from None
         pkg = PACKAGES.get(self.scheme)
+        options = one_try_options(url, storage_options)  # one retry layer, ours (bounded)
         try:
-            self.fs, self.path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+            self.fs, self.path = fsspec.core.url_to_fs(url, **options)
         except ImportError as exc:
             hint = f"pip install {pkg}" if pkg else f"install the fsspec backend for {self.scheme}://"
             raise ImportError(f"{url}: reading {self.scheme}:// URLs needs the {pkg or 'fsspec backend'} "
@@ -133,6 +159,7 @@ class RemoteFile:
         self._kind = ("s3" if type(self.fs).__name__ == "S3FileSystem" else
                       "http" if type(self.fs).__name__ == "HTTPFileSystem" else "generic")
         self._async = bool(getattr(self.fs, "async_impl", False))
+        self.pid = os.getpid()  # the process whose event loop and connections this object uses
         self._lock = threading.Lock()
         self._rng = random.Random()
         self._sync_pool = None
@@ -147,6 +174,22 @@ class RemoteFile:
         self.version_id = info.get("VersionId") if self._kind == "s3" else None
 
     # ---- requests ---------------------------------------------------------------------------------------
+    def check_process(self) -> None:
+        """Raise RuntimeError (at once, nothing retried) when called in another process than the one that
+        opened the object: after ``fork`` an async filesystem's event loop thread and connections are gone."""
+        pid = os.getpid()
+        if pid == self.pid:
+            return
+        if not self._async:  # a plain (sync) filesystem survives a fork; only our thread pool does not
+            with self._lock:
+                self._sync_pool, self.pid = None, pid
+            return
+        raise RuntimeError(f"{self.url}: opened in process {self.pid} and used in process {pid}, a forked child: "
+                           f"fsspec's {type(self.fs).__name__} (its event loop and connections) does not survive a "
+                           "fork. Open the dataset (or create the Loader) in the child, e.g. in the DataLoader "
+                           "worker_init_fn or after the fork, or start workers with the 'spawn' or 'forkserver' "
+                           "method (multiprocessing.set_start_method / DataLoader(multiprocessing_context=...))")
+
     def _run(self, make_coro, sync_call):
         """Run one request with the policy's timeout; a timed-out coroutine is cancelled."""
         t = self.retry.timeout
@@ -158,7 +201,7 @@ class RemoteFile:
                 return fut.result(t + 5)
             except (asyncio.TimeoutError, concurrent.futures.TimeoutError):
                 fut.cancel()
-                raise _Retry(f"no answer within {t} s") from None
+                raise _Retry(StoreFault("timeout", message=f"no answer within request_timeout {t:g} s")) from None
         if self._sync_pool is None:
             with self._lock:
                 if self._sync_pool is None:
@@ -167,51 +210,67 @@ class RemoteFile:
         try:
             return fut.result(t)
         except concurrent.futures.TimeoutError:
-            raise _Retry(f"no answer within {t} s") from None
+            raise _Retry(StoreFault("timeout", message=f"no answer within request_timeout {t:g} s")) from None
+
+    async def _s3(self, method: str, **kw):
+        """One S3 call on the client, without s3fs's own retry loop (``_call_s3``): ours decides."""
+        await self.fs.set_session()
+        s3 = await self.fs.get_s3(kw.get("Bucket"))
+        call = getattr(s3, method)
+        extra = getattr(self.fs, "_get_s3_method_kwargs", None)  # requester pays, SSE-C keys, ...
+        return await call(**(extra(call, **kw) if extra is not None else kw))
+
+    def _s3_key(self) -> dict:
+        bucket, key, version = self.fs.split_path(self.path)
+        return {"Bucket": bucket, "Key": key, **({"VersionId": version} if version else {})}
+
+    async def _info_s3(self) -> dict:
+        head = await self._s3("head_object", **self._s3_key())
+        return {"size": head.get("ContentLength"), "ETag": head.get("ETag"), "VersionId": head.get("VersionId"),
+                "type": "file"}
 
     def _info(self):
         if self._kind == "s3":
-            return self._run(lambda: self.fs._info(self.path, refresh=True), None)
+            return self._run(self._info_s3, None)
         if self._async:
             return self._run(lambda: self.fs._info(self.path), None)
         return self._run(None, lambda: self.fs.info(self.path))
 
     def _classify(self, exc, what: str):
-        """Turn a failed request into FileNotFoundError / PermissionError / ObjectChangedError, or _Retry."""
-        if isinstance(exc, FileNotFoundError):
-            # fsspec's HTTP filesystem reports a server it cannot reach (refused, reset, DNS) as a missing file;
-            # the socket error underneath says otherwise: retry it, then RemoteReadError says "cannot connect".
-            down = next((e for e in list(_chain(exc))[1:] if isinstance(e, OSError)
-                         and not isinstance(e, (FileNotFoundError, PermissionError))), None)
-            if down is not None:
-                return _Retry(f"cannot connect to the server ({type(down).__name__}: {down})")
-        if isinstance(exc, (_Retry, RemoteReadError, FileNotFoundError, PermissionError)):
-            if isinstance(exc, FileNotFoundError):
-                return FileNotFoundError(f"{self.url}: no such object or bucket ({exc})")
-            if isinstance(exc, PermissionError):
-                return PermissionError(f"{self.url}: access denied ({exc}); check credentials "
-                                       "(storage_options or the AWS_* environment)")
+        """A failed request as the error to raise at once (FileNotFoundError, PermissionError,
+        ObjectChangedError, RemoteReadError for a refusal, ``exc`` itself for a bug), or a _Retry."""
+        if isinstance(exc, (_Retry, RemoteReadError)):
             return exc
-        if any(type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError") for e in _chain(exc)):
+        fault = store_fault(exc)
+        if isinstance(exc, (FileNotFoundError, PermissionError)) and fault.kind in ("other", "bug"):
+            # a backend's own translation (gcsfs, adlfs, ...) with no store answer underneath
+            fault = StoreFault("missing" if isinstance(exc, FileNotFoundError) else "denied", message=str(exc))
+        if type(exc).__name__ == "FileExpired":
+            fault = StoreFault("changed", message=str(exc))
+        if isinstance(exc, RuntimeError) and "fork" in str(exc):
+            return exc  # fsspec's "not fork-safe": retrying cannot help
+        if fault.kind == "missing":
+            return FileNotFoundError(f"{self.url}: no such object or bucket ({fault.describe()})")
+        if fault.kind == "denied":
+            return PermissionError(f"{self.url}: access denied ({fault.describe()}); check credentials "
+                                   "(storage_options or the AWS_* environment) and the bucket's permissions")
+        if fault.kind == "credentials":
             return PermissionError(f"{self.url}: {exc}; give credentials in storage_options or the AWS_* "
                                    "environment (anon=True for public buckets)")
-        status, code = _status(exc)
-        if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "404"):
-            return FileNotFoundError(f"{self.url}: no such object or bucket ({exc})")
-        if status in (401, 403) or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-            return PermissionError(f"{self.url}: access denied ({exc}); check credentials "
-                                   "(storage_options or the AWS_* environment)")
-        if status == 412 or code == "PreconditionFailed" or type(exc).__name__ == "FileExpired":
-            return self._changed(f"the store refused the pinned ETag {self.etag} ({what})")
-        if isinstance(exc, (TypeError, AttributeError, NameError)):
+        if fault.kind == "changed":
+            return self._changed(f"the store refused the pinned ETag {self.etag} ({what}: {fault.answer()})")
+        if fault.kind == "refused":
+            return _refusal(self.url, what, fault)
+        if fault.kind == "bug":
             return exc  # a bug, not a transient failure
-        return _Retry(f"{type(exc).__name__}: {exc}")
+        return _Retry(fault)
 
     def _changed(self, detail: str) -> ObjectChangedError:
         return ObjectChangedError(f"{self.url}: the object changed after it was opened ({detail}); pages of two "
                                   "versions are never mixed: reopen the dataset (a new Loader) to read the new one")
 
     def _with_retries(self, call, what: str):
+        self.check_process()
         last = None
         for attempt in range(self.retry.attempts):
             if attempt:
@@ -224,24 +283,45 @@ class RemoteFile:
                     if err is exc:
                         raise
                     raise err from exc
-                last = err
-        raise RemoteReadError(f"{self.url}: {what} failed after {self.retry.attempts} attempts "
-                              f"(timeout {self.retry.timeout} s each); last error: {last}")
+                last = err.fault
+        err = RemoteReadError(f"{self.url}: {what} failed after {self.retry.attempts} attempts "
+                              f"(request_timeout {self.retry.timeout:g} s each); last error: {last.describe()}; "
+                              f"{last.advice()}")
+        err.status, err.code, err.kind = last.status, last.code, last.kind
+        raise err
 
     async def _get_s3(self, start: int, end: int) -> bytes:
-        bucket, key, _ = self.fs.split_path(self.path)
-        kw = {"Range": f"bytes={start}-{end - 1}"}
+        kw = {**self._s3_key(), "Range": f"bytes={start}-{end - 1}"}
         if self.etag:
             kw["IfMatch"] = self.etag
         if self.version_id:
             kw["VersionId"] = self.version_id
-        resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, **kw)
+        resp = await self._s3("get_object", **kw)
         try:
             if self.etag and resp.get("ETag") and resp["ETag"] != self.etag:
                 raise self._changed(f"ETag {resp['ETag']} != pinned {self.etag}")
+            status = (resp.get("ResponseMetadata", {}) or {}).get("HTTPStatusCode")
+            self._check_range(start, end, status, resp.get("ContentRange"))
             return await resp["Body"].read()
         finally:
             resp["Body"].close()
+
+    def _check_range(self, start: int, end: int, status, content_range) -> None:
+        """An answer to ``Range: bytes=start-(end-1)`` must be 206 with exactly that Content-Range (or 200 with
+        the whole object, when that is what was asked); else RemoteReadError names the server's fault."""
+        whole = start == 0 and end == self.size
+        if status == 200 and whole:
+            return
+        if status == 200:
+            raise _answered(self.url, (start, end), "HTTP 200, the whole object (it ignores Range requests)")
+        got = _content_range(content_range)
+        if got is None:
+            raise _answered(self.url, (start, end), f"HTTP {status} with Content-Range {content_range!r}")
+        if got[2] is not None and got[2] != self.size:  # servers without ETags: the size still pins
+            raise self._changed(f"size {got[2]} != {self.size} bytes at open")
+        if got[:2] != (start, end):
+            raise _answered(self.url, (start, end), f"bytes {got[0]}-{got[1] - 1} (Content-Range "
+                            f"{content_range!r}, {got[1] - got[0]} bytes for {end - start} asked)")
 
     async def _get_http(self, start: int, end: int) -> bytes:
         headers = {"Range": f"bytes={start}-{end - 1}"}
@@ -251,20 +331,22 @@ class RemoteFile:
         headers.update(kw.pop("headers", {}) or {})
         session = await self.fs.set_session()
         async with session.get(self.fs.encode_url(self.path), headers=headers, **kw) as r:
-            if r.status == 404:
-                raise FileNotFoundError(self.url)
             if r.status == 412:
                 raise self._changed("HTTP 412 on If-Match")
-            if r.status == 200 and not (start == 0 and end == self.size):
-                raise RemoteReadError(f"{self.url}: the server ignores Range requests (HTTP 200 for bytes "
-                                      f"{start}-{end - 1}); serve the file from a server that supports ranges")
-            r.raise_for_status()
+            if r.status >= 400:  # the store's answer, with its own words (an S3-style XML body or plain text)
+                body = (await r.content.read(2048)).decode("utf-8", "replace")
+                code = re.search(r"<Code>([^<]*)</Code>", body)
+                msg = re.search(r"<Message>([^<]*)</Message>", body)
+                r.release()
+                exc = OSError(f"HTTP {r.status} {r.reason}")
+                exc.response = {"Error": {"Code": code.group(1) if code else "",
+                                          "Message": msg.group(1) if msg else (body.strip()[:200] or r.reason)},
+                                "ResponseMetadata": {"HTTPStatusCode": r.status}}
+                raise exc
             got = r.headers.get("ETag")
             if self.etag and got and got != self.etag:
                 raise self._changed(f"ETag {got} != pinned {self.etag}")
-            total = r.headers.get("Content-Range", "").rpartition("/")[2]
-            if total.isdigit() and int(total) != self.size:  # servers without ETags: the size still pins
-                raise self._changed(f"size {total} != {self.size} bytes at open")
+            self._check_range(start, end, r.status, r.headers.get("Content-Range"))
             return await r.read()
 
     def _get_once(self, start: int, end: int) -> bytes:
@@ -278,8 +360,8 @@ class RemoteFile:
             data = self._run(None, lambda: self.fs.cat_file(self.path, start=start, end=end))
         with self._lock:
             self.bytes_read += len(data)
-        if len(data) != end - start:
-            raise _Retry(f"short body: {len(data)} of {end - start} bytes")
+        if len(data) != end - start:  # the header said the right range, the body is cut: a transfer fault
+            raise _Retry(StoreFault("connection", message=f"short body: {len(data)} of {end - start} bytes"))
         return data
 
     def read(self, start: int, end: int) -> bytes:

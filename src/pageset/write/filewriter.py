@@ -23,6 +23,7 @@ import numpy as np
 from ..format import constants as C
 from ..format.checksum import crc32
 from ..format.layout import HEADER, SECTION_ENTRY
+from ..format.store_errors import one_try_options
 
 WAIT_ON_FAILURE_S = 600.0  # after a failure, how long to wait for running tasks before deleting their shards
 
@@ -445,7 +446,7 @@ class Output:
         if self.remote:
             from fsspec.core import url_to_fs
 
-            fs, target = url_to_fs(self.path, **self.storage_options)
+            fs, target = url_to_fs(self.path, **one_try_options(self.path, self.storage_options))
             if callable(getattr(fs, "call_s3", None)):
                 from .upload import S3PartsFile
 
@@ -494,7 +495,7 @@ class Output:
     def _upload(self) -> None:
         from fsspec.core import url_to_fs
 
-        fs, target = url_to_fs(self.path, **self.storage_options)
+        fs, target = url_to_fs(self.path, **one_try_options(self.path, self.storage_options))
         self.f.seek(0)
         dst = fs.open(target, "wb", block_size=self.upload_block, autocommit=False)
         try:

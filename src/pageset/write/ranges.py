@@ -25,6 +25,7 @@ import zlib
 import numpy as np
 
 from ..format.fields import Field
+from ..format.store_errors import one_try_options
 from .assemble import EncodedRange
 from .encode import describe_path, encode_value
 from .filewriter import DiskFile, disk_error, is_url, local_path
@@ -104,7 +105,7 @@ def encode_range(src: Source, fields: dict[str, Field], row_dtype: np.dtype, sta
 def _fs(url: str, storage_options: dict | None):
     from fsspec.core import url_to_fs
 
-    return url_to_fs(url, **(storage_options or {}))
+    return url_to_fs(url, **one_try_options(url, storage_options))
 
 
 def shard_name(folder: str, start: int, stop: int) -> str:

@@ -27,6 +27,8 @@ import time
 import warnings
 from dataclasses import dataclass
 
+from ..format.store_errors import one_try_options, store_fault
+
 MIN_PART = 5 << 20  # S3's smallest part but the last
 MAX_PART = 5 << 30  # S3's largest part
 MAX_PARTS = 10_000  # part numbers 1 .. 10,000
@@ -140,10 +142,11 @@ CREDENTIALS_FIX = ("give credentials in storage_options (e.g. {'key': ..., 'secr
 
 def classify(exc: BaseException, url: str, what: str):
     """A failed store request as the error to raise (FileNotFoundError / PermissionError naming ``url`` and the
-    fix; ``exc`` itself for a bug or bad argument), or None when it is worth another attempt (timeouts, resets,
-    5xx, throttling)."""
-    names = {type(e).__name__ for e in _chain(exc)}
-    if names & {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}:
+    fix; OSError with the store's status, code and message for any other refusal (4xx); ``exc`` itself for a bug
+    or bad argument), or None when it is worth another attempt (timeouts, resets, refused connections, 5xx,
+    throttling: :func:`pageset.format.store_errors.store_fault`)."""
+    fault = store_fault(exc)
+    if fault.kind == "credentials":
         return PermissionError(f"{url}: no credentials for {what} ({exc}); {CREDENTIALS_FIX}")
     status, code = _status(exc)
     if code == "NoSuchBucket" or "bucket does not exist" in str(exc).lower():
@@ -158,6 +161,10 @@ def classify(exc: BaseException, url: str, what: str):
                                f"permissions: {CREDENTIALS_FIX}")
     if isinstance(exc, (TypeError, AttributeError, NameError, ValueError)) and status is None:
         return exc  # a bug or a bad argument, not a transient failure
+    if not fault.retry:  # any other 4xx: asking again gets the same answer
+        err = OSError(f"{url}: {what}: {fault.describe()}; {fault.advice()}")
+        err.status, err.code = fault.status, fault.code
+        return err
     return None
 
 
@@ -167,7 +174,7 @@ def bounded(fs, make_coro, url: str, what: str, policy: WritePolicy | None):
     :func:`classify`-ed error, or TimeoutError / ConnectionError naming ``url``, ``what`` and the knobs."""
     policy = policy or WritePolicy()
     rng = random.Random()
-    last, timed_out = "?", True
+    last, timed_out, fault = "?", True, None
     for attempt in range(policy.attempts):
         if attempt:
             time.sleep(min(5.0, 0.1 * 2 ** (attempt - 1)) * rng.uniform(0.5, 1.0))
@@ -184,11 +191,14 @@ def bounded(fs, make_coro, url: str, what: str, policy: WritePolicy | None):
             if err is not None:
                 err.pageset_store_error = True  # worded already: callers re-raise it as is
                 raise err from exc
-            last, timed_out = f"{type(exc).__name__}: {exc}", False
+            fault = store_fault(exc)
+            last, timed_out = fault.describe(), fault.kind == "timeout"
     kind = TimeoutError if timed_out else ConnectionError
+    advice = fault.advice() if fault is not None and not timed_out else (
+        "Check the endpoint in storage_options (client_kwargs.endpoint_url) and the network, or raise "
+        "request_timeout / request_attempts")
     err = kind(f"{url}: {what} failed after {policy.attempts} attempts (request_timeout {policy.timeout} s each); "
-               f"last error: {last}. Check the endpoint in storage_options (client_kwargs.endpoint_url) and the "
-               "network, or raise request_timeout / request_attempts")
+               f"last error: {last}. {advice[0].upper() + advice[1:]}")
     err.pageset_store_error = True
     raise err
 
@@ -355,7 +365,7 @@ def check_url_output(url: str, storage_options: dict | None, call: str, policy: 
     try:
         from fsspec.core import url_to_fs
 
-        fs, target = url_to_fs(url, **dict(storage_options or {}))
+        fs, target = url_to_fs(url, **one_try_options(url, storage_options))
     except ImportError as exc:
         raise ImportError(f"cannot write {url}: {exc}; install the fsspec backend for its scheme (s3fs for "
                           "s3://, gcsfs for gs://, adlfs for az://)") from None
