@@ -116,7 +116,9 @@ class Loader:
             members only (ValueError when no member is a URL). A URL is read in whole pages by range
             requests, each page's CRC-32 checked on arrival (``page_cache`` and ``verify_pages`` do not apply).
         cache_dir, cache_limit_bytes: URL only: an on-disk page cache shared by the processes of one host,
-            keyed by dataset id, LRU-bounded to ``cache_limit_bytes`` (default 10 GiB).
+            keyed by dataset id, LRU-bounded to ``cache_limit_bytes`` (default 10 GiB; ValueError when smaller than
+            the file's page size). Temporary files of writers that died mid-write are deleted when a cache opens and
+            count towards the bound.
         prefetch_bytes, max_requests: URL only: bytes of the next steps' pages requested ahead (default 64
             MiB) and range requests running at once (default 8).
         request_timeout, request_attempts: URL only: seconds per request and attempts per request (retries
