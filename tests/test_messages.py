@@ -58,8 +58,14 @@ def test_non_utf8_byte_in_jsonl_names_file_line_and_byte(tmp_path):
 def test_malformed_json_line_says_invalid_json_at_file_and_line(tmp_path):
     bad = tmp_path / "c.jsonl"
     bad.write_text('{"text": "ok"}\n\n{"text": "missing comma" "x": 1}\n', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"^invalid JSON at .*c\.jsonl:3 \(column 26\): Expecting ','"):
+    with pytest.raises(ValueError, match=r"c\.jsonl:3: invalid JSON at column 26: Expecting ','"):
         _tokens(tmp_path / "o.pageset", bad)
+    # a line that ends inside its object: the column is on that line (not "line 2, column 1" after the newline)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text('{"text": "ok"}\n{"text": "b",\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"cut\.jsonl:2: invalid JSON at column 14 \(the line ends there: one "
+                                         r"whole JSON object per line.*\): Expecting property name"):
+        _tokens(tmp_path / "o.pageset", cut)
     # siblings: valid JSON without the key, a JSON value that is not an object, a non-string value
     for line, match in ((b'{"body": "x"}', r"c2\.jsonl:1: no 'text' key in the JSON line \(it has \['body'\]\)"),
                         (b'[1, 2]', r"c2\.jsonl:1: no 'text' key in the JSON line \(it has list\)"),

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import torch
 
+from ..format.errors import plural
 from ..format.fields import JSON, Bytes, Float, Int, NDArray, RGBImage, Tokens
 from ..ops import image as image_ops
 from ..ops import image_batch, jpeg
@@ -312,7 +313,7 @@ class TokenStage(Stage):
         rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
         if len(rest) != 1 or not isinstance(rest[0], TokenWindows):
             raise PipelineError(f"{ds.path} is a token file: give pipelines={{{name!r}: [TokenWindows(seq_len), "
-                                "ToTensor?, ToDevice?]}}")
+                                "ToTensor?, ToDevice?]}")
         op = rest[0]
         self.seq_len, self.docs = op.seq_len, op.document_outputs
         info = ds.tokens_info
@@ -323,7 +324,7 @@ class TokenStage(Stage):
         self.stride = self.seq_len * self.itemsize  # bytes between window starts
         count = ds.data_length // self.itemsize
         if count < self.seq_len + 1:
-            raise ValueError(f"{ds.path}: {count} tokens, fewer than seq_len + 1 = {self.seq_len + 1}:"
+            raise ValueError(f"{ds.path}: {plural(count, 'token')}, fewer than seq_len + 1 = {self.seq_len + 1}:"
                              " no window fits (windows are never padded); use a smaller seq_len or more data")
         self.n_records = token_ops.num_windows(count, self.seq_len)
         # rows per slice: ~256K tokens (~0.2-0.3 ms of reading and widening) pays for handing a slice to a thread

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..format.checksum import crc32
-from ..format.errors import ChecksumMismatchError, ObjectChangedError, RemoteReadError
+from ..format.errors import ChecksumMismatchError, ObjectChangedError, RemoteReadError, plural
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 # Which package serves which scheme (fsspec's own registry names them too; this makes the message exact).
@@ -225,7 +225,7 @@ class RemoteFile:
                         raise
                     raise err from exc
                 last = err
-        raise RemoteReadError(f"{self.url}: {what} failed after {self.retry.attempts} attempts "
+        raise RemoteReadError(f"{self.url}: {what} failed after {plural(self.retry.attempts, 'attempt')} "
                               f"(timeout {self.retry.timeout} s each); last error: {last}")
 
     async def _get_s3(self, start: int, end: int) -> bytes:

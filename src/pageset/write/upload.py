@@ -21,6 +21,8 @@ import time
 import warnings
 from dataclasses import dataclass
 
+from ..format.errors import plural
+
 MIN_PART = 5 << 20  # S3's smallest part but the last
 
 
@@ -110,7 +112,7 @@ def bounded(fs, make_coro, url: str, what: str, policy: WritePolicy | None):
                 raise err from exc
             last, timed_out = f"{type(exc).__name__}: {exc}", False
     kind = TimeoutError if timed_out else ConnectionError
-    err = kind(f"{url}: {what} failed after {policy.attempts} attempts (request_timeout {policy.timeout} s each); "
+    err = kind(f"{url}: {what} failed after {plural(policy.attempts, 'attempt')} (request_timeout {policy.timeout} s each); "
                f"last error: {last}. Check the endpoint in storage_options (client_kwargs.endpoint_url) and the "
                "network, or raise request_timeout / request_attempts")
     err.pageset_store_error = True
