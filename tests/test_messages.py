@@ -241,3 +241,22 @@ def test_errors_in_a_file_list_name_the_list_file(tmp_path, photos):
     shutil.copy(photos[0], tmp_path / "x.jpg")
     with pytest.raises(ValueError, match=r"x\.jpg is one image: give a list of image paths"):
         write_dataset(tmp_path / "o.pageset", tmp_path / "x.jpg", num_workers=0, progress=False)
+
+
+def test_token_pipeline_hint_and_counts_of_one_read_right(tmp_path):
+    """The hint for a token file's pipeline is valid Python (no stray brace); counts of one are singular."""
+    from pageset import IntDecoder, Loader, PipelineError, TokenWindows, open_tokens
+
+    path = tmp_path / "t.pageset"
+    _tokens(path, ["ab"])  # 2 bytes + EOS: 3 tokens in 1 document
+    with pytest.raises(PipelineError) as info:
+        Loader(path, batch_size=1, pipelines={"tokens": [IntDecoder()]})
+    hint = str(info.value).split("give ", 1)[1]
+    assert hint == "pipelines={'tokens': [TokenWindows(seq_len), ToTensor?, ToDevice?]}", hint
+    with open_tokens(path) as td:
+        with pytest.raises(IndexError, match=r"document 1 is out of range for 1 document$"):
+            td.document(1)
+    one = tmp_path / "one.pageset"
+    _tokens(one, [""])  # only the EOS: 1 token
+    with pytest.raises(ValueError, match=r": 1 token, fewer than seq_len \+ 1 = 3"):
+        Loader(one, batch_size=1, pipelines={"tokens": [TokenWindows(2)]})
