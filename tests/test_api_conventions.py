@@ -155,7 +155,7 @@ def test_file_list_paths_are_relative_to_the_list_folder(tmp_path, photos, monke
     other.mkdir()
     monkeypatch.chdir(other)  # neither the list's folder nor its parent
     res = write_dataset("from_api.pageset", "../data/files.txt", num_workers=0, progress=False)
-    assert cli_main(["convert", "../data/files.txt", "from_cli.pageset", "--no-progress"]) == 0
+    assert cli_main(["convert", "from_cli.pageset", "../data/files.txt", "--no-progress"]) == 0
     for name in ("from_api.pageset", "from_cli.pageset"):
         with open_dataset(name) as ds:
             assert [ds[i]["label"] for i in range(len(ds))] == [0, 1, 2, 3]

@@ -202,8 +202,8 @@ def test_cli_convert_with_scheduler(tmp_path, imagenet_like, cluster, capsys):
 
     address = cluster.scheduler.address
     base = ["--max-resolution", "64", "--page-size", "16384", "--no-progress"]
-    assert main(["convert", str(imagenet_like), str(tmp_path / "local.pageset"), "--num-workers", "0"] + base) == 0
-    assert main(["convert", str(imagenet_like), str(tmp_path / "dask.pageset"), "--scheduler", address,
+    assert main(["convert", str(tmp_path / "local.pageset"), str(imagenet_like), "--num-workers", "0"] + base) == 0
+    assert main(["convert", str(tmp_path / "dask.pageset"), str(imagenet_like), "--scheduler", address,
                  "--chunk-size", "10", "--shard-dir", str(tmp_path / "shards")] + base) == 0
     with open_dataset(tmp_path / "local.pageset") as a, open_dataset(tmp_path / "dask.pageset") as b:
         assert a.dataset_id == b.dataset_id
@@ -214,7 +214,7 @@ def test_cli_convert_with_scheduler(tmp_path, imagenet_like, cluster, capsys):
         return
     (tmp_path / "c.txt").write_text("one document\n%\nanother one\n%\nand a third\n")
     for out, extra in [("t0", ["--num-workers", "0"]), ("t1", ["--scheduler", address])]:
-        assert main(["convert-text", str(tmp_path / "c.txt"), str(tmp_path / out), "--tokenizer", str(GPT2[0]),
+        assert main(["convert-text", str(tmp_path / out), str(tmp_path / "c.txt"), "--tokenizer", str(GPT2[0]),
                      "--merges", str(GPT2[1]), "--separator", "%", "--no-progress"] + extra) == 0
     with open_tokens(tmp_path / "t0") as a, open_tokens(tmp_path / "t1") as b:
         assert a.dataset_id == b.dataset_id and a.documents == 3
@@ -311,7 +311,7 @@ def test_cli_workers_without_credentials_one_line_naming_shard_dir(tmp_path, pho
     (tmp_path / "in" / "cat").mkdir(parents=True)
     for k, p in enumerate(photos[:4]):
         shutil.copy(p, tmp_path / "in" / "cat" / f"{k}.jpg")
-    rc = main(["convert", str(tmp_path / "in"), str(tmp_path / "out.pageset"), "--scheduler",
+    rc = main(["convert", str(tmp_path / "out.pageset"), str(tmp_path / "in"), "--scheduler",
                cluster.scheduler.address, "--shard-dir", "s3://pageset-test/nocred", "--chunk-size", "2",
                "--max-resolution", "32", "--no-progress"])
     err = capsys.readouterr().err.strip()

@@ -58,8 +58,14 @@ def test_non_utf8_byte_in_jsonl_names_file_line_and_byte(tmp_path):
 def test_malformed_json_line_says_invalid_json_at_file_and_line(tmp_path):
     bad = tmp_path / "c.jsonl"
     bad.write_text('{"text": "ok"}\n\n{"text": "missing comma" "x": 1}\n', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"^invalid JSON at .*c\.jsonl:3 \(column 26\): Expecting ','"):
+    with pytest.raises(ValueError, match=r"c\.jsonl:3: invalid JSON at column 26: Expecting ','"):
         _tokens(tmp_path / "o.pageset", bad)
+    # a line that ends inside its object: the column is on that line (not "line 2, column 1" after the newline)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text('{"text": "ok"}\n{"text": "b",\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"cut\.jsonl:2: invalid JSON at column 14 \(the line ends there: one "
+                                         r"whole JSON object per line.*\): Expecting property name"):
+        _tokens(tmp_path / "o.pageset", cut)
     # siblings: valid JSON without the key, a JSON value that is not an object, a non-string value
     for line, match in ((b'{"body": "x"}', r"c2\.jsonl:1: no 'text' key in the JSON line \(it has \['body'\]\)"),
                         (b'[1, 2]', r"c2\.jsonl:1: no 'text' key in the JSON line \(it has list\)"),
@@ -235,3 +241,22 @@ def test_errors_in_a_file_list_name_the_list_file(tmp_path, photos):
     shutil.copy(photos[0], tmp_path / "x.jpg")
     with pytest.raises(ValueError, match=r"x\.jpg is one image: give a list of image paths"):
         write_dataset(tmp_path / "o.pageset", tmp_path / "x.jpg", num_workers=0, progress=False)
+
+
+def test_token_pipeline_hint_and_counts_of_one_read_right(tmp_path):
+    """The hint for a token file's pipeline is valid Python (no stray brace); counts of one are singular."""
+    from pageset import IntDecoder, Loader, PipelineError, TokenWindows, open_tokens
+
+    path = tmp_path / "t.pageset"
+    _tokens(path, ["ab"])  # 2 bytes + EOS: 3 tokens in 1 document
+    with pytest.raises(PipelineError) as info:
+        Loader(path, batch_size=1, pipelines={"tokens": [IntDecoder()]})
+    hint = str(info.value).split("give ", 1)[1]
+    assert hint == "pipelines={'tokens': [TokenWindows(seq_len), ToTensor?, ToDevice?]}", hint
+    with open_tokens(path) as td:
+        with pytest.raises(IndexError, match=r"document 1 is out of range for 1 document$"):
+            td.document(1)
+    one = tmp_path / "one.pageset"
+    _tokens(one, [""])  # only the EOS: 1 token
+    with pytest.raises(ValueError, match=r": 1 token, fewer than seq_len \+ 1 = 3"):
+        Loader(one, batch_size=1, pipelines={"tokens": [TokenWindows(2)]})

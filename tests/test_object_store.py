@@ -403,7 +403,7 @@ def test_s3_write_errors_name_the_url_what_failed_and_the_fix(tmp_path, photos, 
         write_shard("s3://pageset-test/tmp/x.shards-1/0-1.shard", {"kind": "records"}, [("rows", b"\0")], bare)
     (tmp_path / "photos" / "cat").mkdir(parents=True)
     shutil.copy(photos[0], tmp_path / "photos" / "cat" / "a.jpg")
-    rc = cli_main(["convert", str(tmp_path / "photos"), url, "--no-progress", "--storage-options", json.dumps(bare)])
+    rc = cli_main(["convert", url, str(tmp_path / "photos"), "--no-progress", "--storage-options", json.dumps(bare)])
     err = capsys.readouterr().err.strip()
     assert rc == 1 and "\n" not in err and "no credentials" in err and "--storage-options" in err, err
 

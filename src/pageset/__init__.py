@@ -76,6 +76,13 @@ _LAZY = {
 
 
 def __getattr__(name):
+    if name == "__version__":  # the installed distribution's version (pyproject.toml), read when asked
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("pageset")
+        except PackageNotFoundError:  # a source tree on sys.path, never installed
+            return "0+unknown"
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'pageset' has no attribute {name!r}")

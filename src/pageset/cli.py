@@ -1,14 +1,17 @@
 """The pageset command line: convert, convert-text, merge, inspect, verify, clean.
 
-    pageset convert PHOTOS/ train.pageset --max-resolution 512 --encoding jpeg --num-workers 8
-    pageset convert files.txt train.pageset          # one image path per line, optionally "<path>\\t<label>"
-    pageset convert-text corpus/ train.pageset --tokenizer encoder.json --merges vocab.bpe --separator %
-    pageset convert PHOTOS/ s3://bucket/train.pageset --scheduler tcp://HOST:8786   # on a Dask cluster
+    pageset convert train.pageset PHOTOS/ --max-resolution 512 --encoding jpeg --num-workers 8
+    pageset convert train.pageset files.txt          # one image path per line, optionally "<path>\\t<label>"
+    pageset convert-text train.pageset corpus/ --tokenizer encoder.json --merges vocab.bpe --separator %
+    pageset convert s3://bucket/train.pageset PHOTOS/ --scheduler tcp://HOST:8786   # on a Dask cluster
     pageset merge all.pageset part1.pageset part2.pageset
     pageset inspect train.pageset [--json]
     pageset verify train.pageset
     pageset verify s3://bucket/train.pageset --storage-options '{"client_kwargs": {"endpoint_url": "..."}}'
     pageset clean train.pageset                      # temp files and shards of killed writes
+
+The output comes first in every command that writes a file (as in every Python writer: write_dataset(path,
+source, ...)); the old ``pageset convert SOURCE OUTPUT`` order still works, with a deprecation message.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ import sys
 import numpy as np
 
 from .format import FormatError
-from .format.constants import DEFAULT_PAGE_SIZE, ENCODING_NAMES, FORMAT_MAJOR, FORMAT_MINOR
+from .format.constants import DEFAULT_PAGE_SIZE, ENCODING_NAMES, FORMAT_MAJOR, FORMAT_MINOR, MAGIC
+from .format.errors import plural
 from .format.fields import Int, RGBImage
 from .read import Dataset
 from .write import ImageList, SampleError, write_dataset
-from .write.filewriter import check_not_input, check_replaceable
+from .write.filewriter import check_not_input, check_replaceable, is_url, local_path
 
 SCHEDULER_TIMEOUT_S = 60  # --scheduler: seconds to reach the Dask scheduler
 
@@ -60,13 +64,57 @@ def _storage_options(args) -> dict | None:
     return opts
 
 
+def _is_pageset_file(path: str) -> bool:
+    """A local file that starts with the pageset magic bytes."""
+    if is_url(path):
+        return False
+    try:
+        with open(local_path(path), "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+def _is_source(path: str) -> bool:
+    """An existing local folder or non-empty file that is not a pageset file: something to convert, never an
+    output a writer may replace."""
+    if is_url(path):
+        return False
+    local = local_path(path)
+    return os.path.isdir(local) or (os.path.isfile(local) and os.path.getsize(local) > 0
+                                    and not _is_pageset_file(local))
+
+
+def _argument_order(args, usage: str) -> str | None:
+    """Put ``args.output`` / ``args.source`` in their places; an error message, or None.
+
+    The order is OUTPUT SOURCE. The deprecated SOURCE OUTPUT order is recognised when the first argument is a
+    source (an existing folder or a file that is not a pageset file) and the second is not (a missing path, a
+    pageset file, a URL): it is swapped back, with a message on stderr. A SOURCE that is a pageset file means
+    swapped arguments (or a file that should be merged): refused before any work.
+    """
+    if _is_source(args.output) and not _is_source(args.source):
+        args.output, args.source = args.source, args.output
+        print(f"pageset {args.command}: deprecated argument order SOURCE OUTPUT, read as `pageset {args.command} "
+              f"{args.output} {args.source}`: the output comes first (`{usage}`, as in `pageset merge` and "
+              "every Python writer); the old order will be removed", file=sys.stderr)
+    if _is_pageset_file(args.source):
+        return (f"the SOURCE {args.source} is a pageset file: the arguments look swapped; the order is `{usage}` "
+                "(to concatenate pageset files: pageset merge OUTPUT INPUTS...)")
+    return None
+
+
 def cmd_convert(args) -> int:
+    error = _argument_order(args, "pageset convert OUTPUT SOURCE")
+    if error is not None:
+        print(f"pageset convert: {error}", file=sys.stderr)
+        return 1
     image = RGBImage(max_resolution=args.max_resolution, encoding=args.encoding, jpeg_quality=args.jpeg_quality,
                      jpeg_subsampling=args.jpeg_subsampling, jpeg_passthrough=args.jpeg_passthrough,
                      jpeg_draft=args.jpeg_draft)
-    try:  # before any work; named in the command line's order (the source comes first here)
+    try:  # before any work
         check_not_input(args.output, [args.source])
-        check_replaceable(args.output, "pageset convert SOURCE OUTPUT", _storage_options(args))
+        check_replaceable(args.output, "pageset convert OUTPUT SOURCE", _storage_options(args))
     except ValueError as exc:
         print(f"pageset convert: {exc}", file=sys.stderr)
         return 1
@@ -97,7 +145,7 @@ def cmd_convert(args) -> int:
         if client is not None:
             client.close()
     rate = result.records / result.seconds if result.seconds else float("inf")
-    print(f"wrote {result.path}: {result.records} records, {len(result.skipped)} skipped, "
+    print(f"wrote {result.path}: {_n(result.records, 'record')}, {len(result.skipped)} skipped, "
           f"{result.bytes / 1e6:.1f} MB in {result.seconds:.1f} s ({rate:.0f} samples/s), id {result.dataset_id[:16]}")
     if result.skipped:
         print(f"skipped sample indices: {list(result.skipped)[:50]}")
@@ -107,10 +155,14 @@ def cmd_convert(args) -> int:
 def cmd_convert_text(args) -> int:
     from .write.tokens import write_tokens
 
+    error = _argument_order(args, "pageset convert-text OUTPUT SOURCE --tokenizer TOKENIZER")
+    if error is not None:
+        print(f"pageset convert-text: {error}", file=sys.stderr)
+        return 1
     tokenizer = (args.tokenizer, args.merges) if args.merges else args.tokenizer
     try:
         check_not_input(args.output, [args.source])
-        check_replaceable(args.output, "pageset convert-text SOURCE OUTPUT --tokenizer TOKENIZER",
+        check_replaceable(args.output, "pageset convert-text OUTPUT SOURCE --tokenizer TOKENIZER",
                           _storage_options(args))
     except ValueError as exc:
         print(f"pageset convert-text: {exc}", file=sys.stderr)
@@ -135,6 +187,13 @@ def cmd_convert_text(args) -> int:
 def cmd_merge(args) -> int:
     from .merge import merge_datasets
 
+    missing = [p for p in args.inputs if not is_url(p) and not os.path.exists(local_path(p))]
+    if missing:
+        swapped = (missing == args.inputs[-1:] and _is_pageset_file(args.output))
+        hint = (": the arguments look swapped; the output comes first: pageset merge OUTPUT INPUTS..." if swapped
+                else "")
+        print(f"pageset merge: input {missing[0]}: no such file{hint}", file=sys.stderr)
+        return 1
     try:
         r = merge_datasets(args.output, args.inputs, progress=not args.no_progress,
                            storage_options=_storage_options(args))
@@ -154,7 +213,8 @@ def cmd_clean(args) -> int:
     removed = remove_stale_temps(args.path, every_host=args.all_hosts)
     for name in removed:
         print(f"removed {name}")
-    print(f"{args.path}: {len(removed)} left-over temp file(s) / shard folder(s) removed")
+    what = _n(len(removed), "left-over temp file or shard folder", "left-over temp files and shard folders")
+    print(f"{args.path}: {what} removed")
     return 0
 
 
@@ -201,9 +261,7 @@ def describe(ds) -> dict:
     }
 
 
-def _n(count: int, noun: str) -> str:
-    """'1 document', '2 documents'."""
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+_n = plural  # '1 document', '2 documents'
 
 
 def _count(ds) -> str:
@@ -224,7 +282,7 @@ def cmd_inspect(args) -> int:
         print(json.dumps(info, indent=2, sort_keys=True))
         return 0
     print(f"{info['path']}: pageset v{info['version']}, {count}, "
-          f"{info['file_bytes'] / 1e6:.2f} MB, {info['pages']} pages of {info['page_size']} bytes")
+          f"{info['file_bytes'] / 1e6:.2f} MB, {_n(info['pages'], 'page')} of {info['page_size']} bytes")
     print(f"dataset id: {info['dataset_id']}")
     for name, f in info["fields"].items():
         extra = ""
@@ -259,20 +317,16 @@ def cmd_inspect(args) -> int:
 def cmd_verify(args) -> int:
     with Dataset(args.path, _storage_options(args)) as ds:  # either kind of file
         ds.verify()
-        print(f"{args.path}: OK ({_count(ds)}, {ds.page_count} pages, header, sections, index and every page "
+        print(f"{args.path}: OK ({_count(ds)}, {_n(ds.page_count, 'page')}, header, sections, index and every page "
               "checksum verified)")
     return 0
 
 
 def version() -> str:
-    """The installed pageset version (package metadata), or "unknown" when running from a source tree."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as package_version
+    """``pageset.__version__``: the installed version (package metadata), "0+unknown" from a source tree."""
+    import pageset
 
-    try:
-        return package_version("pageset")
-    except PackageNotFoundError:
-        return "unknown"
+    return pageset.__version__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -283,8 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{FORMAT_MAJOR}.{FORMAT_MINOR})")
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("convert", help="ImageFolder directory or image-path list -> pageset file")
+    c.add_argument("output", help="output file or URL, e.g. train.pageset")
     c.add_argument("source", help="ImageFolder directory (root/<class>/<image>) or a text file of image paths")
-    c.add_argument("output", help="output file, e.g. train.pageset")
     c.add_argument("--max-resolution", type=int, default=None, help="shrink so the longer side is at most this")
     c.add_argument("--encoding", choices=["jpeg", "raw", "auto"], default="jpeg")
     c.add_argument("--jpeg-quality", type=int, default=90)
@@ -303,8 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="samples per task (default 8 locally, 1024 per shard with --scheduler)")
     c.set_defaults(func=cmd_convert)
     t = sub.add_parser("convert-text", help="text corpus -> token file (tokenize + pack)")
+    t.add_argument("output", help="output file or URL, e.g. corpus.pageset")
     t.add_argument("source", help="text file, directory, .jsonl or .parquet")
-    t.add_argument("output")
     t.add_argument("--tokenizer", required=True,
                    help="tokenizer.json, a cl100k_base .tiktoken file, or GPT-2 encoder.json/vocab.json with --merges")
     t.add_argument("--merges", default=None, help="vocab.bpe / merges.txt for a GPT-2-style BPE")
@@ -319,8 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_args(t)
     t.set_defaults(func=cmd_convert_text)
     m = sub.add_parser("merge", help="concatenate pageset files with one schema into one file")
-    m.add_argument("output")
-    m.add_argument("inputs", nargs="+")
+    m.add_argument("output", help="output file or URL, e.g. all.pageset")
+    m.add_argument("inputs", nargs="+", help="pageset files (or URLs) with one schema, in this order")
     m.add_argument("--storage-options", default=None,
                    help="JSON fsspec options for every URL: the output and URL inputs")
     m.add_argument("--no-progress", action="store_true")
@@ -363,7 +417,16 @@ def main(argv=None) -> int:
         if sig is not None:
             signal.signal(sig, _terminate)
     try:
-        return args.func(args)
+        rc = args.func(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+        return rc
+    except BrokenPipeError:  # `pageset inspect ... | head`: the reader has what it wanted
+        # Python would flush stdout again at exit and print "Exception ignored ... BrokenPipeError": point the
+        # descriptor at /dev/null first. Exit status 128 + SIGPIPE, as a Unix tool killed by SIGPIPE, silently.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
     except (FormatError, OSError, ImportError) as exc:
         print(f"pageset {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -135,17 +135,17 @@ def ordered_pair(name: str, value, *, low: float = 0.0) -> tuple[float, float]:
     return lo, hi
 
 
-def pair_of_ints(name: str, value, *, minimum: int = 1) -> tuple[int, int]:
-    """``(height, width)`` from an int (a square) or a sequence of two ints, each ``>= minimum``: torchvision's
-    ``size`` convention. A string, a float or a sequence of another length is a TypeError."""
+def pair_of_ints(name: str, value, *, minimum: int = 1, maximum: int | None = None) -> tuple[int, int]:
+    """``(height, width)`` from an int (a square) or a sequence of two ints, each in ``[minimum, maximum]``:
+    torchvision's ``size`` convention. A string, a float or a sequence of another length is a TypeError."""
     value = _sequence(value)
     if is_int(value):
-        h = w = integer(name, value, minimum=minimum)
+        h = w = integer(name, value, minimum=minimum, maximum=maximum)
         return h, w
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
         raise TypeError(f"{name} must be an int or a (height, width) pair of ints, {_got(value)}")
-    return (integer(f"{name}[0] (height)", value[0], minimum=minimum),
-            integer(f"{name}[1] (width)", value[1], minimum=minimum))
+    return (integer(f"{name}[0] (height)", value[0], minimum=minimum, maximum=maximum),
+            integer(f"{name}[1] (width)", value[1], minimum=minimum, maximum=maximum))
 
 
 def ints_tuple(name: str, value, *, minimum: int = 0) -> tuple[int, ...]:

@@ -67,3 +67,9 @@ class RemoteReadError(OSError):
 class ObjectChangedError(RemoteReadError):
     """The object behind a URL changed (another ETag or version) after it was opened: pages of two files are
     never mixed; reopen the dataset to read the new object."""
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """``'1 page'``, ``'0 pages'``, ``'2 pages'`` (``many``: the plural when it is not ``noun + 's'``), for the
+    counts in messages."""
+    return f"{count} {noun}" if count == 1 else f"{count} {many or noun + 's'}"

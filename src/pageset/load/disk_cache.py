@@ -11,7 +11,16 @@ deadlock), looks again, and only then fetches; the others wait on the lock and t
 lock not obtained within ``lock_timeout`` seconds is skipped (the page is fetched anyway: slower, never wrong).
 
 Size bound: when the pages written push the directory past ``limit_bytes``, the least recently used pages (by
-mtime; a hit touches its page) are deleted down to 90 % of the bound.
+mtime; a hit touches its page) are deleted down to 90 % of the bound (never below the newest page: a bound
+smaller than one page is refused at construction). Temporary files count towards the bound.
+
+Temporary files of a writer that died mid-write (SIGKILL, OOM, power loss of a node with a shared folder) are
+reclaimed when a cache opens: the writer holds an exclusive ``flock`` on its temporary file from creation to
+rename, and the kernel drops that lock when the process dies, whatever killed it. So a temporary file whose
+lock can be taken belongs to no live writer and is deleted; one whose lock is held is a live writer's (another
+rank's) and is left alone. A lock, not a pid in the name: pids are per pid namespace (ranks in containers
+sharing a host folder can have the same pid), a pid is reused after its process died, and a liveness check
+cannot see another host's processes; a ``flock`` answers "is its writer alive" for all of them.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import fcntl
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +37,7 @@ import numpy as np
 from ..format.checksum import crc32
 
 LOCK_STRIPES = 4096
+TMP_SUFFIX = ".tmp"
 
 
 def _touch(path: Path) -> None:
@@ -47,8 +58,15 @@ class DiskPageCache:
     returned. Counters: ``hits``, ``misses`` (pages), ``evicted`` (pages deleted by the size bound).
     """
 
-    def __init__(self, cache_dir, dataset_id: str, page_crcs: np.ndarray | None, limit_bytes: int,
+    def __init__(self, cache_dir, dataset_id: str, page_crcs: np.ndarray | None, limit_bytes: int, page_size: int,
                  lock_timeout: float = 120.0):
+        """Raises ValueError when ``limit_bytes`` < ``page_size`` (no page would stay on disk), NotADirectoryError /
+        PermissionError when the folder cannot be made."""
+        if int(limit_bytes) < int(page_size):
+            raise ValueError(f"cache_limit_bytes={int(limit_bytes):,} is smaller than one page of this dataset "
+                             f"({int(page_size):,} bytes): every page would be written and deleted at once; pass "
+                             f"cache_limit_bytes >= {int(page_size):,} (several pages: at least the pages of the "
+                             "steps in flight) or no cache_dir")
         self.dir = Path(cache_dir) / dataset_id
         self.lock_dir = self.dir / "locks"
         try:
@@ -60,25 +78,58 @@ class DiskPageCache:
             raise PermissionError(f"cache_dir {os.fspath(cache_dir)!r}: cannot create the page cache there ({exc}); "
                                   "pass cache_dir= a folder this process may write") from None
         self.page_crcs = page_crcs
+        self.page_size = int(page_size)
         self.limit_bytes = int(limit_bytes)
         self.lock_timeout = float(lock_timeout)
         self.hits = self.misses = self.evicted = 0
         self._lock = threading.Lock()
+        self.reclaimed = self._reclaim_dead_temps()
         self._size = self._scan_size()
 
     def _path(self, k: int) -> Path:
         return self.dir / f"{k}.page"
 
     def _scan_size(self) -> int:
-        total = 0
+        """Bytes of the pages and temporary files in the folder (what the bound limits)."""
+        return sum(size for _, size, _ in self._entries(temps=True))
+
+    def _entries(self, temps: bool) -> list[tuple[int, int, str]]:
+        """(mtime_ns, size, path) of the pages (and the temporary files, if ``temps``) in the folder."""
+        out = []
         with os.scandir(self.dir) as it:
             for e in it:
-                if e.name.endswith(".page"):
+                if e.name.endswith(".page") or (temps and e.name.endswith(TMP_SUFFIX)):
                     try:
-                        total += e.stat().st_size
+                        st = e.stat()
                     except FileNotFoundError:
-                        pass
-        return total
+                        continue
+                    out.append((st.st_mtime_ns, st.st_size, e.path))
+        return out
+
+    def _reclaim_dead_temps(self) -> int:
+        """Delete the temporary files whose writer is dead (their flock can be taken); return how many."""
+        reclaimed = 0
+        with os.scandir(self.dir) as it:
+            names = [e.path for e in it if e.name.endswith(TMP_SUFFIX)]
+        for path in names:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:  # renamed into place (or reclaimed by another process) meanwhile
+                continue
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:  # a live writer holds it
+                    continue
+                try:  # unlink only the file we locked (never one created since under that name)
+                    if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                        os.unlink(path)
+                        reclaimed += 1
+                except FileNotFoundError:
+                    pass
+            finally:
+                os.close(fd)  # drops the lock
+        return reclaimed
 
     def _load(self, k: int) -> np.ndarray | None:
         path = self._path(k)
@@ -96,11 +147,25 @@ class DiskPageCache:
         return np.frombuffer(data, dtype=np.uint8)
 
     def _store(self, k: int, page: np.ndarray) -> None:
-        tmp = self.dir / f".{k}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(memoryview(page))
-        os.replace(tmp, self._path(k))
-        _touch(self._path(k))
+        """Write page ``k`` under a temporary name, locked (see the module notes), and rename it into place."""
+        for _ in range(3):
+            tmp = self.dir / f".{k}.{os.getpid()}.{uuid.uuid4().hex}{TMP_SUFFIX}"  # never reused
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # held until closed: the kernel drops it if this process dies
+                try:  # a reclaimer may have taken the unlocked file between open and flock: start again
+                    if os.stat(tmp).st_ino != os.fstat(fd).st_ino:
+                        continue
+                except FileNotFoundError:
+                    continue
+                with open(fd, "wb", closefd=False) as f:
+                    f.write(memoryview(page))
+                os.replace(tmp, self._path(k))
+            finally:
+                os.close(fd)
+            _touch(self._path(k))
+            return
+        # three reclaims in a row (only if other processes open caches non-stop): the page is not cached
 
     def _acquire(self, pages: list[int]) -> list[int]:
         """Exclusive flocks on the stripes of ``pages`` (ascending); returns the open descriptors."""
@@ -169,17 +234,11 @@ class DiskPageCache:
         return out
 
     def _evict(self) -> None:
-        entries = []
-        with os.scandir(self.dir) as it:
-            for e in it:
-                if e.name.endswith(".page"):
-                    try:
-                        st = e.stat()
-                    except FileNotFoundError:
-                        continue
-                    entries.append((st.st_mtime_ns, st.st_size, e.path))
-        total = sum(size for _, size, _ in entries)
-        target = int(self.limit_bytes * 0.9)
+        every = self._entries(temps=True)  # live writers' temporary files count, but are never deleted
+        entries = [e for e in every if e[2].endswith(".page")]
+        total = sum(size for _, size, _ in every)
+        # 90 % of the bound, but never below one page: the page just written stays (limit >= page_size)
+        target = max(int(self.limit_bytes * 0.9), self.page_size)
         evicted = 0
         for _, size, path in sorted(entries):
             if total <= target:

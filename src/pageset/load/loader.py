@@ -116,7 +116,9 @@ class Loader:
             members only (ValueError when no member is a URL). A URL is read in whole pages by range
             requests, each page's CRC-32 checked on arrival (``page_cache`` and ``verify_pages`` do not apply).
         cache_dir, cache_limit_bytes: URL only: an on-disk page cache shared by the processes of one host,
-            keyed by dataset id, LRU-bounded to ``cache_limit_bytes`` (default 10 GiB).
+            keyed by dataset id, LRU-bounded to ``cache_limit_bytes`` (default 10 GiB; ValueError when smaller than
+            the file's page size). Temporary files of writers that died mid-write are deleted when a cache opens and
+            count towards the bound.
         prefetch_bytes, max_requests: URL only: bytes of the next steps' pages requested ahead (default 64
             MiB) and range requests running at once (default 8).
         request_timeout, request_attempts: URL only: seconds per request and attempts per request (retries
@@ -232,7 +234,15 @@ class Loader:
             raise
         self._epoch, self._cursor = 0, 0
         self._active = None  # the running epoch generator, if any
-        self._pool = ThreadPool(0 if self._inline else num_threads, self._run_slice)
+        # the threads' scratch, sized here for the stages that know it (token windows: a slice's bytes), so that
+        # threads started mid-epoch (inline fills handing over) allocate nothing either
+        rows = -(-self.batch_size // self._n_slices)
+        contexts = [{"thread": i} for i in range(num_threads)]
+        for ctx in contexts:
+            for st in self._stages:
+                if hasattr(st, "reserve"):
+                    st.reserve(ctx, rows)
+        self._pool = ThreadPool(0 if self._inline else num_threads, self._run_slice, contexts=contexts)
         self._ctx: dict = {"thread": "consumer"}  # scratch of the thread calling next() when it helps
         self._pid = os.getpid()  # the process whose threads (and a URL's connections) this Loader uses
         self._closed = False  # only now: close() and __del__ have everything to release
@@ -307,18 +317,57 @@ class Loader:
         self.dataset_id = mixture_id([s.dataset_id for s in self._sources], mix.quotas, self.n_records)
 
     def _setup_buffers(self) -> None:
-        """The device queue and the ring of batch buffers."""
+        """The device queue and the ring of batch buffers: ``batches_ahead + 2`` slots, all allocated here.
+
+        Inline filling uses two of them (the batch handed out and the one being filled); the others are there
+        for the switch to threads (see _inline_batches), which then allocates nothing in the middle of an epoch.
+        Raises MemoryError naming the field, its op, the buffer shape and the bytes when the slots need more than
+        the machine's memory or cannot be allocated.
+        """
         self._queue = self._device_queue()
         empty = self._queue.empty if self._queue is not None else (lambda shape, dt: np.empty(shape, dt))
-        # inline: the batch handed out and the one being filled (a batch the user keeps gets new buffers)
-        n_slots = 2 if self._inline else self.batches_ahead + 2
-        self._slots = [Slot(i, [s.alloc(self.batch_size, empty) for s in self._stages]) for i in range(n_slots)]
+        n_slots = self.batches_ahead + 2
+        self._check_buffer_memory(n_slots)
+        try:
+            self._slots = [Slot(i, [s.alloc(self.batch_size, empty) for s in self._stages]) for i in range(n_slots)]
+        except MemoryError:
+            raise MemoryError(self._buffer_message(n_slots, "could not be allocated")) from None
         self._empty = empty
         # Batches take the slots in turn, across epochs: the slot filled next is the one used longest ago, never
         # the one of the batch a `for batch in loader` loop still holds when it asks for the next (step % slots
         # would restart at slot 0 each epoch: a new batch buffer, 38 MB for 64 float32 224 px images, whenever
         # the epoch's step count is 1 more than a multiple of the slots).
         self._turn = 0
+
+    def _buffers(self, n_slots: int) -> list:
+        """(stage, key, shape, dtype, bytes) of one slot's buffers, largest first."""
+        out = []
+        for st in self._stages:
+            for key, (shape, dt) in st.buffer_shapes(self.batch_size).items():
+                out.append((st, key, shape, dt, int(np.prod(shape, dtype=object)) * dt.itemsize))
+        return sorted(out, key=lambda b: -b[4])
+
+    def _buffer_message(self, n_slots: int, what: str) -> str:
+        bufs = self._buffers(n_slots)
+        total = n_slots * sum(b[4] for b in bufs)
+        st, key, shape, dt, nbytes = bufs[0]
+        op = f"{st.op!r}" if st.op is not None else "its decoder"
+        return (f"{self.path}: the batch buffers {what}: {n_slots} slots (batches_ahead + 2) x "
+                f"{sum(b[4] for b in bufs) / 2**30:.3g} GiB = {total / 2**30:.3g} GiB; the largest: field "
+                f"{st.name!r} ({op}), {key!r} of shape {tuple(shape)} {dt.name}, {nbytes / 2**30:.3g} GiB per batch. "
+                "Use a smaller output size, batch_size or batches_ahead")
+
+    def _check_buffer_memory(self, n_slots: int) -> None:
+        """MemoryError when the slots' buffers need more than the machine's physical memory (they would be
+        allocated lazily and fail, or be killed, at the first batches)."""
+        total = n_slots * sum(b[4] for b in self._buffers(n_slots))
+        try:
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):  # no sysconf: the allocation decides
+            return
+        if total > ram:
+            raise MemoryError(self._buffer_message(n_slots, f"need more than this machine's memory "
+                                                            f"({ram / 2**30:.3g} GiB)"))
 
     def _epoch_length(self) -> int:
         """epoch_length() of this loader; its ValueError (no full batch) names the file, and for a token
@@ -564,10 +613,10 @@ class Loader:
         return None
 
     def _leave_inline(self) -> None:
-        """From now on, prepare batches ahead on ``num_threads`` threads (the ring of slots grows to match)."""
+        """From now on, prepare batches ahead on ``num_threads`` threads, over the whole ring of slots (allocated
+        at construction); the next batch takes slot 2, never one of the two the inline batches used."""
         self._inline = False
-        self._slots += [Slot(i, [s.alloc(self.batch_size, self._empty) for s in self._stages])
-                        for i in range(len(self._slots), self.batches_ahead + 2)]
+        self._turn = 2
         self._pool.start(self.num_threads)
 
     def _step_pages(self, order: EpochOrder, step: int) -> np.ndarray:
@@ -608,7 +657,7 @@ class Loader:
             slot.prefetched = self._queue.issue(self._stages, slot, None)
 
     def _next_slot(self) -> Slot:
-        slot = self._slots[self._turn % len(self._slots)]
+        slot = self._slots[self._turn % (2 if self._inline else len(self._slots))]
         self._turn += 1
         return slot
 

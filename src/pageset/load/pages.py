@@ -46,6 +46,11 @@ class PreadPages:
         self.ds = ds
         spans.prepare()
 
+    @staticmethod
+    def reserve(staging: dict, nbytes: int) -> None:
+        """Grow the thread's staging buffer to ``nbytes`` now (at Loader construction), not at its first read."""
+        _staging(staging, nbytes)
+
     def gather(self, offs: np.ndarray, lens: np.ndarray, staging: dict) -> tuple[np.ndarray, np.ndarray]:
         """(buf uint8[:], offsets int64[n]) such that record j is ``buf[off[j] : off[j] + lens[j]]``.
 
@@ -245,6 +250,8 @@ class ProcessPageCache:
             return self._arena[base : base + n].copy()
         finally:
             self._release(slots)
+
+    reserve = staticmethod(PreadPages.reserve)
 
     def gather(self, offs: np.ndarray, lens: np.ndarray, staging: dict) -> tuple[np.ndarray, np.ndarray]:
         """Copy the records into the thread's staging buffer (grown when needed); return (buf, offsets).

@@ -108,8 +108,11 @@ class RemotePages:
             from .disk_cache import DiskPageCache
 
             limit = cache_limit_bytes if cache_limit_bytes is not None else 10 << 30
-            self.disk = DiskPageCache(cache_dir, ds.dataset_id, ds.page_checksums, limit,
-                                      lock_timeout=2 * retry.attempts * (retry.timeout + retry.backoff_max) + 30)
+            try:
+                self.disk = DiskPageCache(cache_dir, ds.dataset_id, ds.page_checksums, limit, self.page_size,
+                                          lock_timeout=2 * retry.attempts * (retry.timeout + retry.backoff_max) + 30)
+            except ValueError as exc:  # the bound is smaller than this file's page
+                raise ValueError(f"{self.url}: {exc}") from None
         self._pool = concurrent.futures.ThreadPoolExecutor(self.max_requests, thread_name_prefix="pageset-fetch")
         self._lock = threading.Lock()
         self._ready: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()

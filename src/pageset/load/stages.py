@@ -8,6 +8,7 @@ import json
 import numpy as np
 import torch
 
+from ..format.errors import plural
 from ..format.fields import JSON, Bytes, Float, Int, NDArray, RGBImage, Tokens
 from ..ops import image as image_ops
 from ..ops import image_batch, jpeg
@@ -74,6 +75,11 @@ class Stage:
     fills_rows = False  # whether fill_rows(arrays, rows, ...) writes scattered rows itself (no scratch copy)
     # whether a batch of one slice costs less than a thread hand-off (then the thread calling next() fills it)
     inline = False
+    op = None  # the op that fixes the output shape (a crop, TokenWindows), named in buffer errors
+
+    def buffer_shapes(self, batch_size: int) -> dict:
+        """``{key: (shape, numpy dtype)}`` of the buffers :meth:`alloc` makes for one slot."""
+        return {k: ((batch_size, *shape), np.dtype(dt)) for k, (shape, dt, _) in self.outputs.items()}
 
     def alloc(self, batch_size: int, empty) -> dict:
         """Buffers for one slot; ``empty(shape, np_dtype)`` allocates (pinned when copying to a GPU)."""
@@ -109,6 +115,7 @@ class ImageStage(Stage):
                 "CenterCrop(size) (images differ in size; the crop fixes the batch shape)"
             )
         crop, rest = rest[0], rest[1:]
+        self.op = crop  # named when the batch buffers cannot be allocated
         self.flip_p, normalize, layout = 0.0, None, None
         for op in rest:
             if isinstance(op, RandomHorizontalFlip) and normalize is None and layout is None:
@@ -312,8 +319,8 @@ class TokenStage(Stage):
         rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
         if len(rest) != 1 or not isinstance(rest[0], TokenWindows):
             raise PipelineError(f"{ds.path} is a token file: give pipelines={{{name!r}: [TokenWindows(seq_len), "
-                                "ToTensor?, ToDevice?]}}")
-        op = rest[0]
+                                "ToTensor?, ToDevice?]}")
+        op = self.op = rest[0]
         self.seq_len, self.docs = op.seq_len, op.document_outputs
         info = ds.tokens_info
         self.eos_id = int(info["eos_id"])
@@ -323,7 +330,7 @@ class TokenStage(Stage):
         self.stride = self.seq_len * self.itemsize  # bytes between window starts
         count = ds.data_length // self.itemsize
         if count < self.seq_len + 1:
-            raise ValueError(f"{ds.path}: {count} tokens, fewer than seq_len + 1 = {self.seq_len + 1}:"
+            raise ValueError(f"{ds.path}: {plural(count, 'token')}, fewer than seq_len + 1 = {self.seq_len + 1}:"
                              " no window fits (windows are never padded); use a smaller seq_len or more data")
         self.n_records = token_ops.num_windows(count, self.seq_len)
         # rows per slice: ~256K tokens (~0.2-0.3 ms of reading and widening) pays for handing a slice to a thread
@@ -342,12 +349,24 @@ class TokenStage(Stage):
         n = (self.seq_len + 1) * self.itemsize
         return self.data_offset + ids * (self.seq_len * self.itemsize), np.full(ids.shape[0], n, dtype=np.int64)
 
+    def reserve(self, ctx: dict, rows: int) -> None:
+        """Size a thread's scratch (``ctx``) for slices of up to ``rows`` windows (at Loader construction)."""
+        reserve = getattr(self.pages, "reserve", None)
+        if reserve is not None:
+            reserve(ctx, rows * (self.seq_len + 1) * self.itemsize)
+
     def records_per_page(self, page_count: int) -> np.ndarray:
         """int64[max(page_count, 1)]: windows whose first token lies in each page (O(pages), no per-window array)."""
         stride = self.seq_len * self.itemsize  # bytes between window starts
         bounds = np.arange(max(page_count, 1) + 1, dtype=np.int64) * self.page_size
         first = np.minimum(-(-bounds // stride), self.n_records)  # first window starting at or after each bound
         return np.diff(first)
+
+    def buffer_shapes(self, batch_size):
+        shapes = super().buffer_shapes(batch_size)
+        if self.docs:
+            shapes["cu_seqlens"] = ((batch_size * self.seq_len + 1,), np.dtype(np.int32))
+        return shapes
 
     def alloc(self, batch_size, empty):
         arrays = super().alloc(batch_size, empty)

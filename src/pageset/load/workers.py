@@ -46,7 +46,9 @@ class ThreadPool:
     them on the calling thread and starts the pool with no threads.)
     """
 
-    def __init__(self, num_threads: int, run_slice, name: str = "pageset"):
+    def __init__(self, num_threads: int, run_slice, name: str = "pageset", contexts: list | None = None):
+        # per-thread scratch (``contexts[i]`` for thread i, made and pre-sized by the caller; else made here)
+        self.contexts = list(contexts or [])
         self._tasks: collections.deque = collections.deque()
         self._cv = threading.Condition(threading.Lock())
         self._stop = threading.Event()
@@ -72,7 +74,7 @@ class ThreadPool:
             self._cv.notify()
 
     def _loop(self, i: int) -> None:
-        ctx: dict = {"thread": i}  # per-thread scratch buffers and the JPEG decoder handle
+        ctx: dict = self.contexts[i] if i < len(self.contexts) else {"thread": i}  # scratch, JPEG decoder handle
         while not self._stop.is_set():
             with self._cv:
                 if not self._tasks:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from ..format.errors import plural
 from .spans import pread_full
 
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
@@ -46,7 +47,7 @@ def num_windows(num_tokens: int, seq_len: int) -> int:
         raise ValueError(f"seq_len must be an int >= 1, got {seq_len!r}")
     if num_tokens < seq_len + 1:
         raise ValueError(
-            f"the corpus has {num_tokens} tokens, fewer than seq_len + 1 = {seq_len + 1}: no window fits "
+            f"the corpus has {plural(num_tokens, 'token')}, fewer than seq_len + 1 = {seq_len + 1}: no window fits "
             "(windows are never padded); use a smaller seq_len or more data"
         )
     return (int(num_tokens) - 1) // int(seq_len)
@@ -87,7 +88,7 @@ def gather_windows(tokens: np.ndarray, window_ids: np.ndarray, seq_len: int, out
         raise ValueError(f"outputs must be [{b}, {seq_len}], got {out_input.shape} and {out_target.shape}")
     if b and (ids.min() < 0 or ids.max() >= view.shape[0]):
         bad = ids[(ids < 0) | (ids >= view.shape[0])][0]
-        raise IndexError(f"window id {int(bad)} is out of range: {view.shape[0]} windows of seq_len {seq_len}")
+        raise IndexError(f"window id {int(bad)} is out of range: {plural(view.shape[0], 'window')} of seq_len {seq_len}")
     if scratch is None or scratch.shape != (b, seq_len + 1) or scratch.dtype != tokens.dtype:
         scratch = np.empty((b, seq_len + 1), dtype=tokens.dtype)
     # The one gather: B contiguous runs of seq_len + 1 tokens. (np.take(view, ids, axis=0) would first copy the

@@ -32,6 +32,10 @@ from ..format.constants import FLOAT_DTYPES, INT_DTYPES
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 OUT_DTYPES = ("float32", "float16", "bfloat16")
+# The largest output side of a crop op: JPEG's own limit (a 16-bit side), so no stored JPEG is larger; a larger
+# size is a typo (its batch buffer alone would be tens of GiB per image). The Loader also refuses, at
+# construction, batch buffers larger than the machine's memory (naming the op, the field and the bytes).
+MAX_OUTPUT_SIDE = 65535
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,8 @@ class RandomResizedCrop:
     """Crop a random area (``scale`` of the image area, aspect ``ratio``) and resize it to ``size``.
 
     torchvision's ``RandomResizedCrop.get_params`` algorithm (10 tries, then a central fallback), drawn from the
-    sample's (seed, epoch, position) key. ``size``: int or (height, width), output pixels.
+    sample's (seed, epoch, position) key. ``size``: int or (height, width), output pixels, each in
+    ``[1, MAX_OUTPUT_SIDE]`` (65535, JPEG's limit).
     """
 
     size: int | tuple = 224
@@ -47,7 +52,8 @@ class RandomResizedCrop:
     ratio: tuple = (3 / 4, 4 / 3)
 
     def __post_init__(self):
-        object.__setattr__(self, "size", check.pair_of_ints("RandomResizedCrop.size", self.size))
+        object.__setattr__(self, "size", check.pair_of_ints("RandomResizedCrop.size", self.size,
+                                                                   maximum=MAX_OUTPUT_SIDE))
         scale = check.ordered_pair("RandomResizedCrop.scale", self.scale)
         if scale[1] > 1:
             raise ValueError(f"RandomResizedCrop.scale must be (lo, hi) with 0 < lo <= hi <= 1 (fractions of the "
@@ -61,14 +67,14 @@ class CenterCrop:
     """A centred crop of ``ratio`` times the shorter side (FFCV's evaluation crop), resized to ``size``.
 
     With ``ratio=224/256`` this equals torchvision's ``Resize(256) + CenterCrop(224)`` geometry for square
-    outputs, decoded and resized in one pass.
+    outputs, decoded and resized in one pass. ``size``: as for :class:`RandomResizedCrop`.
     """
 
     size: int | tuple = 224
     ratio: float = 224 / 256
 
     def __post_init__(self):
-        object.__setattr__(self, "size", check.pair_of_ints("CenterCrop.size", self.size))
+        object.__setattr__(self, "size", check.pair_of_ints("CenterCrop.size", self.size, maximum=MAX_OUTPUT_SIDE))
         object.__setattr__(self, "ratio", check.real("CenterCrop.ratio", self.ratio, low=0, high=1, low_open=True))
 
 

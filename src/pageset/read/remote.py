@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..format.checksum import crc32
-from ..format.errors import ChecksumMismatchError, ObjectChangedError, RemoteReadError
+from ..format.errors import ChecksumMismatchError, ObjectChangedError, RemoteReadError, plural
 from ..format.store_errors import StoreFault, one_try_options, store_fault
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
@@ -284,7 +284,7 @@ class RemoteFile:
                         raise
                     raise err from exc
                 last = err.fault
-        err = RemoteReadError(f"{self.url}: {what} failed after {self.retry.attempts} attempts "
+        err = RemoteReadError(f"{self.url}: {what} failed after {plural(self.retry.attempts, 'attempt')} "
                               f"(request_timeout {self.retry.timeout:g} s each); last error: {last.describe()}; "
                               f"{last.advice()}")
         err.status, err.code, err.kind = last.status, last.code, last.kind

@@ -21,7 +21,7 @@ import os
 import numpy as np
 
 from ..format import constants as C
-from ..format.errors import FormatError, SchemaError
+from ..format.errors import FormatError, SchemaError, plural
 from .reader import Dataset, check_open_arguments
 
 DOC_OFFSET = np.dtype("<u8")
@@ -154,7 +154,7 @@ class TokenDataset:
         if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
             raise TypeError(f"document indices are ints, got {type(i).__name__}")
         if not -d <= i < d:
-            raise IndexError(f"{self.path}: document {i} is out of range for {d} documents")
+            raise IndexError(f"{self.path}: document {i} is out of range for {plural(d, 'document')}")
         i = int(i) % d
         return self.read(int(self.doc_offsets[i]), int(self.doc_offsets[i + 1]))
 
@@ -168,7 +168,7 @@ class TokenDataset:
             raise ValueError(f"seq_len must be an int >= 1, got {seq_len!r}")
         if len(self) < seq_len + 1:
             raise ValueError(
-                f"{self.path}: {len(self)} tokens, fewer than seq_len + 1 = {seq_len + 1}: no window fits "
+                f"{self.path}: {plural(len(self), 'token')}, fewer than seq_len + 1 = {seq_len + 1}: no window fits "
                 "(windows are never padded); use a smaller seq_len or more data"
             )
         return (len(self) - 1) // int(seq_len)
@@ -216,7 +216,7 @@ class RemoteTokens:
         n = self.shape[0]
         if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
             if not -n <= key < n:
-                raise IndexError(f"{self._td.path}: token {key} is out of range for {n} tokens")
+                raise IndexError(f"{self._td.path}: token {key} is out of range for {plural(n, 'token')}")
             key = int(key) % n
             return self._td.read(key, key + 1)[0]
         if not isinstance(key, slice):

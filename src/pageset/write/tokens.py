@@ -376,10 +376,14 @@ def _jsonl_documents(path: str, text_key: str, storage_options: dict | None = No
                                  f"{exc.reason}; re-encode the file as UTF-8 or leave the line out") from None
             if not line.strip():
                 continue
+            line = line.rstrip("\r\n")  # the column of an error is then on this line, never "line 2 column 1"
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"invalid JSON at {path}:{lineno} (column {exc.colno}): {exc.msg}") from None
+                ends = (" (the line ends there: one whole JSON object per line; is the object split over lines, or "
+                        "the file cut?)" if exc.pos >= len(line.rstrip()) else "")
+                raise ValueError(f"{path}:{lineno}: invalid JSON at column {exc.pos + 1}{ends}: {exc.msg}; fix the "
+                                 "line or leave it out") from None
             if not isinstance(obj, dict) or text_key not in obj:
                 keys = sorted(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__
                 raise ValueError(f"{path}:{lineno}: no {text_key!r} key in the JSON line (it has {keys}); "

@@ -27,6 +27,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
+from ..format.errors import plural
 from ..format.store_errors import one_try_options, store_fault
 
 MIN_PART = 5 << 20  # S3's smallest part but the last
@@ -197,8 +198,8 @@ def bounded(fs, make_coro, url: str, what: str, policy: WritePolicy | None):
     advice = fault.advice() if fault is not None and not timed_out else (
         "Check the endpoint in storage_options (client_kwargs.endpoint_url) and the network, or raise "
         "request_timeout / request_attempts")
-    err = kind(f"{url}: {what} failed after {policy.attempts} attempts (request_timeout {policy.timeout} s each); "
-               f"last error: {last}. {advice[0].upper() + advice[1:]}")
+    err = kind(f"{url}: {what} failed after {plural(policy.attempts, 'attempt')} (request_timeout {policy.timeout} s "
+               f"each); last error: {last}. {advice[0].upper() + advice[1:]}")
     err.pageset_store_error = True
     raise err
 
