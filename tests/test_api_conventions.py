@@ -223,7 +223,9 @@ def test_swapped_writer_arguments_never_overwrite_the_source(tmp_path, photos, i
         write_dataset(files, imagenet_like, progress=False)
     with pytest.raises(ValueError, match=r"other\.jsonl exists and is not a pageset file.*merge_datasets"):
         merge_datasets(other, [good])
-    assert main(["convert", str(tmp_path / "x.pageset"), str(files), "--no-progress"]) == 1  # swapped on the CLI
+    # on the CLI (OUTPUT SOURCE since issue 17): a pageset file given as the SOURCE is refused as swapped arguments
+    assert main(["convert", str(tmp_path / "x.pageset"), str(good), "--no-progress"]) == 1
+    assert not (tmp_path / "x.pageset").exists()
     assert {p: p.read_bytes() for p in before} == before
     # A pageset file or an empty file is replaced as before.
     write_dataset(good, [(3,)], {"a": Int()}, progress=False)

@@ -21,8 +21,12 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from ..format.errors import plural
 from .shuffle import _as_int
+
+
+def plural(n: int, noun: str) -> str:
+    """``"1 step"``, ``"2 steps"`` (order/ imports nothing of the package, so not format.errors.plural)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def local_batch(global_batch: int, world_size: int) -> int:
