@@ -17,8 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference import order as model
+from resume_contract import model_layout
 
-from pageset import Bytes, Int, Loader, Mixture, TokenWindows, open_dataset, write_dataset, write_tokens
+from pageset import Bytes, Int, Loader, Mixture, TokenWindows, write_dataset, write_tokens
 from pageset.order import (
     EpochOrder,
     StateMismatchError,
@@ -31,7 +32,6 @@ from pageset.order import (
 )
 from pageset.order.mixture import MixtureOrder, MixtureSchedule, mixture_id, quotas
 from pageset.order.subset import SubsetLayout, subset_digest
-from pageset.read import Dataset
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -156,17 +156,7 @@ def files(tmp_path_factory):
     return out
 
 
-def _layout(path, seq_len=None):
-    """(page_sizes per formats/order.md sections 6-7, dataset_id) of a written file."""
-    with (open_dataset(path) if seq_len is None else Dataset(path)) as ds:
-        if seq_len is None:
-            sizes = model.record_page_sizes(ds.index["_offset"].tolist(), ds.data_offset, ds.page_size,
-                                            ds.page_count)
-        else:
-            info = ds.tokens_info
-            sizes = model.window_page_sizes(int(info["count"]), seq_len, np.dtype(info["dtype"]).itemsize,
-                                            ds.page_size, ds.page_count)
-        return sizes, ds.dataset_id
+_layout = model_layout  # (page_sizes, dataset_id) of a written file, via the model
 
 
 def test_layouts_cover_the_edge_cases(files):
