@@ -326,3 +326,48 @@ def test_mixture_streams_and_resume_equal_the_model(files, order, drop_last):
     rng = random.Random(f"{order}{drop_last}")
     _check_loader(mix, ref, state_of, [1, 2, 4], g, 3, [rng.randrange(1, 3 * ref.steps), ref.steps], mixture=True,
                   **kw)
+
+
+# --- more cases (CI) -------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", range(12))
+def test_more_loader_configurations_equal_the_model(files, case):
+    """Other seeds, window_pages (1, 3, 8: page-local to one window), global batches and world sizes, 3 epochs, a
+    subset on some cases; the same checks as the default-run cases."""
+    rng = random.Random(1000 + case)
+    order = ["sequential", "random", "quasi_random"][case % 3]
+    drop_last = bool(case // 3 % 2)
+    g = rng.choice([6, 12])
+    w_list = [w for w in (1, 2, 3, 4, 6) if g % w == 0]
+    rng.shuffle(w_list)
+    seed, m = rng.randrange(2**64), rng.choice([1, 3, 8])
+    sizes, dataset_id = _layout(files["varied"])
+    idx = rng.choices(range(150), k=rng.randint(g, 90)) if case >= 6 else None
+    ref = model.FileOrder(sizes, seed, order, m, drop_last, g, subset=idx)
+    kw = dict(order=order, seed=seed, window_pages=m, drop_last=drop_last, pipelines={"payload": None}, indices=idx)
+
+    def state_of(epoch, cursor):
+        return model.state_dict(dataset_id, seed, epoch, cursor, g, order, m, drop_last, subset=idx)
+
+    cuts = [rng.randrange(1, 3 * ref.steps) for _ in range(2)] + [2 * ref.steps]
+    _check_loader(files["varied"], ref, state_of, w_list, g, 3, cuts, **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", range(6))
+def test_more_mixtures_equal_the_model(files, case):
+    rng = random.Random(2000 + case)
+    names = ["varied", "tiny", "zero", "single"]
+    weights = [rng.choice([0, 0.1, 0.25, 1, 3]) for _ in names]
+    weights[case % 4] = 1.0  # never all zero
+    order = ["sequential", "random", "quasi_random"][case % 3]
+    drop_last, g, seed, m = bool(case % 2), rng.choice([4, 8]), rng.randrange(2**64), rng.choice([1, 2, 5])
+    spe = rng.choice([None, 37, 64])
+    layouts = [_layout(files[n]) for n in names]
+    ref = model.MixtureModel(weights, [s for s, _ in layouts], seed, order, m, drop_last, g, spe)
+    mix = Mixture([files[n] for n in names], weights, samples_per_epoch=spe)
+    kw = dict(order=order, seed=seed, window_pages=m, drop_last=drop_last, pipelines={"payload": None})
+    cuts = [rng.randrange(1, 3 * ref.steps) for _ in range(2)]
+    _check_loader(mix, ref, lambda e, c: ref.state_dict([i for _, i in layouts], e, c), [1, 2, 4], g, 3, cuts,
+                  mixture=True, **kw)
