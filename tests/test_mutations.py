@@ -247,3 +247,22 @@ def test_a_copy_on_pythonpath_is_what_the_tests_import(tmp_path):
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True).stdout
     assert Path(out.strip()) == src / "pageset" / "load" / "stages.py"
     assert MUTATIONS[0].new in Path(out.strip()).read_text()
+
+
+# -- order against the reference model (issue 18, ref-order3): caught by tests/test_reference_order.py, which
+# compares with tests/reference/order.py (written from formats/order.md and formats/mixture.md), not with another run
+RO = "tests/test_reference_order.py"
+MUTATIONS += [
+    Mutation("a subset's state digest over its sorted ids (a reordered subset accepts the state)", "order/subset.py",
+             'arr = np.ascontiguousarray(indices, dtype="<i8")',
+             'arr = np.sort(np.ascontiguousarray(indices, dtype="<i8"))',
+             (f"{RO}::test_subset_streams_resume_and_reordered_ids_equal_the_model[random]",)),
+    Mutation("a mixture source skips its first sample (per-source rank counted from 1)", "order/mixture.py",
+             "- np.repeat(self._position_bounds[:-1], q)).astype(np.int32)",
+             "- np.repeat(self._position_bounds[:-1], q) + 1).astype(np.int32)",
+             (f"{RO}::test_mixture_streams_and_resume_equal_the_model[quasi_random-False]",)),
+    Mutation("a mixture state's per-source cursors one sample ahead", "order/mixture.py",
+             "return [divmod(int(c), n) if n else (0, 0) for c, n",
+             "return [divmod(int(c) + 1, n) if n else (0, 0) for c, n",
+             (f"{RO}::test_mixture_streams_and_resume_equal_the_model[random-True]",)),
+]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from resume_contract import check_resume
+from resume_contract import check_resume, file_expectation
 
 from pageset import (
     Int,
@@ -44,7 +44,8 @@ def test_image_resume_contract(images, order):
                       seed=17, window_pages=2, drop_last=False,
                       pipelines={"image": [RandomResizedCrop(24), RandomHorizontalFlip(), Normalize(), ToTensor()]})
 
-    check_resume(make, global_batch=8, world_sizes=[1, 2, 4], cuts=[0, 3, 6, 7, 13])
+    check_resume(make, global_batch=8, world_sizes=[1, 2, 4], cuts=[0, 3, 6, 7, 13],
+                 expected=file_expectation(images, order, 17, 2, False, 8))
 
 
 @pytest.mark.parametrize("order", ["random", "quasi_random", "sequential"])
@@ -54,4 +55,5 @@ def test_token_resume_contract(tokens, order):
                       seed=3, window_pages=3, drop_last=True,
                       pipelines={"tokens": [TokenWindows(64, document_outputs=True), ToTensor()]})
 
-    check_resume(make, global_batch=12, world_sizes=[1, 3, 2, 4], cuts=[0, 5, 23, 46, 50])
+    check_resume(make, global_batch=12, world_sizes=[1, 3, 2, 4], cuts=[0, 5, 23, 46, 50],
+                 expected=file_expectation(tokens, order, 3, 3, True, 12, seq_len=64))

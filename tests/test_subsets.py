@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from resume_contract import check_resume
+from resume_contract import check_resume, file_expectation
 
 from pageset import (
     Bytes,
@@ -114,9 +114,11 @@ def test_state_refuses_another_subset(small_file):
         next(it), next(it)
         state = json.loads(json.dumps(ld.state_dict()))
     assert state["subset"] == subset_digest(np.array(a)) and state["cursor"] == 20
-    with Loader(small_file, batch_size=10, indices=b, num_threads=1) as other:
-        with pytest.raises(StateMismatchError, match="subset"):
-            other.load_state_dict(state)
+    swapped = a[:5] + [a[6], a[5]] + a[7:]  # the same ids, two of them swapped; and the same ids reversed
+    for other_ids in (b, swapped, a[::-1]):
+        with Loader(small_file, batch_size=10, indices=other_ids, num_threads=1) as other:
+            with pytest.raises(StateMismatchError, match="subset"):
+                other.load_state_dict(state)
     with Loader(small_file, batch_size=10, num_threads=1) as whole:
         with pytest.raises(StateMismatchError, match="subset"):
             whole.load_state_dict(state)
@@ -170,7 +172,8 @@ def test_resume_contract_on_a_subset(images, order):
                       seed=17, window_pages=2, drop_last=False, indices=idx,
                       pipelines={"image": [RandomResizedCrop(24), RandomHorizontalFlip(), Normalize(), ToTensor()]})
 
-    check_resume(make, global_batch=8, world_sizes=[1, 2, 4], cuts=[0, 3, 5, 9])
+    check_resume(make, global_batch=8, world_sizes=[1, 2, 4], cuts=[0, 3, 5, 9],
+                 expected=file_expectation(images, order, 17, 2, False, 8, indices=idx))
 
 
 def test_token_windows_subset(tmp_path):
