@@ -183,6 +183,10 @@ MUTATIONS = [
              "pages = [have[k] for k in range(k0, k1)]",
              "pages = [have[k0] for k in range(k0, k1)]",
              ("tests/test_reference_read.py::test_remote_dataset_reads_equal_the_reference[http]",)),
+    Mutation("process page cache copies a two-page record out of one slot", "load/pages.py",
+             "cached = (np.maximum(rel + lens - 1, rel) // self.page_size) == first  # inside one page",
+             "cached = (np.maximum(rel + lens - 1, rel) // self.page_size) <= first + 1  # inside one page",
+             ("tests/test_reference_read.py::test_loader_batches_equal_the_reference[images.pageset-process-False]",)),
 ]
 
 
