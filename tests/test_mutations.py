@@ -186,6 +186,23 @@ MUTATIONS = [
              "            if self.crcs is not None and zlib.crc32(data)",
              "            if self.crcs is not None and k < len(self.crcs) - 1 and zlib.crc32(data)",
              ("tests/test_reference_write.py::test_merge_refuses_damage_in_every_page_position",)),
+    # -- read paths against the reference reader (issue 18; tests/test_reference_read.py)
+    Mutation("a disk-cache page served without its CRC-32 check", "load/disk_cache.py",
+             "if self.page_crcs is not None and crc32(data) != int(self.page_crcs[k]):",
+             "if False and self.page_crcs is not None and crc32(data) != int(self.page_crcs[k]):",
+             ("tests/test_reference_read.py::test_damaged_cache_pages_are_never_served",)),
+    Mutation("a URL gather repeats a record's first page for the pages it crosses into", "load/remote_pages.py",
+             "k, start = divmod(rel, ps)",
+             "k, start = (int(offs[j]) - self.data_offset) // ps, rel % ps",
+             ("tests/test_reference_read.py::test_remote_loader_equals_the_reference_with_and_without_cache_dir[http]",)),
+    Mutation("ds[i] over a URL repeats a record's first page", "read/reader.py",
+             "pages = [have[k] for k in range(k0, k1)]",
+             "pages = [have[k0] for k in range(k0, k1)]",
+             ("tests/test_reference_read.py::test_remote_dataset_reads_equal_the_reference[http]",)),
+    Mutation("process page cache copies a two-page record out of one slot", "load/pages.py",
+             "cached = (np.maximum(rel + lens - 1, rel) // self.page_size) == first  # inside one page",
+             "cached = (np.maximum(rel + lens - 1, rel) // self.page_size) <= first + 1  # inside one page",
+             ("tests/test_reference_read.py::test_loader_batches_equal_the_reference[images.pageset-process-False]",)),
 ]
 
 

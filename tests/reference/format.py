@@ -52,6 +52,7 @@ REQUIRED_TOKENS = 1  # required feature bit 0
 # struct codes of the little-endian dtypes the spec allows (section 5 tables)
 DTYPE_CODES = {"int8": "b", "int16": "h", "int32": "i", "int64": "q", "uint8": "B", "uint16": "H",
                "uint32": "I", "uint64": "Q", "bool": "?", "float16": "e", "float32": "f", "float64": "d"}
+# the dtype strings of index_columns (spec section 5): numpy's little-endian dtype string, "|" for one-byte types
 NP_NAMES = {"b": "|i1", "h": "<i2", "i": "<i4", "q": "<i8", "B": "|u1", "H": "<u2", "I": "<u4", "Q": "<u8",
             "?": "|b1", "e": "<f2", "f": "<f4", "d": "<f8"}
 ENCODINGS = {0: "raw", 1: "jpeg"}
@@ -65,8 +66,9 @@ def crc32(data: bytes) -> int:
     return zlib.crc32(data) & 0xFFFFFFFF
 
 
-def _field_columns(field: dict) -> list[tuple[str, str]]:
-    """(column name, struct code) of a field in the index row, spec section 5 field_kinds table."""
+def _field_columns(field: dict) -> list[tuple]:
+    """(column name, struct code[, dtype string when not NP_NAMES[code]]) of a field in the index row, spec
+    section 5 field_kinds table."""
     name, kind, params = field["name"], field["kind"], field["params"]
     if kind in ("int", "float"):
         return [(name, DTYPE_CODES[params["dtype"]])]
@@ -74,7 +76,7 @@ def _field_columns(field: dict) -> list[tuple[str, str]]:
         return [(name + ".offset", "Q"), (name + ".length", "Q")]
     if kind == "rgb_image":
         return [(name + ".offset", "Q"), (name + ".length", "Q"), (name + ".height", "I"),
-                (name + ".width", "I"), (name + ".encoding", "B", "u1")]
+                (name + ".width", "I"), (name + ".encoding", "B", "u1")]  # spelled "u1", spec section 5
     if kind == "tokens":
         return []
     raise RefError(f"unknown field kind {kind!r}")
@@ -150,11 +152,9 @@ class RefDataset:
         columns = [("_offset", "Q"), ("_length", "Q")]
         for f in self.schema["fields"]:
             columns += _field_columns(f)
-        # spec section 5: one-byte numeric columns are written "|i1", "|u1", "|b1", the image encoding "u1"
-        names = [[c[0], c[2] if len(c) == 3 else NP_NAMES[c[1]]] for c in columns]
-        if names != self.schema["index_columns"]:
+        if [[c[0], c[2] if len(c) > 2 else NP_NAMES[c[1]]] for c in columns] != self.schema["index_columns"]:
             raise RefError("index_columns differ from the fields")
-        self.columns = [(c[0], c[1]) for c in columns]
+        self.columns = [c[:2] for c in columns]
         self.is_tokens = bool(h["required_features"] & REQUIRED_TOKENS)
         self.pages = [d[do + k * ps: min(do + (k + 1) * ps, do + dl)] for k in range(h["page_count"])]
         self.page_crcs = None
