@@ -51,6 +51,7 @@ from ..read import Dataset
 from ..read.remote import url_scheme
 from .source import FileSource, MixtureReader, check_same_fields, split_cache_pages
 from .stages import PipelineError
+from .compile_notice import announce_compiles
 from .workers import Slot, ThreadPool, close_context
 
 INDEX_KEY = "_index"  # int64[B]: record ids of the batch (field names never start with "_")
@@ -197,6 +198,7 @@ class Loader:
         batches_ahead = max(2, 2 * num_threads) if batches_ahead is None else batches_ahead
         self._closed = True  # until construction succeeds
         enable_kernel_cache()
+        announce_compiles()  # one line on stderr if this process compiles the kernels (a disk-cache miss)
         r, w = resolve_rank(rank, world_size, probe=_torch_distributed)
         self.dist = Distributed(r, w)
         self.batch_size, self.global_batch_size = batch_size, batch_size * w
