@@ -13,8 +13,9 @@ from __future__ import annotations
 import sys
 import threading
 
-# measured (README, "The two commands"): a first run's compilation on an idle 2-core VM and on a loaded one
-COMPILE_SECONDS = "about 30 s on 2 idle cores, a minute on loaded ones"
+# measured (README, "The two commands"): 21-23 s before the first image batch on 2 cores at load 3; the demo's
+# first run 32 s idle, 59 s at load 10
+COMPILE_SECONDS = "20-60 s on 2 cores, more under load"
 
 _lock = threading.Lock()
 _listener = None
