@@ -223,7 +223,7 @@ def test_swapped_writer_arguments_never_overwrite_the_source(tmp_path, photos, i
         write_dataset(files, imagenet_like, progress=False)
     with pytest.raises(ValueError, match=r"other\.jsonl exists and is not a pageset file.*merge_datasets"):
         merge_datasets(other, [good])
-    assert main(["convert", str(tmp_path / "x.pageset"), str(files), "--no-progress"]) == 1  # swapped on the CLI
+    assert main(["convert", str(files), str(imagenet_like), "--no-progress"]) == 1  # swapped on the CLI (OUTPUT first)
     assert {p: p.read_bytes() for p in before} == before
     # A pageset file or an empty file is replaced as before.
     write_dataset(good, [(3,)], {"a": Int()}, progress=False)
