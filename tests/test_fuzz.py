@@ -93,7 +93,7 @@ def test_fixed_crcs_reach_semantic_checks(fuzz, seed_dir):
 
 
 def test_fuzz_short_run(fuzz, seed_dir):
-    summary = fuzz.run(300, seed=11, jobs=2, timeout=60, seed_dir=str(seed_dir), log=lambda *a: None)
+    summary = fuzz.run(300, seed=11, jobs=2, timeout=300, seed_dir=str(seed_dir), log=lambda *a: None)
     print(summary["outcomes"], summary["crash_test_errors"], summary["seconds"])
     assert summary["files"] == 300
     assert summary["failure_count"] == 0, summary["failures"][:5]

@@ -295,7 +295,7 @@ def test_corrupt_jpeg_raises_with_sample_index(tmp_path, image_file):
         with pytest.raises(DecodeError, match=r"sample 13, field 'image'"):
             for _ in loader:
                 pass
-        assert time.monotonic() - t0 < 30
+        assert time.monotonic() - t0 < 600  # a hang check (the error must come, not a speed): room for a cold compile on a loaded machine
         # the loader is still usable after the error: the next epoch-iterator starts again from the state
         assert loader.steps_remaining == 5 and len(loader) == 6
 
@@ -311,7 +311,7 @@ def test_exception_in_a_thread_is_reraised_with_traceback(image_file, monkeypatc
         t0 = time.monotonic()
         with pytest.raises(ZeroDivisionError, match="op failed in a worker") as ei:
             next(iter(loader))
-        assert time.monotonic() - t0 < 60  # a hang check with room for a loaded machine, not a speed check
+        assert time.monotonic() - t0 < 600  # a hang check (the error must come, not a speed): room for a cold compile on a loaded machine
         assert any(tb.name == "boom" for tb in ei.traceback)
 
 

@@ -11,6 +11,8 @@ broad, generated counterpart; this list is hand-picked and runs in CI.
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
 import shutil
 import subprocess
@@ -221,9 +223,68 @@ def test_every_mutation_applies():
     assert len({m.name for m in MUTATIONS}) == len(MUTATIONS) >= 20
 
 
+@functools.cache
+def _imports() -> dict[str, set[str]]:
+    """Module (path relative to src/pageset, e.g. "ops/tokens.py") -> the package modules it imports."""
+    out = {}
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC)
+        package = list(rel.parent.parts)
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("pageset")):
+                if node.level:  # from .x import y / from ..ops import x
+                    base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+                    target = [*base, *(node.module.split(".") if node.module else [])]
+                else:  # from pageset.ops.resize import f / from pageset.ops import jpeg_scale
+                    target = node.module.split(".")[1:]
+                names = [target + [a.name] for a in node.names] + [target]
+            elif isinstance(node, ast.Import):  # import pageset.ops.x
+                names = [a.name.split(".")[1:] for a in node.names if a.name.startswith("pageset.")]
+            else:
+                names = []
+            if names:
+                for parts in names:
+                    if not parts:
+                        continue
+                    for cand in (Path(*parts).with_suffix(".py"), Path(*parts) / "__init__.py"):
+                        if (SRC / cand).is_file():
+                            deps.add(cand.as_posix())
+        out[rel.as_posix()] = deps
+    return out
+
+
+def _affected(mutated: str) -> set[str]:
+    """The mutated module and every module importing it, directly or not: their compiled kernels may hold the
+    mutated code (Numba compiles a kernel's callees into it, and its cache tracks only the kernel's own file)."""
+    deps, hit = _imports(), {mutated}
+    while True:
+        more = {mod for mod, imported in deps.items() if imported & hit} - hit
+        if not more:
+            return hit
+        hit |= more
+
+
+def _copy_ignore(m: Mutation):
+    """copytree ignore: Python bytecode always; Numba's cache files (index .nbi, data .nbc) of the modules the
+    mutation affects. The others' cache files are kept: a copy has the sources' mtimes and sizes (the cache's
+    validity stamp), so the mutant's tests load those kernels instead of compiling them again (most of a
+    mutant's time on a loaded machine)."""
+    affected = {(str(Path(mod).parent), Path(mod).stem) for mod in _affected(m.file)}
+
+    def ignore(folder, names):
+        rel = Path(folder).relative_to(SRC)
+        if rel.name != "__pycache__":
+            return [n for n in names if n == "__pycache__" and not (Path(folder) / n).is_dir()]
+        package = str(rel.parent)
+        return [n for n in names if not n.endswith((".nbi", ".nbc")) or (package, n.split(".")[0]) in affected]
+
+    return ignore
+
+
 def _mutated_copy(m: Mutation, root: Path) -> Path:
     dest = root / "src"
-    shutil.copytree(SRC, dest / "pageset", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(SRC, dest / "pageset", ignore=_copy_ignore(m))
     target = dest / "pageset" / m.file
     text = target.read_text()
     assert text.count(m.old) == 1, m.name
@@ -235,6 +296,7 @@ def _run_against(m: Mutation, root: Path) -> tuple[int, str]:
     src = _mutated_copy(m, root)
     env = {**os.environ, "PYTHONPATH": str(src), "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("NUMBA_DISABLE_JIT", None)
+    env.pop("NUMBA_CACHE_DIR", None)  # the copy's own __pycache__ holds the kept kernels (see _copy_ignore)
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
            "-W", "ignore::RuntimeWarning", *m.tests]
     try:
@@ -266,6 +328,7 @@ def test_a_copy_on_pythonpath_is_what_the_tests_import(tmp_path):
     assert MUTATIONS[0].new in Path(out.strip()).read_text()
 
 
+<<<<<<< HEAD
 # -- order against the reference model (issue 18, ref-order3): caught by tests/test_reference_order.py, which
 # compares with tests/reference/order.py (written from formats/order.md and formats/mixture.md), not with another run
 RO = "tests/test_reference_order.py"
@@ -283,3 +346,17 @@ MUTATIONS += [
              "return [divmod(int(c) + 1, n) if n else (0, 0) for c, n",
              (f"{RO}::test_mixture_streams_and_resume_equal_the_model[random-True]",)),
 ]
+=======
+def test_kept_kernel_caches_skip_every_module_that_sees_the_mutation():
+    """A mutant's copy keeps Numba's cache files only of modules that cannot hold the mutated code: never the
+    mutated module's, nor those of modules importing it (relative or absolute, directly or not)."""
+    assert {"ops/image_batch.py", "load/stages.py", "load/loader.py"} <= _affected("ops/resize.py")
+    assert {"ops/image_batch.py", "ops/jpeg.py"} <= _affected("ops/jpeg_scale.py")
+    assert "ops/tokens.py" not in _affected("ops/resize.py") and "order/shuffle.py" not in _affected("ops/resize.py")
+    m = next(m for m in MUTATIONS if m.file == "ops/resize.py")
+    names = ["resize.resize_crop_flip_normalize-1.py311.nbi", "resize.x-1.py311.0.nbc", "image_batch.y-1.py311.nbi",
+             "tokens.z-1.py311.nbi", "resize.cpython-311.pyc"]
+    assert sorted(_copy_ignore(m)(str(SRC / "ops" / "__pycache__"), names)) == sorted(
+        ["resize.resize_crop_flip_normalize-1.py311.nbi", "resize.x-1.py311.0.nbc", "image_batch.y-1.py311.nbi",
+         "resize.cpython-311.pyc"])
+>>>>>>> fix-misc2

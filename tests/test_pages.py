@@ -239,3 +239,38 @@ def test_token_windows_straight_from_the_page_sources(tmp_path):
         across = np.flatnonzero((starts + L) // per_page != starts // per_page)[:1]
         assert not cache.read_windows(ds.data_offset, stride, across, np.uint16, inp[:1], tgt[:1], {})
         cache.close()
+
+
+@pytest.mark.parametrize("kind", ["records", "tokens"])
+def test_default_process_cache_checks_each_page_once_as_it_enters(tmp_path, kind):
+    """page_cache="process" reads whole pages anyway: with default settings each page's CRC-32 is checked when
+    it first enters the cache, so a flipped byte raises ChecksumMismatchError naming the page, not a wrong batch.
+    page_cache="os" (per-record preads) checks nothing by default: the README says which calls check."""
+    from pageset import Bytes, ChecksumMismatchError, Loader, TokenWindows
+
+    path = tmp_path / f"{kind}.pageset"
+    rng = np.random.default_rng(7)
+    if kind == "records":
+        write_dataset(path, [(rng.integers(0, 256, 300, dtype=np.uint8).tobytes(),) for _ in range(64)],
+                      {"b": Bytes()}, num_workers=0, page_size=4096, progress=False)
+        pipelines = None
+    else:
+        write_tokens(path, [rng.integers(0, 1000, 9000).astype(np.uint16)], None, eos_id=1001, num_workers=0,
+                     page_size=4096, progress=False)
+        pipelines = {"tokens": [TokenWindows(32)]}
+    with Dataset(path) as ds:
+        offset, pages = ds.data_offset + 2 * ds.page_size + 100, ds.page_count  # a byte of page 2
+        assert pages > 3
+    kw = dict(batch_size=4, order="sequential", num_threads=1, pipelines=pipelines)
+    with Loader(path, page_cache="process", **kw) as loader:  # intact: every page checked, nothing raised
+        assert sum(1 for _ in loader) == loader.steps_per_epoch
+        assert loader._pages._checked[:pages].all()
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x10
+    path.write_bytes(bytes(data))
+    with Loader(path, page_cache="process", **kw) as loader:
+        with pytest.raises(ChecksumMismatchError, match=r"page 2 .*page CRC-32 mismatch"):
+            for _ in loader:
+                pass
+    with Loader(path, page_cache="os", **kw) as loader:  # documented: per-record reads are not checked
+        assert sum(1 for _ in loader) == loader.steps_per_epoch

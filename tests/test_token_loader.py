@@ -277,3 +277,26 @@ def test_small_token_batches_are_filled_inline_and_equal_the_thread_pool(token_f
     with Loader(token_file, num_threads=2, **kw) as loader:
         assert len(res.new_py_threads()) == 2
         assert epochs(loader) == inline
+
+
+@pytest.mark.skipif(__import__("numba").config.DISABLE_JIT, reason="nothing is compiled under NUMBA_DISABLE_JIT")
+def test_one_line_while_kernels_compile_none_from_the_cache(token_file, tmp_path):
+    """A process that compiles the kernels (an empty Numba cache) says so once on stderr; the next process loads
+    them from the cache and prints nothing. Each in a fresh interpreter, with its own NUMBA_CACHE_DIR."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import sys; from pageset import Loader, TokenWindows\n"
+              "with Loader(sys.argv[1], batch_size=2, num_threads=1, pipelines={'tokens': [TokenWindows(16)]}) as l:\n"
+              "    n = sum(1 for _ in l)\n"
+              "print(n)\n")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    runs = [subprocess.run([sys.executable, "-c", script, str(token_file)], env=env, capture_output=True, text=True,
+                           timeout=600) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0 and int(r.stdout) > 0, r.stderr
+    first, second = (r.stderr.splitlines() for r in runs)
+    notice = [line for line in first if line.startswith("pageset: compiling the Numba kernels (once after an install")]
+    assert len(notice) == 1 and len(first) == 1, first
+    assert second == [], second

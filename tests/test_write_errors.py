@@ -39,7 +39,7 @@ def test_getitem_raising_at_5_names_index_and_keeps_previous_file(tmp_path, num_
     t0 = time.monotonic()
     with pytest.raises(SampleError) as ei:
         write_dataset(out, RaisesAt(200, 5), {"y": Int()}, num_workers=num_workers, progress=False)
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 < 600  # a hang check (the error must come, not a speed): room for a cold compile on a loaded machine
     err = ei.value
     assert err.index == 5
     assert "sample 5" in str(err) and "corrupt record 5 in upstream store" in str(err)
@@ -255,5 +255,5 @@ def test_worker_killed_is_reported(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="worker process died"):
         write_dataset(tmp_path / "k.pageset", KillsWorker(), {"y": Int()}, num_workers=2, progress=False)
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 < 600  # a hang check (the error must come, not a speed): room for a cold compile on a loaded machine
     assert not (tmp_path / "k.pageset").exists()

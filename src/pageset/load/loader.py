@@ -51,6 +51,7 @@ from ..read import Dataset
 from ..read.remote import url_scheme
 from .source import FileSource, MixtureReader, check_same_fields, split_cache_pages
 from .stages import PipelineError
+from .compile_notice import announce_compiles
 from .workers import Slot, ThreadPool, close_context
 
 INDEX_KEY = "_index"  # int64[B]: record ids of the batch (field names never start with "_")
@@ -99,7 +100,9 @@ class Loader:
             thread would cost as much as the batch. If those fills take over ~2 ms (median of 16: reads waiting
             on a disk or a network file system), the threads start and prepare batches ahead from then on.
         batches_ahead: batches prepared ahead of the consumer (default 2 per thread, at least 2; none when
-            batches are filled by the thread calling ``next()``).
+            batches are filled by the thread calling ``next()``). The ``batches_ahead + 2`` batch buffers are
+            allocated at construction either way (MemoryError naming the field, op, shape and bytes when they
+            exceed the machine's memory).
         rank, world_size: explicit values win; else an initialised torch.distributed; else torchrun's RANK /
             WORLD_SIZE environment; else a single process.
         page_cache: ``"os"`` (records read with ``pread``; the OS page cache keeps what is hot) or
@@ -128,7 +131,9 @@ class Loader:
             default); a refusal (4xx) is raised at once. Used in a forked child (a URL, or decode threads
             started): RuntimeError at once.
         verify_pages: check each page's CRC-32 the first time a batch needs it (off by default: one extra pass
-            over the data); a damaged page raises ChecksumMismatchError naming the page and the sample.
+            over the data); a damaged page raises ChecksumMismatchError naming the page and the sample. With
+            ``page_cache="process"`` each page is checked anyway when it first enters the cache (once per
+            Loader, on the bytes just read; ChecksumMismatchError names the page and its offset).
         indices: load only these record ids (token files: window ids), e.g. a train/validation split: a sequence
             or 1-D integer array of n ids in ``[0, len(file))``, any order, repeats allowed. The loader then
             behaves like a file of n records (order, epoch length, rank slices, resume); ``"sequential"``
@@ -201,6 +206,7 @@ class Loader:
         batches_ahead = max(2, 2 * num_threads) if batches_ahead is None else batches_ahead
         self._closed = True  # until construction succeeds
         enable_kernel_cache()
+        announce_compiles()  # one line on stderr if this process compiles the kernels (a disk-cache miss)
         r, w = resolve_rank(rank, world_size, probe=_torch_distributed)
         self.dist = Distributed(r, w)
         self.batch_size, self.global_batch_size = batch_size, batch_size * w

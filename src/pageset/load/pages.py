@@ -27,6 +27,7 @@ import threading
 
 import numpy as np
 
+from ..format.checksum import crc32
 from ..ops import spans
 from ..ops import tokens as token_ops
 
@@ -135,8 +136,15 @@ class ProcessPageCache:
 
     _WAIT_S = 60.0  # a thread waiting for another thread's read of the same page (a pread of one page)
 
+    # Each page's CRC-32 is checked the first time it enters the cache (once per Loader: a bitmap of checked
+    # pages), on the bytes just read: no extra read. Records not served from the cache (larger than a page, or
+    # no slot free) are not checked here (Loader(verify_pages=True) checks every page a batch needs).
+    check_pages = True
+
     def __init__(self, ds, capacity: int):
         self.ds = ds
+        self._crcs = ds.page_checksums if self.check_pages else None
+        self._checked = np.zeros(max(int(ds.page_count), 1), dtype=bool)
         self.data_offset, self.data_length, self.page_size = ds.data_offset, ds.data_length, ds.page_size
         # never more slots than pages: a small file costs no more than its data
         self.capacity = max(1, min(int(capacity), max(int(ds.page_count), 1)))
@@ -213,6 +221,11 @@ class ProcessPageCache:
         base = slot * self.page_size
         try:
             self.ds.read_into(self.data_offset + start, self._arena[base : base + n])
+            if self._crcs is not None and not self._checked[k]:
+                if crc32(self._arena[base : base + n]) != int(self._crcs[k]):
+                    self.ds.check_page(k)  # raises ChecksumMismatchError naming the page and its offset
+                    self.ds.read_into(self.data_offset + start, self._arena[base : base + n])  # good on disk now
+                self._checked[k] = True
             fill.ok = True
         finally:
             with self._lock:

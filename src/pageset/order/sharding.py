@@ -24,9 +24,9 @@ import numpy as np
 from .shuffle import _as_int
 
 
-def plural(n: int, noun: str) -> str:
-    """``"1 step"``, ``"2 steps"`` (order/ imports nothing of the package, so not format.errors.plural)."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+def _plural(count: int, noun: str) -> str:
+    """'1 record', '0 records' (format.errors.plural; the order stage imports nothing of the package)."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def local_batch(global_batch: int, world_size: int) -> int:
@@ -64,7 +64,7 @@ def epoch_length(n_records: int, global_batch: int, drop_last: bool) -> int:
     if drop_last:
         if n < g:
             raise ValueError(
-                f"drop_last=True with N={plural(n, 'record')} and global_batch={g} leaves no full batch (epoch "
+                f"drop_last=True with N={_plural(n, 'record')} and global_batch={g} leaves no full batch (epoch "
                 f"length 0). Use drop_last=False (one padded batch per epoch) or a global batch <= {n}."
             )
         return (n // g) * g
@@ -103,7 +103,7 @@ def rank_positions(
     if step >= steps:
         raise ValueError(
             f"step={step} is past the epoch: N={n_records}, global_batch={global_batch}, "
-            f"drop_last={drop_last} give {plural(steps, 'step')} (0..{steps - 1})"
+            f"drop_last={drop_last} give {_plural(steps, 'step')} (0..{steps - 1})"
         )
     positions = np.arange(start, stop, dtype=np.int64)
     return positions, positions >= n_records

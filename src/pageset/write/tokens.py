@@ -585,7 +585,8 @@ def write_tokens(
 
     Args:
         path: output file (``.pageset`` is conventional), or an fsspec URL (``s3://bucket/corpus.pageset``:
-            assembled locally, then uploaded with a multipart upload completed only at the end).
+            streamed into one multipart upload while it is written, no local copy, completed only at the end;
+            stores other than S3: assembled in the local temp folder, then uploaded); see :func:`write_dataset`.
         source: see :func:`iter_documents`: a file or directory path (text, ``.jsonl``, ``.parquet``), an
             iterable of ``str`` documents, of ``pathlib.Path`` files, or of pre-tokenized integer arrays.
         tokenizer: see :func:`load_tokenizer` (HF Tokenizer / tokenizer.json, GPT-2 ``(encoder.json,

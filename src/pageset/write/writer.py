@@ -84,8 +84,10 @@ def write_dataset(
 
     Args:
         path: output file (any extension; ``.pageset`` is conventional), or an fsspec URL such as
-            ``"s3://bucket/train.pageset"`` (assembled in the local temp folder, then uploaded with a multipart
-            upload that becomes visible only when complete). Replaced atomically either way.
+            ``"s3://bucket/train.pageset"``: to S3 the file streams into one multipart upload while it is
+            written, no local copy (the first 64 MiB part, which holds the header, stays in memory and goes up
+            last; the object becomes visible only when the upload completes); other stores get the file assembled
+            in the local temp folder (``TMPDIR``), then uploaded. Replaced atomically either way.
         source: an ImageFolder directory, a list of image paths, a file list (the path of a text file of image
             paths, optionally ``<path>\t<label>``, relative to its folder; see :class:`ImageList`), or any object
             with ``__len__`` and ``__getitem__`` returning a tuple (one value per field, in field order) or a dict.
