@@ -328,7 +328,6 @@ def test_a_copy_on_pythonpath_is_what_the_tests_import(tmp_path):
     assert MUTATIONS[0].new in Path(out.strip()).read_text()
 
 
-<<<<<<< HEAD
 # -- order against the reference model (issue 18, ref-order3): caught by tests/test_reference_order.py, which
 # compares with tests/reference/order.py (written from formats/order.md and formats/mixture.md), not with another run
 RO = "tests/test_reference_order.py"
@@ -346,7 +345,8 @@ MUTATIONS += [
              "return [divmod(int(c) + 1, n) if n else (0, 0) for c, n",
              (f"{RO}::test_mixture_streams_and_resume_equal_the_model[random-True]",)),
 ]
-=======
+
+
 def test_kept_kernel_caches_skip_every_module_that_sees_the_mutation():
     """A mutant's copy keeps Numba's cache files only of modules that cannot hold the mutated code: never the
     mutated module's, nor those of modules importing it (relative or absolute, directly or not)."""
@@ -359,4 +359,3 @@ def test_kept_kernel_caches_skip_every_module_that_sees_the_mutation():
     assert sorted(_copy_ignore(m)(str(SRC / "ops" / "__pycache__"), names)) == sorted(
         ["resize.resize_crop_flip_normalize-1.py311.nbi", "resize.x-1.py311.0.nbc", "image_batch.y-1.py311.nbi",
          "resize.cpython-311.pyc"])
->>>>>>> fix-misc2
