@@ -310,6 +310,7 @@ def _run_against(m: Mutation, root: Path) -> tuple[int, str]:
 def test_curated_mutations_are_killed(tmp_path):
     """Every mutation makes its named tests fail (pytest exit code 1: tests ran and failed; 2-5 would be an
     interrupted run, a usage error or no tests collected, which prove nothing)."""
+    _imports()  # build the import graph once, here: ast.parse in two threads at once fails on CPython 3.11
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {m.name: pool.submit(_run_against, m, tmp_path / f"m{k}") for k, m in enumerate(MUTATIONS)}
         results = {name: f.result() for name, f in futures.items()}
