@@ -3,8 +3,10 @@ through the real s3fs client; an interrupted upload is aborted and the previous 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import socket
 
 import numpy as np
 import pytest
@@ -45,6 +47,20 @@ def _keys(opts, prefix):
 def _uploads(opts) -> list:
     fs = _fs(opts)
     return fs.call_s3("list_multipart_uploads", Bucket="pageset-test").get("Uploads", [])
+
+
+@contextlib.contextmanager
+def _silent_s3_endpoint():
+    """storage_options of an S3 endpoint on 127.0.0.1 that accepts connections and never replies."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    try:
+        yield {"key": "k", "secret": "s", "skip_instance_cache": True,
+               "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{silent.getsockname()[1]}",
+                                 "region_name": "us-east-1"}}
+    finally:
+        silent.close()
 
 
 def test_write_dataset_to_s3_same_bytes_as_local(tmp_path, photos, moto_s3):
@@ -207,8 +223,6 @@ def test_s3_output_over_the_limit_is_refused_before_its_bytes_go_up(tmp_path, mo
     """Streaming: the write that would pass the limit raises ValueError naming it, before those bytes are
     uploaded, and the upload is aborted. A size known in advance (merge) or given (min_size) is refused before
     the upload starts: with an endpoint that never answers, the error is the ValueError, not a timeout."""
-    import socket
-
     import pageset.write.upload as upload
 
     monkeypatch.setattr(upload, "MAX_OBJECT", 12 * MiB)  # S3's 5 TiB, scaled down
@@ -229,19 +243,11 @@ def test_s3_output_over_the_limit_is_refused_before_its_bytes_go_up(tmp_path, mo
         merge_datasets(url, [tmp_path / "0.pageset", tmp_path / "1.pageset"], progress=False,
                        storage_options=moto_s3)  # 4096 + 2 x 2 x (2^20 - 1 + 1 eos) x 4 bytes
     assert _uploads(moto_s3) == [] and _keys(moto_s3, "limit") == ["limit/one.pageset"]
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen(4)
-    try:
-        opts = {"key": "k", "secret": "s", "skip_instance_cache": True,
-                "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{silent.getsockname()[1]}",
-                                  "region_name": "us-east-1"}}
-        from pageset.write.filewriter import Output
+    from pageset.write.filewriter import Output
 
+    with _silent_s3_endpoint() as opts:
         with pytest.raises(ValueError, match="needs more than 12,582,912 bytes"):
             Output("s3://bucket/big.pageset", opts, policy=upload.WritePolicy(0.3, 1), min_size=12 * MiB + 1)
-    finally:
-        silent.close()
 
 
 def test_other_fsspec_urls_upload_a_local_temp_file(tmp_path):
@@ -332,18 +338,10 @@ def test_s3_write_to_an_endpoint_that_never_answers_fails_within_request_timeout
     """A socket that accepts connections and never replies: the writer's first request (the check of the
     existing output) and the upload's own requests give up after request_attempts x request_timeout, naming
     the URL and the knobs, instead of waiting forever."""
-    import socket
-
     from pageset.write.filewriter import Output
     from pageset.write.upload import WritePolicy
 
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen(16)
-    try:
-        opts = {"key": "k", "secret": "s", "skip_instance_cache": True,
-                "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{silent.getsockname()[1]}",
-                                  "region_name": "us-east-1"}}
+    with _silent_s3_endpoint() as opts:
         url = "s3://bucket/never.pageset"
         with pytest.raises(TimeoutError, match=r"s3://bucket/never.pageset: checking the existing output failed "
                                                r"after 2 attempts \(request_timeout 0.3 s each\).*request_timeout"):
@@ -354,8 +352,6 @@ def test_s3_write_to_an_endpoint_that_never_answers_fails_within_request_timeout
             Output(url, opts, policy=WritePolicy(0.3, 1))
         with pytest.raises(ValueError, match="request_timeout must be a finite number > 0"):
             write_tokens(url, [np.arange(3)], None, eos_id=0, storage_options=opts, request_timeout=0)
-    finally:
-        silent.close()
 
 
 def _no_credentials(monkeypatch, tmp_path):
