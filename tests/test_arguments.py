@@ -262,6 +262,12 @@ OTHERS = [  # callables whose arguments are paths (or the inputs of a mixture)
     ("open_tokens", "storage_options", 1, T, r"storage_options must be a dict or None"),
     ("ImageFolder", "root", 3, T, r"ImageFolder\.root must be a folder path"),
     ("ImageList", "path", ["a.jpg"], T, r"ImageList\.path must be the file list's path"),
+    ("RayExecutor", "max_retries", -1, V, r"max_retries must be an int >= 0, got -1"),
+    ("RayExecutor", "max_retries", "3", T, r"max_retries must be an int >= 0"),
+    ("RayExecutor", "num_cpus", 0, V, r"num_cpus must be a finite number > 0"),
+    ("RayExecutor", "num_cpus", "1", T, r"num_cpus must be a number"),
+    ("RayExecutor", "memory", 0, V, r"memory must be an int >= 1"),
+    ("RayExecutor", "memory", 1.5, T, r"memory must be an int >= 1 or None"),
 ]
 
 

@@ -72,6 +72,7 @@ _LAZY = {
     "JSONDecoder": "pageset.ops.transforms",
     "IMAGENET_MEAN": "pageset.ops.transforms",
     "IMAGENET_STD": "pageset.ops.transforms",
+    "RayExecutor": "pageset.write.ray_executor",
 }
 
 
@@ -124,6 +125,7 @@ __all__ = [
     "ParquetSource",
     "PipelineError",
     "RGBImage",
+    "RayExecutor",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
     "RemoteReadError",

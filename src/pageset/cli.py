@@ -4,6 +4,7 @@
     pageset convert train.pageset files.txt          # one image path per line, optionally "<path>\\t<label>"
     pageset convert-text train.pageset corpus/ --tokenizer encoder.json --merges vocab.bpe --separator %
     pageset convert s3://bucket/train.pageset PHOTOS/ --scheduler tcp://HOST:8786   # on a Dask cluster
+    pageset convert s3://bucket/train.pageset PHOTOS/ --ray auto                    # on a Ray cluster
     pageset merge all.pageset part1.pageset part2.pageset
     pageset inspect train.pageset [--json]
     pageset verify train.pageset
@@ -35,8 +36,38 @@ from .write.filewriter import check_not_input, check_replaceable, is_url, local_
 SCHEDULER_TIMEOUT_S = 60  # --scheduler: seconds to reach the Dask scheduler
 
 
+class _RaySession:
+    """``--ray ADDRESS``: the connection ``ray.init(address=...)`` made, closed like a Dask client."""
+
+    def close(self) -> None:
+        import ray
+
+        ray.shutdown()
+
+
+def _ray_executor(args):
+    try:
+        import ray
+
+        from .write.ray_executor import RayExecutor
+    except ImportError:
+        raise SystemExit(f"pageset {args.command}: --ray needs Ray: pip install 'pageset[ray]'") from None
+    try:
+        ray.init(address=args.ray, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise SystemExit(f"pageset {args.command}: --ray {args.ray}: cannot connect to the Ray cluster ({exc}); "
+                         "check the address ('auto' on a cluster node, ray://HOST:10001 from outside, 'local' "
+                         "for a new local instance)") from None
+    return RayExecutor(), _RaySession()
+
+
 def _executor(args):
-    """A Dask client's executor for ``--scheduler tcp://HOST:8786`` (None without it); the client to close."""
+    """The executor for ``--scheduler tcp://HOST:8786`` (a Dask client's) or ``--ray ADDRESS`` (Ray tasks), None
+    without either; and the client/session to close."""
+    if getattr(args, "scheduler", None) and getattr(args, "ray", None):
+        raise SystemExit(f"pageset {args.command}: give --scheduler (Dask) or --ray (Ray), not both")
+    if getattr(args, "ray", None):
+        return _ray_executor(args)
     if not getattr(args, "scheduler", None):
         return None, None
     try:
@@ -399,6 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _cluster_args(p) -> None:
     p.add_argument("--scheduler", default=None,
                    help="Dask scheduler address (tcp://HOST:8786): encode on that cluster's workers")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="Ray cluster address ('auto' on a node of the cluster, ray://HOST:10001, or 'local' for a "
+                        "new local instance): encode as Ray tasks")
     p.add_argument("--shard-dir", default=None,
                    help="folder or URL every worker can reach, for the encoded shards (default: next to OUTPUT)")
     p.add_argument("--storage-options", default=None,
