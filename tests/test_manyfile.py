@@ -345,6 +345,32 @@ def test_bad_sample_raises_and_leaves_the_old_set(tmp_path):
         write_dataset(folder, Bad(10), FIELDS, records_per_member=5, num_workers=0, append=True, **KW)
     assert _folder_bytes(folder) == before  # the member the failed append wrote is gone
 
+    class Interrupted(Samples):  # Ctrl-C in the middle of member 1
+        def __getitem__(self, i):
+            if i == 7:
+                raise KeyboardInterrupt
+            return super().__getitem__(i)
+
+    with pytest.raises(KeyboardInterrupt):
+        write_dataset(folder, Interrupted(10), FIELDS, records_per_member=5, num_workers=0, append=True, **KW)
+    assert _folder_bytes(folder) == before
+
+
+def test_skipped_samples_count_from_each_member_and_merge_to_the_single_file(tmp_path):
+    class Bad(Samples):
+        def __getitem__(self, i):
+            if i in (3, 11):
+                raise OSError(f"sample {i} unreadable")
+            return super().__getitem__(i)
+
+    res = write_dataset(tmp_path / "s", Bad(14), FIELDS, records_per_member=5, num_workers=0, on_error="skip", **KW)
+    assert res.skipped == (3, 11) and res.records == 12
+    write_dataset(tmp_path / "one.pageset", Bad(14), FIELDS, num_workers=0, on_error="skip", **KW)
+    ref = ref_manifest.read_set(tmp_path / "s")
+    assert [m.metadata["lineage"]["skipped"] for m in ref.members] == [[3], [], [1]]  # from each member's start
+    merge_datasets(tmp_path / "m.pageset", [tmp_path / "s" / n for n in res.members], progress=False, lineage=False)
+    assert (tmp_path / "m.pageset").read_bytes() == (tmp_path / "one.pageset").read_bytes()
+
 
 def test_output_folder_holding_other_files_is_refused(tmp_path):
     (tmp_path / "photos").mkdir()
