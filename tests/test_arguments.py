@@ -181,6 +181,10 @@ WRITE_DATASET = [
     ("request_timeout", 0, V, r"request_timeout must be a finite number > 0"),
     ("request_attempts", 0.5, T, r"request_attempts must be an int >= 1"),
     ("metadata", {"when": object()}, T, r"metadata\['when'\] is not JSON-serialisable"),
+    ("records_per_member", 0, V, r"records_per_member must be an int >= 1, got 0"),
+    ("records_per_member", "10", T, r"records_per_member must be an int >= 1 or None"),
+    ("append", "yes", T, r"append must be True or False"),
+    ("append", True, V, r"append=True adds members to a many-file dataset: give records_per_member="),
 ]
 
 WRITE_TOKENS = [
@@ -205,6 +209,11 @@ WRITE_TOKENS = [
     ("storage_options", [("anon", True)], T, r"storage_options must be a dict or None"),
     ("request_timeout", -1, V, r"request_timeout must be a finite number > 0"),
     ("request_attempts", 0, V, r"request_attempts must be an int >= 1"),
+    ("member_bytes", 0, V, r"member_bytes must be an int >= 1, got 0"),
+    ("member_bytes", 1.5e9, T, r"member_bytes must be an int >= 1 or None"),
+    ("docs_per_member", "100", T, r"docs_per_member must be an int >= 1 or None"),
+    ("append", 1, T, r"append must be True or False"),
+    ("append", True, V, r"append=True adds members to a many-file set: give member_bytes= or docs_per_member="),
 ]
 
 MERGE = [

@@ -10,6 +10,8 @@
     pageset verify train.pageset
     pageset verify s3://bucket/train.pageset --storage-options '{"client_kwargs": {"endpoint_url": "..."}}'
     pageset clean train.pageset                      # temp files and shards of killed writes
+    pageset verify train/                            # a many-file dataset: its folder (or URL prefix)
+    pageset clean train/                             # members a killed many-file write left (not in the manifest)
 
 The output comes first in every command that writes a file (as in every Python writer: write_dataset(path,
 source, ...)); the old ``pageset convert SOURCE OUTPUT`` order still works, with a deprecation message.
@@ -238,9 +240,24 @@ def cmd_merge(args) -> int:
     return 0
 
 
+def _many(path: str, storage_options=None) -> bool:
+    from .read.manyfile import is_many_file, manifest_exists
+
+    return is_many_file(path) or (is_url(path) and manifest_exists(path, storage_options))
+
+
 def cmd_clean(args) -> int:
     from .write.filewriter import remove_stale_temps
 
+    if os.path.isdir(local_path(args.path)) or (is_url(args.path) and _many(args.path, _storage_options(args))):
+        from .write.members import clean_folder
+
+        removed = clean_folder(args.path.rstrip("/"), _storage_options(args))
+        for name in removed:
+            print(f"removed {name}")
+        print(f"{args.path}: {_n(len(removed), 'stray member or temp file', 'stray members and temp files')} "
+              "removed (files the current manifest does not list)")
+        return 0
     removed = remove_stale_temps(args.path, every_host=args.all_hosts)
     for name in removed:
         print(f"removed {name}")
@@ -305,7 +322,52 @@ def _count(ds) -> str:
 INSPECT_SKIPPED = 20  # skipped samples listed by the text form of ``inspect``
 
 
+def describe_many(ds) -> dict:
+    """A JSON-serialisable summary of a many-file dataset, from its manifest (what ``pageset inspect`` prints)."""
+    m = ds.manifest
+    out = {"path": ds.path, "kind": m.kind, "generation": m.generation, "dataset_id": m.dataset_id,
+           "members": [{"name": x.name, "dataset_id": x.dataset_id, "bytes": x.bytes, "pages": x.pages,
+                        **({"records": x.records} if m.kind == "records" else
+                           {"tokens": x.tokens, "documents": x.documents})} for x in m.members],
+           "bytes": sum(x.bytes for x in m.members), "pages": sum(x.pages for x in m.members),
+           "page_size": m.page_size, "schema": m.schema, "appended_to": m.appended_to}
+    if m.kind == "records":
+        out["records"] = m.records
+    else:
+        out["tokens"], out["documents"] = m.tokens, m.documents
+    return out
+
+
+def _open_many(args):
+    from .read.manyfile import ManyFileDataset, ManyFileTokens, many_file_members
+
+    opts = _storage_options(args)
+    path = args.path if not is_url(args.path) or args.path.endswith("/") else args.path + "/"
+    kind = many_file_members(path, opts).kind
+    return (ManyFileDataset if kind == "records" else ManyFileTokens)(path, opts)
+
+
 def cmd_inspect(args) -> int:
+    if _many(args.path, _storage_options(args)):
+        with _open_many(args) as ds:
+            info = describe_many(ds)
+        if args.json:
+            print(json.dumps(info, indent=2, sort_keys=True))
+            return 0
+        count = (_n(info["records"], "record") if info["kind"] == "records" else
+                 f"{_n(info['tokens'], 'token')} in {_n(info['documents'], 'document')}")
+        print(f"{info['path']}: many-file pageset dataset (manifest generation {info['generation']}), "
+              f"{_n(len(info['members']), 'member')}, {count}, {info['bytes'] / 1e6:.2f} MB, "
+              f"{_n(info['pages'], 'page')} of {info['page_size']} bytes")
+        print(f"dataset id: {info['dataset_id']}")
+        for f in info["schema"].get("fields", []):
+            print(f"  {f['name']}: {f['kind']} {f['params']}")
+        for x in info["members"][:INSPECT_SKIPPED]:
+            n = _n(x["records"], "record") if "records" in x else _n(x["tokens"], "token")
+            print(f"  member {x['name']}: {n}, {x['bytes'] / 1e6:.2f} MB, id {x['dataset_id'][:16]}")
+        if len(info["members"]) > INSPECT_SKIPPED:
+            print(f"  ... {len(info['members']) - INSPECT_SKIPPED} more members (all of them: pageset inspect --json)")
+        return 0
     with Dataset(args.path, _storage_options(args)) as ds:  # either kind of file
         info = describe(ds)
         count = _count(ds)
@@ -346,6 +408,13 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    if _many(args.path, _storage_options(args)):
+        with _open_many(args) as ds:
+            ds.verify()
+            print(f"{args.path}: OK ({_n(len(ds.members), 'member')}, {_n(sum(m.pages for m in ds.members), 'page')}: "
+                  "the manifest, and every member's header, sections, index, page checksums and dataset id "
+                  "against the manifest verified)")
+        return 0
     with Dataset(args.path, _storage_options(args)) as ds:  # either kind of file
         ds.verify()
         print(f"{args.path}: OK ({_count(ds)}, {_n(ds.page_count, 'page')}, header, sections, index and every page "
@@ -410,18 +479,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON fsspec options for every URL: the output and URL inputs")
     m.add_argument("--no-progress", action="store_true")
     m.set_defaults(func=cmd_merge)
-    k = sub.add_parser("clean", help="remove temp files and shard folders left by killed writes of PATH")
+    k = sub.add_parser("clean", help="remove temp files and shard folders left by killed writes of PATH (a "
+                       "many-file dataset's folder: the members its manifest does not list)")
     k.add_argument("path")
+    k.add_argument("--storage-options", default=None, help="JSON object for a URL's fsspec filesystem")
     k.add_argument("--all-hosts", action="store_true",
                    help="also those of writers on other hosts (make sure none is still running)")
     k.set_defaults(func=cmd_clean)
     i = sub.add_parser("inspect", help="print header, schema, counts, sizes, dataset id and lineage")
-    i.add_argument("path", help="a pageset file or URL (s3://bucket/key, https://...)")
+    i.add_argument("path", help="a pageset file or URL (s3://bucket/key, https://...), or a many-file dataset's folder")
     i.add_argument("--storage-options", default=None, help="JSON object for the URL's fsspec filesystem")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.set_defaults(func=cmd_inspect)
     v = sub.add_parser("verify", help="check every checksum, page by page")
-    v.add_argument("path", help="a pageset file or URL (s3://bucket/key, https://...)")
+    v.add_argument("path", help="a pageset file or URL (s3://bucket/key, https://...), or a many-file dataset's folder")
     v.add_argument("--storage-options", default=None, help="JSON object for the URL's fsspec filesystem")
     v.set_defaults(func=cmd_verify)
     return p

@@ -235,9 +235,20 @@ def open_tokens(path: str | os.PathLike, storage_options: dict | None = None, **
     """Open and validate a token file, local or at a URL (``storage_options``, ``request_timeout``,
     ``request_attempts``: see :func:`~pageset.read.open_dataset`); see :class:`TokenDataset`. Raises FormatError
     subclasses (a record file is refused, naming open_dataset), FileNotFoundError, ImportError, RemoteReadError,
-    OSError, TypeError (a path that is not a str or os.PathLike)."""
+    OSError, TypeError (a path that is not a str or os.PathLike). A many-file set of token files (a folder or URL
+    prefix holding ``pageset.manifest.json``) opens as a :class:`~pageset.read.manyfile.ManyFileTokens`."""
     unknown = set(remote) - {"request_timeout", "request_attempts"}
     if unknown:
         raise TypeError(f"open_tokens() got unexpected keyword arguments {sorted(unknown)}")
     check_open_arguments(path, storage_options, remote.get("request_timeout", 30.0), remote.get("request_attempts", 5))
-    return TokenDataset(path, storage_options, **remote)
+    from . import manyfile
+    from .remote import local_path, url_scheme
+
+    if manyfile.is_many_file(path):
+        return manyfile.ManyFileTokens(path, storage_options, **remote)
+    try:
+        return TokenDataset(path, storage_options, **remote)
+    except FileNotFoundError:
+        if url_scheme(local_path(os.fspath(path))) and manyfile.manifest_exists(os.fspath(path), storage_options):
+            return manyfile.ManyFileTokens(os.fspath(path) + "/", storage_options, **remote)
+        raise

@@ -75,7 +75,9 @@ CL100K_SPECIAL = {"<|endoftext|>": 100257, "<|fim_prefix|>": 100258, "<|fim_midd
 @dataclass(frozen=True)
 class TokenWriteResult:
     """What a token writer wrote: ``path``, ``documents``, ``tokens`` (count, BOS/EOS included), ``dtype``
-    (``"uint16"``/``"uint32"``), ``dataset_id`` (hex SHA-256), ``bytes`` (file size), ``seconds`` (wall time)."""
+    (``"uint16"``/``"uint32"``), ``dataset_id`` (hex SHA-256), ``bytes`` (file size), ``seconds`` (wall time); for
+    a many-file set ``path`` is the folder, the counts, id and bytes are the whole set's and ``members`` names the
+    member files this call wrote."""
 
     path: str
     documents: int
@@ -84,6 +86,7 @@ class TokenWriteResult:
     dataset_id: str
     bytes: int
     seconds: float
+    members: tuple = ()
 
 
 class TokenFileWriter:
@@ -138,6 +141,7 @@ class TokenFileWriter:
                                                                    "checksum": ALGORITHM})
         schema["tokens"] = tokens_obj
         parse_schema(schema)
+        self.schema = schema
         schema_bytes = canonical_json(schema)
         index_bytes = b""  # a token file has no records
         crc_bytes = crcs.tobytes()
@@ -580,6 +584,9 @@ def write_tokens(
     storage_options: dict | None = None,
     request_timeout: float = 30.0,
     request_attempts: int = 5,
+    member_bytes: int | None = None,
+    docs_per_member: int | None = None,
+    append: bool = False,
 ) -> TokenWriteResult:
     """Tokenize ``source`` and write one token file at ``path`` (atomically: temp file, fsync, rename).
 
@@ -617,6 +624,18 @@ def write_tokens(
             ``"s3://bucket/corpus/*.jsonl"``); with an ``executor`` they reach the workers too.
         request_timeout, request_attempts: URL ``path`` only: seconds per request to the store and attempts per
             request (as for reading); a store that never answers fails with TimeoutError naming the URL.
+        member_bytes: write a many-file set (``formats/manyfile.md``) to the folder (or URL prefix) ``path``: each
+            member holds whole input files in order (a path source), a new member starting once the current
+            one's files reach this many bytes (their sizes on disk, read from the file system), or for an
+            in-memory source whole documents up to this many bytes of UTF-8 text (4 bytes per pre-tokenized
+            id). Each member is tokenized and written by its own task (``num_workers`` processes or
+            ``executor`` tasks), then ``pageset.manifest.json`` is written last, atomically. The stored dtype
+            must be the same in every member, so ``dtype="auto"`` is decided from the tokenizer's vocabulary
+            (uint32 when it is unknown, e.g. pre-tokenized ids; pass ``dtype="uint16"`` for those that fit).
+        docs_per_member: in-memory sources only: members of this many documents (with ``member_bytes`` too,
+            whichever comes first).
+        append: with ``member_bytes`` / ``docs_per_member``: add members after those of the set at ``path``
+            (old members are not rewritten; the set's id changes); tokenizer, ids and dtype must match the set's.
 
     Returns:
         :class:`TokenWriteResult` (``path, documents, tokens, dtype, dataset_id, bytes, seconds``).
@@ -630,7 +649,18 @@ def write_tokens(
         5 TiB; a larger one raises ValueError naming the limit, before its bytes past 5 TiB are uploaded.
     """
     t0 = time.perf_counter()
-    path = check_output_path(path)
+    member_bytes = check.integer("member_bytes", member_bytes, minimum=1, optional=True)
+    docs_per_member = check.integer("docs_per_member", docs_per_member, minimum=1, optional=True)
+    append = check.boolean("append", append)
+    many = member_bytes is not None or docs_per_member is not None
+    if append and not many:
+        raise ValueError("append=True adds members to a many-file set: give member_bytes= or docs_per_member= too")
+    if many:
+        from .writer import check_folder_path
+
+        path = check_folder_path(path)
+    else:
+        path = check_output_path(path)
     dtype = check.choice("dtype", dtype, ("auto",) + C.TOKEN_DTYPES)
     num_workers = check.integer("num_workers", num_workers, minimum=0, optional=True)
     progress = check.boolean("progress", progress)
@@ -666,13 +696,18 @@ def write_tokens(
     limit = UINT16_MAX if direct == "uint16" else UINT32_MAX
     path = os.fspath(path)
     check_not_input(path, [source] if isinstance(source, (str, os.PathLike)) else [])
-    check_replaceable(path, "write_tokens(path, source, tokenizer)", storage_options, policy)
     info = {
         "eos_id": eos_id,
         "bos_id": bos_id,
         "tokenizer": spec.describe() if spec is not None else None,
         "source": "text" if spec is not None else "pre-tokenized",
     }
+    if many:
+        member_dtype = direct or ("uint32" if vocab is None or vocab > UINT16_MAX + 1 else "uint16")
+        return _write_token_members(path, source, spec, info, member_dtype, page_size, progress, text_key,
+                                    separator, chunk_docs, chunk_chars, metadata, lineage, num_workers, executor,
+                                    storage_options, policy, member_bytes, docs_per_member, append, t0)
+    check_replaceable(path, "write_tokens(path, source, tokenizer)", storage_options, policy)
     if executor is not None:
         if not callable(getattr(executor, "submit", None)):
             raise TypeError(f"executor must be a concurrent.futures.Executor, got {type(executor).__name__}")
@@ -892,6 +927,151 @@ def _raise_too_large(summary, first_doc, limit, direct, storage_options):
     doc = first_doc + int(np.searchsorted(np.cumsum(lengths), first, side="right"))
     raise ValueError(f"document {doc} has token id {int(ids[first])} > {limit}, which does not fit dtype={direct!r}; "
                      "use dtype='uint32' or 'auto'")
+
+
+# ---- many-file sets: one member per task ------------------------------------------------------------------
+
+def _file_sizes(files: list[str], storage_options: dict | None) -> list[int]:
+    if files and is_url(files[0]):
+        from fsspec.core import url_to_fs
+
+        fs, _ = url_to_fs(files[0], **dict(storage_options or {}))
+        return [int(fs.size(url_to_fs(f, **dict(storage_options or {}))[1])) for f in files]
+    return [os.path.getsize(local_path(f)) for f in files]
+
+
+def member_cuts(source, files, sizes, member_bytes, docs_per_member, text_key, separator, storage_options):
+    """Yield each member's input in order: a list of files (path sources) or of documents (in-memory ones). A
+    pure function of the source and the settings (spec: formats/manyfile.md, section 6)."""
+    if files is not None:
+        if docs_per_member is not None:
+            raise ValueError("docs_per_member needs an in-memory source (documents are counted as they are read); "
+                             "for files use member_bytes= (input bytes per member)")
+        group, total = [], 0
+        for f, size in zip(files, sizes):
+            group.append(f)
+            total += size
+            if total >= member_bytes:
+                yield group
+                group, total = [], 0
+        if group:
+            yield group
+        return
+    group, total = [], 0
+    for d in iter_documents(source, text_key=text_key, separator=separator, storage_options=storage_options):
+        group.append(d)
+        total += len(d.encode("utf-8")) if isinstance(d, str) else 4 * len(d)
+        if (docs_per_member is not None and len(group) >= docs_per_member) or (
+                member_bytes is not None and total >= member_bytes):
+            yield group
+            group, total = [], 0
+    if group:
+        yield group
+
+
+def write_token_member(folder: str, name: str, item: list, first_doc: int, spec, bos_id, eos_id, dtype: str,
+                       text_key: str, separator, page_size: int, chunk_docs: int, chunk_chars: int, info: dict,
+                       metadata, record_lineage: bool, storage_options, policy) -> dict:
+    """Task: tokenize one member's input (a list of files, or of documents numbered from ``first_doc``) into the
+    complete token file ``folder/name`` (visible by rename or a completed upload). ``spec``: the tokenizer, a
+    ``pickled_once`` reference to it, or None in a forked worker (the pool's). Returns the member's summary
+    (:func:`pageset.write.members.summary`), or ``{"empty": True}`` when it holds no document."""
+    from . import members as M
+
+    if isinstance(spec, tuple):  # an executor's worker process (a forked pool's initializer sets it there)
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        spec = unpickled(spec)
+    files = not isinstance(item, _Docs)
+    docs = (d for f in item for d in _file_documents(f, text_key, separator, storage_options)) if files else item
+    limit = UINT16_MAX if dtype == "uint16" else UINT32_MAX
+    url = M.join(folder, name)
+    writer, lengths, max_id = None, [], -1
+    try:
+        for start, chunk in _chunks(docs, chunk_docs, chunk_chars):
+            flat, lens = _encode_chunk(first_doc + start, chunk, bos_id, eos_id, spec)
+            if flat.size and int(flat.max()) > limit:
+                first = int(np.argmax(flat > limit))
+                doc = first_doc + start + int(np.searchsorted(np.cumsum(lens), first, side="right"))
+                raise ValueError(f"{url}: document {doc} has token id {int(flat[first])} > {limit}, which does not "
+                                 f"fit dtype={dtype!r}; use dtype='uint32'")
+            max_id = max(max_id, int(flat.max()) if flat.size else -1)
+            writer = writer or TokenFileWriter(url, dtype, page_size, storage_options, policy)
+            writer.write(flat)
+            lengths.append(lens)
+        if writer is None:
+            return {"empty": True, "name": name}
+        lens = np.concatenate(lengths)
+        offsets = np.zeros(lens.size + 1, dtype=np.uint64)
+        np.cumsum(lens, out=offsets[1:])
+        r = writer.finish(offsets, dict(info, max_id=max_id), metadata, time.perf_counter(), record_lineage)
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    pages = -(-r.tokens * np.dtype(dtype).itemsize // page_size)
+    return M.summary(name, writer.schema, r.dataset_id, r.bytes, pages, tokens=r.tokens, documents=r.documents)
+
+
+class _Docs(list):
+    """A member's documents (a list that is never taken for a list of file names)."""
+
+
+def _write_token_members(folder, source, spec, info, dtype, page_size, progress, text_key, separator, chunk_docs,
+                         chunk_chars, metadata, record_lineage, num_workers, executor, storage_options, policy,
+                         member_bytes, docs_per_member, append, t0) -> TokenWriteResult:
+    from . import members as M
+
+    schema = build_schema({"tokens": Tokens(dtype)}, {}, {"page_size": page_size, "checksum": ALGORITHM})
+    schema["tokens"] = dict(info, dtype=dtype)
+    call = "write_tokens(path, source, tokenizer, member_bytes=...)"
+    previous, generation, kept = M.prepare_folder(folder, storage_options, "tokens", schema, append, call)
+    files = _source_files(source, storage_options)
+    if files is not None and not files:
+        raise ValueError(f"{os.fspath(source)}: no files: nothing to write")
+    if files is not None and member_bytes is None:
+        raise ValueError("docs_per_member needs an in-memory source (documents are counted as they are read); "
+                         "for files use member_bytes= (input bytes per member)")
+    sizes = _file_sizes(files, storage_options) if files is not None else None
+    if executor is not None:
+        check_picklable(spec, "the tokenizer", executor)
+        spec_arg = pickled_once(spec, executor)
+    else:
+        spec_arg = spec if num_workers == 0 else None
+    firsts = {"docs": 0}
+
+    def tasks():
+        for k, group in enumerate(member_cuts(source, files, sizes, member_bytes, docs_per_member, text_key,
+                                              separator, storage_options)):
+            item = group if files is not None else _Docs(group)
+            first = firsts["docs"]
+            if files is None:
+                firsts["docs"] += len(group)
+            yield (folder, M.member_name(generation, k), item, first, spec_arg, info["bos_id"], info["eos_id"],
+                   dtype, text_key, separator, page_size, chunk_docs, chunk_chars, info, metadata, record_lineage,
+                   storage_options, policy)
+
+    died = ("a tokenizer worker process died (killed or out of memory); no manifest was written. Retry with "
+            "num_workers=0 to see the error in this process.")
+    results = M.run_tasks(write_token_member, tasks(), num_workers, executor, _init_worker, (spec,), died)
+    done = []
+    bar = tqdm(disable=not progress, desc="pageset tokens", unit="member", leave=False)
+    try:
+        try:
+            for s in results:
+                if not s.get("empty"):
+                    done.append(s)
+                bar.update(1)
+        finally:
+            bar.close()
+            results.close()
+        manifest = M.finish(folder, "tokens", schema, page_size, previous, generation, kept, done, storage_options,
+                            policy)
+    except BaseException:
+        M.abandon(folder, storage_options, previous)
+        raise
+    return TokenWriteResult(folder, manifest.documents, manifest.tokens, dtype, manifest.dataset_id,
+                            sum(m.bytes for m in manifest.members), time.perf_counter() - t0,
+                            tuple(s["name"] for s in done))
 
 
 def tokenize_only(source, tokenizer, *, text_key: str = "text", separator: str | None = None,
