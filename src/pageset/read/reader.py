@@ -47,6 +47,7 @@ from ..format.errors import (
 from ..format.fields import JSON, Bytes, Field, Float, Int, NDArray, RGBImage
 from ..format.layout import HEADER, PAGE_CHECKSUM, SECTION_ENTRY
 from .remote import local_path, url_scheme
+from .token_sections import validate_token_sections
 
 MAX_SECTIONS = 1024
 MAX_IMAGE_SIDE = (1 << 31) - 1  # keeps height * width * 3 inside uint64 arithmetic
@@ -189,8 +190,6 @@ class Dataset:
         self.metadata = self._read_json_section(sections, C.SECTION_METADATA, "metadata", default={})
         self.tokens_info = None  # token files (format 1.1): see pageset.read.tokens
         if int(h["required_features"]) & C.REQUIRED_TOKENS or any(f.kind == "tokens" for f in self.fields.values()):
-            from .tokens import validate_token_sections
-
             self.tokens_info, self.doc_offsets = validate_token_sections(self, sections)
         self.page_reader = None
         if self.remote is not None:
