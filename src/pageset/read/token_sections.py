@@ -12,6 +12,36 @@ from ..format.errors import FormatError, SchemaError
 DOC_OFFSET = np.dtype("<u8")
 
 
+def validate_loss_mask(ds, sections: dict, info: dict, count: int) -> np.ndarray | None:
+    """The ``loss_mask`` section (formats/v1.md section 10.1) as read-only ``uint8[ceil(count / 8)]`` (bit ``t % 8``
+    of byte ``t // 8`` is token ``t``'s mask), or None for a file without the ``loss_mask`` feature bit. Raises
+    SchemaError / FormatError naming the path and section: a mask that does not match the tokens (its length,
+    set bits past the last token), a section without the feature bit or the reverse, no ``tokens.loss_mask``."""
+    has_bit = bool(int(ds.header["required_features"]) & C.REQUIRED_LOSS_MASK)
+    if not has_bit:
+        if C.SECTION_LOSS_MASK in sections:
+            raise ds._err(FormatError, "loss_mask", sections[C.SECTION_LOSS_MASK][0],
+                          "a loss_mask section without the required 'loss_mask' feature bit")
+        return None
+    schema_off = sections[C.SECTION_SCHEMA][0]
+    described = info.get("loss_mask")
+    if not isinstance(described, dict) or not isinstance(described.get("train_on"), list):
+        raise ds._err(SchemaError, "schema", schema_off,
+                      "a file with the 'loss_mask' feature needs a \"tokens\".\"loss_mask\" object with train_on")
+    if C.SECTION_LOSS_MASK not in sections:
+        raise ds._err(FormatError, "loss_mask", None, "required section is missing (the 'loss_mask' feature bit is set)")
+    off, payload = sections[C.SECTION_LOSS_MASK]
+    want = -(-count // 8)
+    if len(payload) != want:
+        raise ds._err(FormatError, "loss_mask", off, f"section is {len(payload)} bytes, but {count} tokens need "
+                      f"ceil({count} / 8) = {want}: the mask does not match the token stream")
+    mask = np.frombuffer(payload, dtype=np.uint8)
+    if count % 8 and int(mask[-1]) >> (count % 8):
+        raise ds._err(FormatError, "loss_mask", off + want - 1,
+                      f"bits past the last token ({count}) are set; they must be zero")
+    return mask
+
+
 def validate_token_sections(ds, sections: dict) -> tuple[dict, np.ndarray]:
     """Check a token file's schema, geometry and ``doc_offsets`` section (already CRC-checked by the reader);
     ``ds`` is the :class:`~pageset.read.reader.Dataset` being opened.

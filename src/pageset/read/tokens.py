@@ -35,6 +35,9 @@ class TokenDataset:
             TruncatedFileError / FileChangedError instead; so does the Loader.
         doc_offsets: ``uint64[D + 1]`` read-only, token offsets of document starts; document ``i`` is
             ``tokens[doc_offsets[i]:doc_offsets[i + 1]]`` (including its BOS, if any, and its EOS).
+        loss_mask: ``uint8[T]`` of 0/1 (1: the token is trained on, e.g. an assistant's token of a chat file),
+            unpacked from the file's ``loss_mask`` section on first use; ``None`` for a file without one (text
+            corpora). :meth:`mask` reads a range of it.
         eos_id, bos_id (int or None), dtype (numpy dtype), documents (D), info (the schema's ``"tokens"``
         object: tokenizer name/kind/files_sha256, source), dataset_id (hex str), dataset (the underlying
         :class:`~pageset.read.reader.Dataset`: header, schema, metadata, ``verify()``).
@@ -63,6 +66,28 @@ class TokenDataset:
         self.dataset_id = ds.dataset_id
         self._count = ds.data_length // self.dtype.itemsize
         self._tokens = None
+        self._loss_mask = None
+
+    @property
+    def loss_mask(self) -> np.ndarray | None:
+        bits = self.dataset.loss_mask_bits
+        if bits is None:
+            return None
+        if self._loss_mask is None:
+            self._loss_mask = np.unpackbits(bits, count=self._count, bitorder="little")
+            self._loss_mask.flags.writeable = False
+        return self._loss_mask
+
+    def mask(self, start: int, stop: int) -> np.ndarray:
+        """``uint8`` loss mask of tokens ``[start, stop)`` (clipped to ``[0, T]``), a new array; ValueError for a
+        file without a loss mask."""
+        bits = self.dataset.loss_mask_bits
+        if bits is None:
+            raise ValueError(f"{self.path}: the file has no loss mask (it was not written from conversations)")
+        start, stop = max(0, int(start)), min(self._count, int(stop))
+        if stop <= start:
+            return np.empty(0, np.uint8)
+        return np.unpackbits(bits[start // 8 : -(-stop // 8)], bitorder="little")[start % 8 : start % 8 + stop - start]
 
     @property
     def tokens(self) -> np.ndarray:

@@ -38,9 +38,29 @@ def _open_binary(path: str, storage_options: dict | None = None):
         raise FileNotFoundError(f"{path}: no such object ({exc}); check the URL and storage_options") from None
 
 
-def _jsonl_documents(path: str, text_key: str, storage_options: dict | None = None):
+class Conversation:
+    """One conversation of a chat source: ``messages`` (a list of ``{"role", "content"}`` dicts, checked when it is
+    encoded) and ``where`` it came from (``"file.jsonl:12"``, ``"file.parquet: row 3"``, ``"conversation 5"``) for
+    error messages. ``len()`` is its characters (for chunking work)."""
+
+    __slots__ = ("where", "messages")
+
+    def __init__(self, where: str, messages):
+        self.where, self.messages = where, messages
+
+    def __len__(self) -> int:
+        if not isinstance(self.messages, (list, tuple)):
+            return 1
+        return sum(len(m.get("content") or "") if isinstance(m, dict) else 1 for m in self.messages)
+
+    def __reduce__(self):
+        return (Conversation, (self.where, self.messages))
+
+
+def _jsonl_documents(path: str, text_key: str, storage_options: dict | None = None, chat: bool = False):
     """The ``text_key`` string of each line of a JSON Lines file (``.gz`` too); ValueError naming file, line and
-    byte for a line that is not UTF-8, not valid JSON, or without a string under ``text_key``."""
+    byte for a line that is not UTF-8, not valid JSON, or without a string under ``text_key``. ``chat``: the
+    list of messages under ``text_key`` instead, as a :class:`Conversation`."""
     offset = 0  # byte offset of the line's start (in the decompressed stream for .gz)
     raw_file = _open_binary(path, storage_options)
     with (__import__("gzip").open(raw_file, "rb") if path.endswith(".gz") else raw_file) as f, raw_file:
@@ -67,13 +87,19 @@ def _jsonl_documents(path: str, text_key: str, storage_options: dict | None = No
                 raise ValueError(f"{path}:{lineno}: no {text_key!r} key in the JSON line (it has {keys}); "
                                  "set text_key= (--text-key) to the key holding the text")
             text = obj[text_key]
+            if chat:
+                if not isinstance(text, list):
+                    raise ValueError(f"{path}:{lineno}: {text_key!r} holds {type(text).__name__} {text!r:.40}, "
+                                     "not a list of messages [{\"role\": ..., \"content\": ...}, ...]")
+                yield Conversation(f"{path}:{lineno}", text)
+                continue
             if not isinstance(text, str):
                 raise ValueError(f"{path}:{lineno}: {text_key!r} holds {type(text).__name__} {text!r:.40}, "
                                  "not a string")
             yield text
 
 
-def _parquet_documents(path: str, text_key: str, storage_options: dict | None = None):
+def _parquet_documents(path: str, text_key: str, storage_options: dict | None = None, chat: bool = False):
     """The ``text_key`` column of a Parquet file, batch by batch; ValueError naming the file and the key (and the
     columns it has) for a missing column, and the file for a damaged one."""
     import pyarrow as pa
@@ -86,8 +112,14 @@ def _parquet_documents(path: str, text_key: str, storage_options: dict | None = 
             if text_key not in names:
                 raise ValueError(f"{path}: no column {text_key!r} in the Parquet file (it has {names}); set "
                                  "text_key= (--text-key) to the column holding the text")
+            row = 0
             for batch in pf.iter_batches(columns=[text_key], batch_size=1024):
-                yield from batch.column(0).to_pylist()
+                values = batch.column(0).to_pylist()
+                if chat:  # a list<struct<role, content>> column: each row one conversation
+                    yield from (Conversation(f"{path}: row {row + k}", v) for k, v in enumerate(values))
+                else:
+                    yield from values
+                row += len(values)
         except (pa.ArrowException, OSError) as exc:
             if isinstance(exc, FileNotFoundError):
                 raise
@@ -95,13 +127,17 @@ def _parquet_documents(path: str, text_key: str, storage_options: dict | None = 
                              "or not Parquet (rewrite it, or leave it out of the source)") from None
 
 
-def _file_documents(path: str, text_key: str, separator: str | None, storage_options: dict | None = None):
+def _file_documents(path: str, text_key: str, separator: str | None, storage_options: dict | None = None,
+                    chat: bool = False):
     if path.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
-        yield from _jsonl_documents(path, text_key, storage_options)
+        yield from _jsonl_documents(path, text_key, storage_options, chat)
         return
     if path.endswith(".parquet"):
-        yield from _parquet_documents(path, text_key, storage_options)
+        yield from _parquet_documents(path, text_key, storage_options, chat)
         return
+    if chat:
+        raise ValueError(f"{path}: a chat source is JSON Lines (.jsonl, .jsonl.gz, .ndjson) or Parquet, one "
+                         "conversation per line / row; this file is neither")
     try:
         with io.TextIOWrapper(_open_binary(path, storage_options), encoding="utf-8", errors="strict") as f:
             text = f.read()  # universal newlines, as open(path, encoding="utf-8") reads
@@ -135,6 +171,35 @@ def iter_documents(source, *, text_key: str = "text", separator: str | None = No
             yield from _file_documents(os.fspath(item), text_key, separator)
         else:
             yield item
+
+
+def iter_conversations(source, *, messages_key: str = "messages", storage_options: dict | None = None):
+    """Yield :class:`Conversation` objects from a chat ``source`` in order.
+
+    ``source``: paths as for :func:`iter_documents` of ``.jsonl`` files (``messages_key`` of each line: a list of
+    ``{"role", "content"}``) or ``.parquet`` files (column ``messages_key`` of list<struct<role, content>>); or an
+    iterable (a list, an HF ``datasets.Dataset``) of rows ``{messages_key: [...], ...}``, of message lists, or of
+    ``os.PathLike`` files. ValueError / TypeError naming the file and line / row, or the item's index.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        for p in _source_files(source, storage_options):
+            yield from _file_documents(p, messages_key, None, storage_options, chat=True)
+        return
+    for k, item in enumerate(source):
+        if isinstance(item, os.PathLike):
+            yield from _file_documents(os.fspath(item), messages_key, None, chat=True)
+        elif isinstance(item, Conversation):
+            yield item
+        elif isinstance(item, dict):
+            if messages_key not in item:
+                raise ValueError(f"conversation {k}: no {messages_key!r} key in the row (it has "
+                                 f"{sorted(map(str, item))}); set messages_key= to the key holding the messages")
+            yield Conversation(f"conversation {k}", item[messages_key])
+        elif isinstance(item, (list, tuple)):
+            yield Conversation(f"conversation {k}", item)
+        else:
+            raise TypeError(f"conversation {k}: expected a list of messages or a row {{{messages_key!r}: [...]}}, "
+                            f"got {type(item).__name__} {item!r:.40}")
 
 
 def _url_files(url: str, storage_options: dict | None) -> list[str]:

@@ -51,7 +51,14 @@ from .ranges import (
     unpickled,
     write_shard,
 )
-from .documents import _file_documents, _source_files, iter_documents  # noqa: F401 (public here too)
+from .chat import ChatEncoder, chat_encoder, check_train_on
+from .documents import (  # noqa: F401 (public here too)
+    Conversation,
+    _file_documents,
+    _source_files,
+    iter_conversations,
+    iter_documents,
+)
 from .tokenizers import (  # noqa: F401 (public here too: pageset.write.tokens.load_tokenizer, ...)
     CL100K_PAT,
     CL100K_SPECIAL,
@@ -115,18 +122,29 @@ class TokenFileWriter:
         self.out.abort()
 
     def finish(self, doc_offsets: np.ndarray, info: dict, user: dict | None, t0: float,
-               record_lineage: bool = True) -> TokenWriteResult:
+               record_lineage: bool = True, loss_mask: np.ndarray | None = None) -> TokenWriteResult:
         """Write the tail and commit; ``record_lineage=False`` keeps only ``info["source"]`` in the lineage, so the
-        file's bytes depend on its content only."""
+        file's bytes depend on its content only. ``loss_mask``: ``uint8[count]`` of 0/1 (1 = trained on), stored
+        bit-packed in the ``loss_mask`` section with the ``loss_mask`` feature bit; ``info["loss_mask"]`` then
+        describes it (formats/v1.md section 10.1)."""
         try:
-            return self._finish(np.asarray(doc_offsets, dtype="<u8"), info, user or {}, t0, record_lineage)
+            return self._finish(np.asarray(doc_offsets, dtype="<u8"), info, user or {}, t0, record_lineage,
+                                loss_mask)
         except BaseException:
             self.abort()
             raise
 
-    def _finish(self, offsets, info, user, t0, record_lineage) -> TokenWriteResult:
+    def _finish(self, offsets, info, user, t0, record_lineage, loss_mask) -> TokenWriteResult:
         if offsets.size < 2 or offsets[0] != 0 or offsets[-1] != self.count or np.any(offsets[1:] < offsets[:-1]):
             raise ValueError(f"doc_offsets must be non-decreasing from 0 to {self.count} tokens")
+        mask_bytes = None
+        if loss_mask is not None:
+            loss_mask = np.asarray(loss_mask)
+            if loss_mask.shape != (self.count,) or (loss_mask.size and loss_mask.max() > 1):
+                raise ValueError(f"loss_mask must be {self.count} values of 0 or 1, got shape {loss_mask.shape}")
+            if not isinstance(info.get("loss_mask"), dict):
+                raise ValueError("a loss_mask needs info['loss_mask'] (train_on, rule, template_sha256)")
+            mask_bytes = np.packbits(loss_mask.astype(np.uint8), bitorder="little").tobytes()
         canonical_json(user)  # fail on non-JSON metadata before writing sections
         f = self.f
         data_length = self.pages.pos
@@ -140,9 +158,10 @@ class TokenFileWriter:
         index_bytes = b""  # a token file has no records
         crc_bytes = crcs.tobytes()
         offsets_bytes = offsets.tobytes()
-        # The dataset id covers the schema (counts, dtype, tokenizer), the page CRCs (every token) and the
-        # document offsets: the same corpus, tokenizer and settings always give the same id.
-        dataset_id = hashlib.sha256(schema_bytes + index_bytes + crc_bytes + offsets_bytes).digest()
+        # The dataset id covers the schema (counts, dtype, tokenizer), the page CRCs (every token), the document
+        # offsets and the loss mask: the same corpus, tokenizer and settings always give the same id.
+        dataset_id = hashlib.sha256(schema_bytes + index_bytes + crc_bytes + offsets_bytes
+                                    + (mask_bytes or b"")).digest()
         sections = [
             (C.SECTION_SCHEMA, C.SECTION_FLAG_REQUIRED, schema_bytes),
             (C.SECTION_INDEX, C.SECTION_FLAG_REQUIRED, index_bytes),
@@ -151,8 +170,12 @@ class TokenFileWriter:
                                                                    source=info.get("source")), "user": user})),
             (C.SECTION_DOC_OFFSETS, C.SECTION_FLAG_REQUIRED, offsets_bytes),
         ]
+        features = C.REQUIRED_TOKENS
+        if mask_bytes is not None:
+            sections.append((C.SECTION_LOSS_MASK, C.SECTION_FLAG_REQUIRED, mask_bytes))
+            features |= C.REQUIRED_LOSS_MASK
         file_size = write_tail(f, page_size=self.page_size, data_length=data_length, page_count=len(crcs),
-                               record_count=0, required_features=C.REQUIRED_TOKENS, dataset_id=dataset_id,
+                               record_count=0, required_features=features, dataset_id=dataset_id,
                                sections=sections)
         self.out.commit()
         return TokenWriteResult(self.path, int(offsets.size - 1), self.count, self.dtype, dataset_id.hex(),
@@ -168,9 +191,12 @@ def _init_worker(spec) -> None:
     _WORKER["spec"] = spec
 
 
-def _encode_chunk(start: int, docs: list, bos_id, eos_id, spec=None) -> tuple[np.ndarray, np.ndarray]:
-    """Encode ``docs`` (numbered from ``start``): ``(uint32 or int64 flat ids with BOS/EOS, int64 lengths)``."""
+def _encode_chunk(start: int, docs: list, bos_id, eos_id, spec=None):
+    """Encode ``docs`` (numbered from ``start``): ``(uint32 flat ids with BOS/EOS, int64 lengths, uint8 loss mask
+    or None)``; the mask only for conversations (``spec`` a :class:`~pageset.write.chat.ChatEncoder`)."""
     spec = spec if spec is not None else _WORKER.get("spec")
+    if isinstance(spec, ChatEncoder):
+        return _encode_conversations(docs, bos_id, eos_id, spec)
     texts = [(k, d) for k, d in enumerate(docs) if isinstance(d, str)]
     encoded: list = [None] * len(docs)
     if texts:
@@ -193,7 +219,33 @@ def _encode_chunk(start: int, docs: list, bos_id, eos_id, spec=None) -> tuple[np
         parts.append(piece)
         lengths[k] = piece.size
     flat = np.concatenate(parts) if parts else np.empty(0, np.int64)
-    return flat.astype(np.uint32), lengths
+    return flat.astype(np.uint32), lengths, None
+
+
+def _encode_conversations(docs: list, bos_id, eos_id, chat: ChatEncoder):
+    """Conversations -> ``(uint32 ids, int64 lengths, uint8 mask)``. The EOS/BOS policy of text documents: ``bos_id``
+    put first unless the template already wrote it, ``eos_id`` appended unless the template already ended with it
+    (never twice); both have mask 0 (a separator, not the assistant's)."""
+    parts, masks, lengths = [], [], np.empty(len(docs), dtype=np.int64)
+    for k, conv in enumerate(docs):
+        if not isinstance(conv, Conversation):
+            raise TypeError(f"a chat source yields conversations, got {type(conv).__name__} {conv!r:.40}")
+        ids, mask = chat.encode(conv.messages, conv.where)
+        head = 1 if bos_id is not None and not (ids.size and ids[0] == bos_id) else 0
+        tail = 0 if ids.size and ids[-1] == eos_id else 1
+        piece = np.empty(head + ids.size + tail, np.int64)
+        piece[head : head + ids.size] = ids
+        m = np.zeros(piece.size, np.uint8)
+        m[head : head + ids.size] = mask
+        if head:
+            piece[0] = bos_id
+        if tail:
+            piece[-1] = eos_id
+        parts.append(piece)
+        masks.append(m)
+        lengths[k] = piece.size
+    flat = np.concatenate(parts) if parts else np.empty(0, np.int64)
+    return flat.astype(np.uint32), lengths, (np.concatenate(masks) if masks else np.empty(0, np.uint8))
 
 
 def _chunks(docs_iter, chunk_docs: int, chunk_chars: int):
@@ -279,8 +331,16 @@ def write_tokens(
     storage_options: dict | None = None,
     request_timeout: float = 30.0,
     request_attempts: int = 5,
+    messages_key: str | None = None,
+    chat_template: str | os.PathLike | None = None,
+    train_on: tuple = ("assistant",),
 ) -> TokenWriteResult:
     """Tokenize ``source`` and write one token file at ``path`` (atomically: temp file, fsync, rename).
+
+    With ``messages_key`` the source holds conversations (chat / SFT data): each is rendered with the chat template
+    and tokenized as transformers' ``apply_chat_template(..., tokenize=True)`` does, and the file stores a per-token
+    loss mask beside the tokens (1 = trained on: the tokens of the ``train_on`` roles; see
+    :mod:`pageset.write.chat` for the rule, and formats/v1.md section 10.1).
 
     Args:
         path: output file (``.pageset`` is conventional), or an fsspec URL (``s3://bucket/corpus.pageset``:
@@ -316,6 +376,15 @@ def write_tokens(
             ``"s3://bucket/corpus/*.jsonl"``); with an ``executor`` they reach the workers too.
         request_timeout, request_attempts: URL ``path`` only: seconds per request to the store and attempts per
             request (as for reading); a store that never answers fails with TimeoutError naming the URL.
+        messages_key: ``None``: text documents. A key (``"messages"``): the source holds conversations, see
+            :func:`~pageset.write.documents.iter_conversations` (``.jsonl`` lines / ``.parquet`` rows / dict rows
+            such as an HF ``datasets.Dataset`` with a list of ``{"role", "content"}`` under this key, or message
+            lists). Needs an HF tokenizer. ``bos_id`` / ``eos_id`` as for text (``eos_id`` defaulting to the
+            ``eos_token`` of ``tokenizer_config.json``), never doubled, mask 0. Not with ``executor``.
+        chat_template: the template text, a ``.jinja`` file or a ``tokenizer_config.json``; ``None``: the
+            ``chat_template`` of the ``tokenizer_config.json`` beside a ``tokenizer.json`` path.
+        train_on: the roles whose tokens have mask 1 (of ``system``, ``developer``, ``user``, ``assistant``,
+            ``tool``); default the assistant's.
 
     Returns:
         :class:`TokenWriteResult` (``path, documents, tokens, dtype, dataset_id, bytes, seconds``).
@@ -349,8 +418,24 @@ def write_tokens(
     storage_options = check.mapping("storage_options", storage_options, optional=True)
     policy = WritePolicy(check.real("request_timeout", request_timeout, low=0, low_open=True),
                          check.integer("request_attempts", request_attempts, minimum=1))
+    messages_key = check.text("messages_key", messages_key, optional=True)
+    if chat_template is not None and not isinstance(chat_template, (str, os.PathLike)):
+        raise TypeError(f"chat_template must be the template text or a path (.jinja, tokenizer_config.json), got "
+                        f"{type(chat_template).__name__}")
+    train_on = check_train_on(train_on)
+    if chat_template is not None and messages_key is None:
+        raise ValueError("chat_template is for conversations: also pass messages_key= (e.g. 'messages'), the key "
+                         "holding each conversation's messages")
+    if messages_key is not None and tokenizer is None:
+        raise ValueError("conversations need a tokenizer (a tokenizer.json path with a chat template)")
+    if messages_key is not None and executor is not None:
+        raise ValueError("conversations are encoded in this machine's worker processes (num_workers=); "
+                         "executor= is not supported for them")
     spec = load_tokenizer(tokenizer) if tokenizer is not None else None
     vocab = spec.vocab_size if spec is not None else None
+    chat = chat_encoder(spec, tokenizer, chat_template, train_on) if messages_key is not None else None
+    if eos_id is None and chat is not None and "eos_token" in chat.special_tokens:
+        eos_id = spec.obj.token_to_id(chat.special_tokens["eos_token"])
     if eos_id is None:  # an explicit eos_id always wins; else the tokenizer's own end-of-text token
         eos_id = spec.default_eos if spec is not None else None
         if eos_id is None:
@@ -372,14 +457,20 @@ def write_tokens(
         "tokenizer": spec.describe() if spec is not None else None,
         "source": "text" if spec is not None else "pre-tokenized",
     }
+    if chat is not None:
+        info.update(source="chat", loss_mask=chat.describe())
     if executor is not None:
         if not callable(getattr(executor, "submit", None)):
             raise TypeError(f"executor must be a concurrent.futures.Executor, got {type(executor).__name__}")
         return _write_tokens_on(executor, path, source, spec, info, direct, limit, page_size, progress, text_key,
                                 separator, chunk_docs, chunk_chars, metadata, lineage, shard_dir,
                                 storage_options, t0, policy)
-    docs_iter = iter_documents(source, text_key=text_key, separator=separator, storage_options=storage_options)
+    if chat is not None:
+        docs_iter = iter_conversations(source, messages_key=messages_key, storage_options=storage_options)
+    else:
+        docs_iter = iter_documents(source, text_key=text_key, separator=separator, storage_options=storage_options)
     lengths_parts: list[np.ndarray] = []
+    mask_parts: list[np.ndarray] = []
     max_id = -1
     spill, spill_name = None, None
     bar = tqdm(disable=not progress, desc="pageset tokens", unit="doc", leave=False)
@@ -394,8 +485,8 @@ def write_tokens(
             except BaseException:
                 os.close(fd)
                 raise
-        for start, n, (flat, lengths) in _encoded_in_order(docs_iter, spec, bos_id, eos_id, num_workers,
-                                                           chunk_docs, chunk_chars):
+        for start, n, (flat, lengths, mask) in _encoded_in_order(docs_iter, chat or spec, bos_id, eos_id,
+                                                                 num_workers, chunk_docs, chunk_chars):
             if flat.size:
                 chunk_max = int(flat.max())
                 if chunk_max > limit:
@@ -411,6 +502,8 @@ def write_tokens(
             else:
                 spill.write(flat.astype("<u4", copy=False).tobytes())
             lengths_parts.append(lengths)
+            if mask is not None:
+                mask_parts.append(mask)
             bar.update(n)
         bar.close()
         lengths = np.concatenate(lengths_parts) if lengths_parts else np.empty(0, np.int64)
@@ -425,7 +518,8 @@ def write_tokens(
                     writer.write(np.frombuffer(block, dtype="<u4"))
         offsets = np.zeros(lengths.size + 1, dtype=np.uint64)
         np.cumsum(lengths, out=offsets[1:])
-        return writer.finish(offsets, dict(info, max_id=max_id), metadata, t0, lineage)
+        loss_mask = np.concatenate(mask_parts) if chat is not None else None
+        return writer.finish(offsets, dict(info, max_id=max_id), metadata, t0, lineage, loss_mask)
     except BaseException:
         bar.close()
         if writer is not None:
@@ -451,11 +545,11 @@ def tokenize_to_shard(url: str, docs_or_file, start: int, spec_ref, bos_id, eos_
     if isinstance(docs_or_file, str):
         try:
             docs = list(_file_documents(docs_or_file, text_key, separator, storage_options))
-            flat, lengths = _encode_chunk(0, docs, bos_id, eos_id, spec)
+            flat, lengths, _ = _encode_chunk(0, docs, bos_id, eos_id, spec)
         except (ValueError, TypeError) as exc:
             raise type(exc)(f"{docs_or_file}: {exc}") from exc
     else:
-        flat, lengths = _encode_chunk(start, docs_or_file, bos_id, eos_id, spec)
+        flat, lengths, _ = _encode_chunk(start, docs_or_file, bos_id, eos_id, spec)
     size = write_shard(url, {"kind": "tokens", "documents": int(lengths.size), "tokens": int(flat.size)},
                        [("lengths", lengths.astype("<i8")), ("ids", flat.astype("<u4"))], storage_options)
     return {"url": url, "bytes": size, "documents": int(lengths.size), "tokens": int(flat.size),
