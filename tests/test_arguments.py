@@ -205,6 +205,10 @@ WRITE_TOKENS = [
     ("storage_options", [("anon", True)], T, r"storage_options must be a dict or None"),
     ("request_timeout", -1, V, r"request_timeout must be a finite number > 0"),
     ("request_attempts", 0, V, r"request_attempts must be an int >= 1"),
+    ("messages_key", 5, T, r"messages_key must be"),
+    ("chat_template", 5, T, r"chat_template must be the template text or a path"),
+    ("train_on", ("wizard",), V, r"train_on: \['wizard'\] are not roles"),
+    ("train_on", (), T, r"train_on must be a non-empty tuple of roles"),
 ]
 
 MERGE = [

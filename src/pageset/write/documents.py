@@ -51,7 +51,8 @@ class Conversation:
     def __len__(self) -> int:
         if not isinstance(self.messages, (list, tuple)):
             return 1
-        return sum(len(m.get("content") or "") if isinstance(m, dict) else 1 for m in self.messages)
+        return sum(len(m["content"]) if isinstance(m, dict) and isinstance(m.get("content"), str) else 1
+                   for m in self.messages)
 
     def __reduce__(self):
         return (Conversation, (self.where, self.messages))
