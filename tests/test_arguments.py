@@ -214,6 +214,10 @@ WRITE_TOKENS = [
     ("docs_per_member", "100", T, r"docs_per_member must be an int >= 1 or None"),
     ("append", 1, T, r"append must be True or False"),
     ("append", True, V, r"append=True adds members to a many-file set: give member_bytes= or docs_per_member="),
+    ("messages_key", 5, T, r"messages_key must be"),
+    ("chat_template", 5, T, r"chat_template must be the template text or a path"),
+    ("train_on", ("wizard",), V, r"train_on: \['wizard'\] are not roles"),
+    ("train_on", (), T, r"train_on must be a non-empty tuple of roles"),
 ]
 
 MERGE = [

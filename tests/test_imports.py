@@ -134,7 +134,8 @@ REMOTE_PACKAGES = {"fsspec", "s3fs", "aiohttp", "gcsfs", "adlfs", "botocore", "a
 # the modules that talk to fsspec (reading URLs; writing to and sharding through URLs; checking a URL output;
 # WebDataset shards and text sources at URLs), only inside functions
 REMOTE_MODULES = {"read/remote.py", "write/filewriter.py", "write/ranges.py", "write/external.py",
-                  "write/upload.py", "write/tokens.py", "write/members.py", "read/manyfile.py"}
+                  "write/upload.py", "write/tokens.py", "write/members.py", "read/manyfile.py",
+                  "write/documents.py"}
 
 
 def test_fsspec_only_lazily_in_the_url_modules():
@@ -164,3 +165,52 @@ def test_local_loader_does_not_import_fsspec(tmp_path):
         "assert 'fsspec' not in sys.modules, 'fsspec imported for a local path'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """pageset module -> the pageset modules it imports anywhere in its body (top level or inside a function),
+    package facades (``__init__``) left out: they re-export and are imported, never the other way."""
+    def name(p: Path) -> str:
+        return ".".join(("pageset",) + p.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
+
+    mods = {name(p): p for p in SRC.rglob("*.py")}
+    graph = {}
+    for mod, path in mods.items():
+        if path.name == "__init__.py":
+            continue
+        pkg = mod.split(".")[:-1]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([node.module] if node.module else [])) \
+                    if node.level else (node.module or "")
+                for alias in node.names:
+                    target = f"{base}.{alias.name}" if f"{base}.{alias.name}" in mods else base
+                    deps.add(target)
+            elif isinstance(node, ast.Import):
+                deps.update(alias.name for alias in node.names)
+        graph[mod] = {d for d in deps if d in mods and d != mod and mods[d].name != "__init__.py"}
+    return graph
+
+
+def test_no_import_cycles():
+    """No two modules import each other, directly or through others, not even lazily inside a function (a lazy
+    import hides a cycle from Python, not from the design: read/reader.py <-> read/tokens.py was one)."""
+    graph = _module_graph()
+    assert graph["pageset.read.reader"], "the module graph is empty: the walk is broken"
+    cycles, done = [], set()
+    for start in sorted(graph):
+        stack = [(start, [start])]
+        seen = set()
+        while stack:  # bounded: every module is pushed at most once per start
+            mod, chain = stack.pop()
+            for dep in sorted(graph[mod]):
+                if dep == start:
+                    cycle = frozenset(chain)
+                    if cycle not in done:
+                        done.add(cycle)
+                        cycles.append(" -> ".join(chain + [start]))
+                elif dep not in seen:
+                    seen.add(dep)
+                    stack.append((dep, chain + [dep]))
+    assert not cycles, cycles

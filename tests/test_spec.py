@@ -59,10 +59,10 @@ def test_section_kinds():
 def test_features():
     rows = table("features")
     assert [(r["kind"], int(r["bit"]), r["name"]) for r in rows] == [
-        ("optional", 0, "page_checksums"), ("required", 0, "tokens")]
+        ("optional", 0, "page_checksums"), ("required", 0, "tokens"), ("required", 1, "loss_mask")]
     assert C.OPTIONAL_PAGE_CHECKSUMS == 1 << 0
-    assert C.REQUIRED_TOKENS == 1 << 0
-    assert C.KNOWN_REQUIRED_FEATURES == C.REQUIRED_TOKENS
+    assert C.REQUIRED_TOKENS == 1 << 0 and C.REQUIRED_LOSS_MASK == 1 << 1
+    assert C.KNOWN_REQUIRED_FEATURES == C.REQUIRED_TOKENS | C.REQUIRED_LOSS_MASK
 
 
 def test_token_dtypes():

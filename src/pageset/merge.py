@@ -251,6 +251,10 @@ def _merge_records(out, paths, opened, page_size, metadata, record_lineage, stor
 def _merge_tokens(out, paths, opened, page_size, metadata, record_lineage, storage_options, progress, t0,
                   policy=None):
     infos = [ds.tokens_info for ds in opened]
+    for p, ds in zip(paths, opened):
+        if ds.loss_mask_bits is not None:  # merging would drop the mask: refuse rather than train on every token
+            raise ValueError(f"{p}: a token file with a loss mask (chat data); merge does not carry masks yet: "
+                             "write the conversations into one file with write_tokens(messages_key=...)")
     for p, info in zip(paths[1:], infos[1:]):
         for key in ("eos_id", "bos_id", "tokenizer"):
             if info.get(key) != infos[0].get(key):

@@ -30,12 +30,14 @@ SECTION_INDEX = 2
 SECTION_PAGE_CHECKSUMS = 3
 SECTION_METADATA = 4
 SECTION_DOC_OFFSETS = 5  # token files (1.1): <u8[D + 1] token offsets of document starts, 0 ... token count
+SECTION_LOSS_MASK = 6  # token files with REQUIRED_LOSS_MASK: ceil(count / 8) bytes, one bit per token, LSB first
 SECTION_NAMES = {
     SECTION_SCHEMA: "schema",
     SECTION_INDEX: "index",
     SECTION_PAGE_CHECKSUMS: "page_checksums",
     SECTION_METADATA: "metadata",
     SECTION_DOC_OFFSETS: "doc_offsets",
+    SECTION_LOSS_MASK: "loss_mask",
 }
 # Section flags: a reader that meets an unknown kind with this flag set MUST refuse the file.
 SECTION_FLAG_REQUIRED = 1
@@ -44,7 +46,10 @@ SECTION_FLAG_REQUIRED = 1
 # optional bits. v1.0 defined no required feature; v1.1 adds REQUIRED_TOKENS, so a 1.0 reader refuses a token
 # file cleanly (UnsupportedFeatureError) instead of misreading its empty index as an empty dataset.
 REQUIRED_TOKENS = 1 << 0
-KNOWN_REQUIRED_FEATURES = REQUIRED_TOKENS
+# A token file with a per-token loss mask (chat / SFT data, section 10.1): a reader without it refuses the file
+# (UnsupportedFeatureError) instead of training on every token.
+REQUIRED_LOSS_MASK = 1 << 1
+KNOWN_REQUIRED_FEATURES = REQUIRED_TOKENS | REQUIRED_LOSS_MASK
 OPTIONAL_PAGE_CHECKSUMS = 1 << 0
 KNOWN_OPTIONAL_FEATURES = OPTIONAL_PAGE_CHECKSUMS
 

@@ -188,6 +188,10 @@ class MixtureReader:
             if lo or hi != sources.shape[0]:
                 sources, ids = sources[lo:hi], ids[lo:hi]
             (self._read_windows if self._direct else self._fill_windows)(arrays, lo, hi, sources, ids, ctx)
+            if any(s.stages[0].mask_bits is not None for s in self.sources):  # chat files: per-file loss masks
+                for i, rows in self._groups(sources):
+                    for a, b in _runs(rows):
+                        self.sources[i].stages[0].fill_mask(arrays[0], lo + a, lo + b, ids[a:b])
             return
         for i, rows in self._groups(sources[lo:hi]):
             rows = rows + lo
@@ -251,6 +255,13 @@ class MixtureReader:
             got, _ = source.pages.gather(starts, lens, ctx)
             rows2d[rows] = got[: rows.shape[0] * w].reshape(rows.shape[0], w)
         stage.fill_windows(arrays[0], lo, hi, buf[: m * w].view(stage.dtype).reshape(m, stage.seq_len + 1))
+
+
+def _runs(rows: np.ndarray):
+    """``(a, b)`` for each run of consecutive values in ascending ``rows``: rows ``[a, b)``."""
+    cuts = [0, *(np.flatnonzero(np.diff(rows) != 1) + 1).tolist(), rows.shape[0]]
+    for x, y in zip(cuts[:-1], cuts[1:]):
+        yield int(rows[x]), int(rows[y - 1]) + 1
 
 
 def check_same_fields(sources: list[FileSource]) -> list:

@@ -343,6 +343,9 @@ class TokenStage(Stage):
         if self.docs:
             self.outputs.update(position_ids=((L,), np.dtype(np.int64), None),
                                 doc_ids=((L,), np.dtype(np.int32), None), labels=((L,), np.dtype(np.int64), None))
+        self.mask_bits = ds.loss_mask_bits  # a chat file's loss mask: labels are -100 where it is 0
+        if self.mask_bits is not None:
+            self.outputs["labels"] = ((L,), np.dtype(np.int64), None)
 
     def spans(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Absolute byte spans (starts, lengths) of windows ``ids``."""
@@ -387,6 +390,17 @@ class TokenStage(Stage):
             token_ops.split_windows(rows, inp, tgt)
         if self.docs:
             self.fill_documents(arrays, lo, hi)
+        self.fill_mask(arrays, lo, hi, ids)
+
+    def fill_mask(self, arrays, lo, hi, ids):
+        """``labels`` of rows ``[lo, hi)`` (windows ``ids``) of a file with a loss mask: the target, -100 where the
+        target's mask is 0 (and, with document outputs, where the input is EOS). No-op without a mask."""
+        if self.mask_bits is None:
+            return
+        labels = arrays["labels"][lo:hi]
+        if not self.docs:
+            np.copyto(labels, arrays["target"][lo:hi])
+        token_ops.mask_labels(labels, self.mask_bits, ids, self.seq_len)
 
     def fill_windows(self, arrays, lo, hi, rows):
         """Fill rows ``[lo, hi)`` from ``rows`` (the windows' tokens, file dtype, ``[hi - lo, seq_len + 1]``)."""

@@ -251,6 +251,15 @@ def labels(inputs: np.ndarray, targets: np.ndarray, eos_id: int, out: np.ndarray
     return out
 
 
+def mask_labels(labels: np.ndarray, mask_bits: np.ndarray, ids: np.ndarray, seq_len: int) -> np.ndarray:
+    """Set ``labels`` (``int64[B, seq_len]``, the targets of windows ``ids``) to -100 where the target token's loss
+    mask is 0. ``mask_bits``: a token file's packed ``loss_mask`` section (``uint8``, bit ``t % 8`` of byte
+    ``t // 8`` is token ``t``); the target of column ``j`` of window ``w`` is token ``w * seq_len + 1 + j``."""
+    pos = np.asarray(ids, dtype=np.int64)[:, None] * seq_len + 1 + np.arange(seq_len, dtype=np.int64)
+    labels[((mask_bits[pos >> 3] >> (pos & 7).astype(np.uint8)) & 1) == 0] = IGNORE_INDEX
+    return labels
+
+
 def cu_seqlens(inputs: np.ndarray, eos_id: int) -> tuple[np.ndarray, int]:
     """Cumulative segment lengths over the flattened batch, FlashAttention varlen style.
 

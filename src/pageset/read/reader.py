@@ -47,6 +47,7 @@ from ..format.errors import (
 from ..format.fields import JSON, Bytes, Field, Float, Int, NDArray, RGBImage
 from ..format.layout import HEADER, PAGE_CHECKSUM, SECTION_ENTRY
 from .remote import local_path, url_scheme
+from .token_sections import validate_loss_mask, validate_token_sections
 
 MAX_SECTIONS = 1024
 MAX_IMAGE_SIDE = (1 << 31) - 1  # keeps height * width * 3 inside uint64 arithmetic
@@ -188,10 +189,13 @@ class Dataset:
         self._page_crcs = self._read_page_crcs(sections, h)
         self.metadata = self._read_json_section(sections, C.SECTION_METADATA, "metadata", default={})
         self.tokens_info = None  # token files (format 1.1): see pageset.read.tokens
+        self.loss_mask_bits = None  # token files with a loss mask: uint8[ceil(count / 8)], LSB first
         if int(h["required_features"]) & C.REQUIRED_TOKENS or any(f.kind == "tokens" for f in self.fields.values()):
-            from .tokens import validate_token_sections
-
             self.tokens_info, self.doc_offsets = validate_token_sections(self, sections)
+            self.loss_mask_bits = validate_loss_mask(self, sections, self.tokens_info, self.data_length //
+                                                     np.dtype(self.tokens_info["dtype"]).itemsize)
+        elif int(h["required_features"]) & C.REQUIRED_LOSS_MASK:
+            raise self._err(FormatError, "header", 24, "the 'loss_mask' feature bit is set on a file without tokens")
         self.page_reader = None
         if self.remote is not None:
             from .remote import PageReader
@@ -618,6 +622,8 @@ class Dataset:
                 )
         schema_bytes = _canonical(self.schema)
         extra = self.doc_offsets.tobytes() if self.tokens_info is not None else b""  # token files (1.1)
+        if self.tokens_info is not None and self.loss_mask_bits is not None:
+            extra += self.loss_mask_bits.tobytes()  # token files with a loss mask (1.1, section 10.1)
         digest = hashlib.sha256(schema_bytes + self.index.tobytes() + self._page_crcs.tobytes() + extra).hexdigest()
         self.check_unchanged()
         if digest != self.dataset_id:

@@ -20,67 +20,9 @@ import os
 
 import numpy as np
 
-from ..format import constants as C
-from ..format.errors import FormatError, SchemaError, plural
+from ..format.errors import FormatError, plural
 from .reader import Dataset, check_open_arguments
-
-DOC_OFFSET = np.dtype("<u8")
-
-
-def validate_token_sections(ds: Dataset, sections: dict) -> tuple[dict, np.ndarray]:
-    """Check a token file's schema, geometry and ``doc_offsets`` section (already CRC-checked by the reader).
-
-    Returns ``(tokens_info, doc_offsets)``: the schema's ``"tokens"`` object and a read-only ``<u8[D + 1]``
-    view of the section. Raises :class:`SchemaError` or :class:`FormatError` naming the path, section and
-    byte offset.
-    """
-    schema_off = sections[C.SECTION_SCHEMA][0]
-    if not int(ds.header["required_features"]) & C.REQUIRED_TOKENS:
-        raise ds._err(SchemaError, "schema", schema_off, "a tokens field needs the required 'tokens' feature bit")
-    fields = list(ds.fields.values())
-    if len(fields) != 1 or fields[0].kind != "tokens":
-        raise ds._err(SchemaError, "schema", schema_off, "a token file has exactly one field, of kind 'tokens'")
-    info = ds.schema.get("tokens")
-    keys = ("count", "documents", "dtype", "eos_id")
-    if not isinstance(info, dict) or any(k not in info for k in keys):
-        raise ds._err(SchemaError, "schema", schema_off, f"token file schema needs a \"tokens\" object with {keys}")
-    count, docs, dtype = info["count"], info["documents"], info["dtype"]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (count, docs)):
-        raise ds._err(SchemaError, "schema", schema_off, "tokens.count and tokens.documents must be ints >= 0")
-    if dtype not in C.TOKEN_DTYPES or dtype != fields[0].dtype:
-        raise ds._err(SchemaError, "schema", schema_off, f"tokens.dtype {dtype!r} must equal the field's dtype")
-    # eos_id / bos_id are used as ints by TokenDataset and the loader's document outputs: a forged schema with
-    # a list, a float or an id outside the dtype must be a SchemaError, not a TypeError later (found by
-    # tools/fuzz.py: "bos_id": [2**40, 2**40] raised TypeError in TokenDataset.__init__).
-    id_max = int(np.iinfo(np.dtype(dtype)).max)
-    for key in ("eos_id", "bos_id"):
-        v = info.get(key)
-        if v is None and key == "bos_id":
-            continue
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= id_max:
-            raise ds._err(SchemaError, "schema", schema_off, f"tokens.{key} must be an int in [0, {id_max}], got {v!r}")
-    if ds.record_count != 0:
-        raise ds._err(FormatError, "header", 40, f"a token file has record_count 0, got {ds.record_count}")
-    itemsize = np.dtype(dtype).itemsize
-    if ds.data_length != count * itemsize:
-        raise ds._err(FormatError, "header", 56,
-                      f"data_length {ds.data_length} != {count} tokens x {itemsize} bytes ({dtype})")
-    if C.SECTION_DOC_OFFSETS not in sections:
-        raise ds._err(FormatError, "doc_offsets", None, "required section is missing from a token file")
-    off, payload = sections[C.SECTION_DOC_OFFSETS]
-    if len(payload) != (docs + 1) * DOC_OFFSET.itemsize:
-        raise ds._err(FormatError, "doc_offsets", off,
-                      f"section is {len(payload)} bytes, expected ({docs} documents + 1) x 8")
-    offsets = np.frombuffer(payload, dtype=DOC_OFFSET)
-    if offsets[0] != 0 or offsets[-1] != count:
-        raise ds._err(FormatError, "doc_offsets", off,
-                      f"offsets must run from 0 to {count}, got {int(offsets[0])} ... {int(offsets[-1])}")
-    bad = np.flatnonzero(offsets[1:] < offsets[:-1])
-    if bad.size:
-        i = int(bad[0])
-        raise ds._err(FormatError, "doc_offsets", off + (i + 1) * 8, f"offset of document {i + 1} decreases")
-    return info, offsets
-
+from .token_sections import DOC_OFFSET, validate_token_sections  # noqa: F401 (public here too)
 
 class TokenDataset:
     """A validated, read-only token file.
@@ -93,6 +35,9 @@ class TokenDataset:
             TruncatedFileError / FileChangedError instead; so does the Loader.
         doc_offsets: ``uint64[D + 1]`` read-only, token offsets of document starts; document ``i`` is
             ``tokens[doc_offsets[i]:doc_offsets[i + 1]]`` (including its BOS, if any, and its EOS).
+        loss_mask: ``uint8[T]`` of 0/1 (1: the token is trained on, e.g. an assistant's token of a chat file),
+            unpacked from the file's ``loss_mask`` section on first use; ``None`` for a file without one (text
+            corpora). :meth:`mask` reads a range of it.
         eos_id, bos_id (int or None), dtype (numpy dtype), documents (D), info (the schema's ``"tokens"``
         object: tokenizer name/kind/files_sha256, source), dataset_id (hex str), dataset (the underlying
         :class:`~pageset.read.reader.Dataset`: header, schema, metadata, ``verify()``).
@@ -121,6 +66,28 @@ class TokenDataset:
         self.dataset_id = ds.dataset_id
         self._count = ds.data_length // self.dtype.itemsize
         self._tokens = None
+        self._loss_mask = None
+
+    @property
+    def loss_mask(self) -> np.ndarray | None:
+        bits = self.dataset.loss_mask_bits
+        if bits is None:
+            return None
+        if self._loss_mask is None:
+            self._loss_mask = np.unpackbits(bits, count=self._count, bitorder="little")
+            self._loss_mask.flags.writeable = False
+        return self._loss_mask
+
+    def mask(self, start: int, stop: int) -> np.ndarray:
+        """``uint8`` loss mask of tokens ``[start, stop)`` (clipped to ``[0, T]``), a new array; ValueError for a
+        file without a loss mask."""
+        bits = self.dataset.loss_mask_bits
+        if bits is None:
+            raise ValueError(f"{self.path}: the file has no loss mask (it was not written from conversations)")
+        start, stop = max(0, int(start)), min(self._count, int(stop))
+        if stop <= start:
+            return np.empty(0, np.uint8)
+        return np.unpackbits(bits[start // 8 : -(-stop // 8)], bitorder="little")[start % 8 : start % 8 + stop - start]
 
     @property
     def tokens(self) -> np.ndarray:

@@ -12,13 +12,9 @@ pool would otherwise deadlock or oversubscribe after ``fork``), never in the cal
 
 from __future__ import annotations
 
-import glob
 import hashlib
-import io
 import itertools
-import json
 import os
-import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -41,7 +37,6 @@ from .filewriter import (
     executor_map,
     is_url,
     lineage,
-    local_path,
     ordered_map,
     temp_file,
     write_tail,
@@ -56,18 +51,28 @@ from .ranges import (
     unpickled,
     write_shard,
 )
+from .chat import ChatEncoder, chat_encoder, check_train_on
+from .documents import (  # noqa: F401 (public here too)
+    Conversation,
+    _file_documents,
+    _source_files,
+    iter_conversations,
+    iter_documents,
+)
+from .tokenizers import (  # noqa: F401 (public here too: pageset.write.tokens.load_tokenizer, ...)
+    CL100K_PAT,
+    CL100K_SPECIAL,
+    EOS_NAMES,
+    TokenizerSpec,
+    find_eos,
+    load_tokenizer,
+)
 from .upload import WritePolicy
 from .writer import _check_page_size
 
 UINT16_MAX = 65535
 UINT32_MAX = 2**32 - 1
 SPILL_CHUNK = 1 << 22  # tokens per read when re-packing a uint32 spill file (16 MiB)
-
-# cl100k_base's pre-tokenizer regex and special tokens (public constants of tiktoken's openai_public).
-CL100K_PAT = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""
-              r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
-CL100K_SPECIAL = {"<|endoftext|>": 100257, "<|fim_prefix|>": 100258, "<|fim_middle|>": 100259,
-                  "<|fim_suffix|>": 100260, "<|endofprompt|>": 100276}
 
 
 # ---- the token file: pages, sections, header (format 1.1) ---------------------------------------------------
@@ -120,18 +125,29 @@ class TokenFileWriter:
         self.out.abort()
 
     def finish(self, doc_offsets: np.ndarray, info: dict, user: dict | None, t0: float,
-               record_lineage: bool = True) -> TokenWriteResult:
+               record_lineage: bool = True, loss_mask: np.ndarray | None = None) -> TokenWriteResult:
         """Write the tail and commit; ``record_lineage=False`` keeps only ``info["source"]`` in the lineage, so the
-        file's bytes depend on its content only."""
+        file's bytes depend on its content only. ``loss_mask``: ``uint8[count]`` of 0/1 (1 = trained on), stored
+        bit-packed in the ``loss_mask`` section with the ``loss_mask`` feature bit; ``info["loss_mask"]`` then
+        describes it (formats/v1.md section 10.1)."""
         try:
-            return self._finish(np.asarray(doc_offsets, dtype="<u8"), info, user or {}, t0, record_lineage)
+            return self._finish(np.asarray(doc_offsets, dtype="<u8"), info, user or {}, t0, record_lineage,
+                                loss_mask)
         except BaseException:
             self.abort()
             raise
 
-    def _finish(self, offsets, info, user, t0, record_lineage) -> TokenWriteResult:
+    def _finish(self, offsets, info, user, t0, record_lineage, loss_mask) -> TokenWriteResult:
         if offsets.size < 2 or offsets[0] != 0 or offsets[-1] != self.count or np.any(offsets[1:] < offsets[:-1]):
             raise ValueError(f"doc_offsets must be non-decreasing from 0 to {self.count} tokens")
+        mask_bytes = None
+        if loss_mask is not None:
+            loss_mask = np.asarray(loss_mask)
+            if loss_mask.shape != (self.count,) or (loss_mask.size and loss_mask.max() > 1):
+                raise ValueError(f"loss_mask must be {self.count} values of 0 or 1, got shape {loss_mask.shape}")
+            if not isinstance(info.get("loss_mask"), dict):
+                raise ValueError("a loss_mask needs info['loss_mask'] (train_on, rule, template_sha256)")
+            mask_bytes = np.packbits(loss_mask.astype(np.uint8), bitorder="little").tobytes()
         canonical_json(user)  # fail on non-JSON metadata before writing sections
         f = self.f
         data_length = self.pages.pos
@@ -146,9 +162,10 @@ class TokenFileWriter:
         index_bytes = b""  # a token file has no records
         crc_bytes = crcs.tobytes()
         offsets_bytes = offsets.tobytes()
-        # The dataset id covers the schema (counts, dtype, tokenizer), the page CRCs (every token) and the
-        # document offsets: the same corpus, tokenizer and settings always give the same id.
-        dataset_id = hashlib.sha256(schema_bytes + index_bytes + crc_bytes + offsets_bytes).digest()
+        # The dataset id covers the schema (counts, dtype, tokenizer), the page CRCs (every token), the document
+        # offsets and the loss mask: the same corpus, tokenizer and settings always give the same id.
+        dataset_id = hashlib.sha256(schema_bytes + index_bytes + crc_bytes + offsets_bytes
+                                    + (mask_bytes or b"")).digest()
         sections = [
             (C.SECTION_SCHEMA, C.SECTION_FLAG_REQUIRED, schema_bytes),
             (C.SECTION_INDEX, C.SECTION_FLAG_REQUIRED, index_bytes),
@@ -157,311 +174,16 @@ class TokenFileWriter:
                                                                    source=info.get("source")), "user": user})),
             (C.SECTION_DOC_OFFSETS, C.SECTION_FLAG_REQUIRED, offsets_bytes),
         ]
+        features = C.REQUIRED_TOKENS
+        if mask_bytes is not None:
+            sections.append((C.SECTION_LOSS_MASK, C.SECTION_FLAG_REQUIRED, mask_bytes))
+            features |= C.REQUIRED_LOSS_MASK
         file_size = write_tail(f, page_size=self.page_size, data_length=data_length, page_count=len(crcs),
-                               record_count=0, required_features=C.REQUIRED_TOKENS, dataset_id=dataset_id,
+                               record_count=0, required_features=features, dataset_id=dataset_id,
                                sections=sections)
         self.out.commit()
         return TokenWriteResult(self.path, int(offsets.size - 1), self.count, self.dtype, dataset_id.hex(),
                                 file_size, time.perf_counter() - t0)
-
-
-# ---- tokenizers --------------------------------------------------------------------------------------------
-
-# Names an end-of-text token goes by, looked up in this order when no eos_id is given: GPT-2 / tiktoken,
-# SentencePiece models (Llama 1-2, T5, Mistral), Llama 3, Gemma.
-EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
-
-
-@dataclass
-class TokenizerSpec:
-    """A tokenizer wrapped for writing: ``encode_batch(texts) -> list[list[int]]``, ``decode(ids) -> str``,
-    ``vocab_size`` (int or None), ``default_eos`` (int or None: see :func:`find_eos`), ``name``, ``kind``
-    (``"hf"``, ``"tiktoken"``, ``"callable"``), ``files_sha256`` (hex SHA-256 of the files it was built from,
-    or of its vocabulary), ``special_tokens`` ({name: id} of its special / added tokens, for error messages)."""
-
-    obj: object
-    kind: str
-    name: str
-    files_sha256: str | None
-    vocab_size: int | None
-    default_eos: int | None
-    special_tokens: dict | None = None
-
-    def encode_batch(self, texts: list[str]) -> list:
-        if self.kind == "hf":
-            return [e.ids for e in self.obj.encode_batch(texts)]
-        if self.kind == "tiktoken":
-            return self.obj.encode_ordinary_batch(texts, num_threads=1)
-        return [self.obj(t) for t in texts]
-
-    def decode(self, ids) -> str:
-        ids = [int(i) for i in ids]
-        if self.kind == "hf":
-            return self.obj.decode(ids, skip_special_tokens=False)
-        if self.kind == "tiktoken":
-            return self.obj.decode(ids)
-        raise TypeError("a plain callable tokenizer cannot decode")
-
-    def describe(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "files_sha256": self.files_sha256}
-
-
-def _sha256_files(paths) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        with open(p, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
-
-
-def load_tokenizer(tokenizer) -> TokenizerSpec:
-    """Wrap ``tokenizer`` for :func:`write_tokens`.
-
-    Accepted: an HF ``tokenizers.Tokenizer``; a path to a ``tokenizer.json``; a pair ``(vocab, merges)`` of
-    GPT-2-style files (``encoder.json``/``vocab.json`` + ``vocab.bpe``/``merges.txt``, loaded as byte-level BPE:
-    the same ids as tiktoken's gpt2); a ``tiktoken.Encoding``; a path to a ``cl100k_base*.tiktoken`` ranks file;
-    a ``TokenizerSpec``; or a callable ``str -> list[int]``. Raises TypeError/ValueError/ImportError.
-    """
-    if isinstance(tokenizer, TokenizerSpec):
-        return tokenizer
-    if isinstance(tokenizer, (tuple, list)) and len(tokenizer) == 2:
-        paths = list(map(os.fspath, tokenizer))
-        return _loading(paths, lambda: _gpt2_files(*paths))
-    if isinstance(tokenizer, (str, os.PathLike)):
-        path = os.fspath(tokenizer)
-        if path.endswith(".tiktoken"):
-            return _loading([path], lambda: _tiktoken_file(path))
-        if os.path.basename(path) in ("encoder.json", "vocab.json"):
-            raise ValueError(f"{path} is a GPT-2-style vocabulary: also give its merges file "
-                             "(tokenizer=(vocab, merges), or --merges vocab.bpe on the command line)")
-        from tokenizers import Tokenizer
-
-        tok = _loading([path], lambda: Tokenizer.from_file(path))
-        return _hf(tok, os.path.basename(path), _sha256_files([path]))
-    mod = type(tokenizer).__module__ or ""
-    if mod.startswith("tokenizers"):
-        digest = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
-        return _hf(tokenizer, "tokenizers.Tokenizer", digest)
-    if mod.startswith("tiktoken"):
-        return _tiktoken(tokenizer, tokenizer.name, _tiktoken_digest(tokenizer))
-    if callable(tokenizer):
-        own = next((getattr(tokenizer, a) for a in ("eos_token_id", "eos_id")
-                    if check.is_int(getattr(tokenizer, a, None))), None)
-        return TokenizerSpec(tokenizer, "callable", getattr(tokenizer, "__name__", type(tokenizer).__name__), None,
-                             None, find_eos(lambda name: None, own), {})
-    raise TypeError(f"tokenizer must be a tokenizer.json path, a (vocab, merges) pair of GPT-2 files "
-                    f"(encoder.json, vocab.bpe), a *.tiktoken ranks path, a tokenizers.Tokenizer, a tiktoken "
-                    f"Encoding, a callable str -> list[int], or None for pre-tokenized documents; got "
-                    f"{tokenizer!r} ({type(tokenizer).__name__})")
-
-
-def _loading(paths: list[str], load):
-    """Run ``load()``; turn the bare Exceptions HF tokenizers raises from Rust into a ValueError naming the files."""
-    for p in paths:
-        if not os.path.isfile(p):
-            raise FileNotFoundError(f"tokenizer file {p}: no such file")
-    try:
-        return load()
-    except (ValueError, TypeError, ImportError):
-        raise
-    except Exception as exc:  # tokenizers raises plain Exception("expected ',' or '}' ...")
-        raise ValueError(f"could not load the tokenizer from {', '.join(paths)}: {exc}") from exc
-
-
-def find_eos(lookup, own=None) -> int | None:
-    """The end-of-text id: the tokenizer's own EOS attribute (``own``) if it has one, else the first of
-    ``EOS_NAMES`` that ``lookup(name)`` finds (``None`` when absent), else ``None``."""
-    if own is not None:
-        return int(own)
-    for name in EOS_NAMES:
-        found = lookup(name)
-        if found is not None:
-            return int(found)
-    return None
-
-
-SPECIAL_SHAPE = re.compile(r"<\|[^|\s]+\|>|</?s>|<(unk|pad|eos|bos|mask|sep|cls)>|\[[A-Z]+\]")
-
-
-def _special_looking(vocab: dict) -> dict:
-    """{token: id} of vocabulary entries shaped like special tokens (``<|...|>``, ``</s>``, ``<unk>``, ``[CLS]``)
-    for a tokenizer that declares no added tokens (a GPT-2 BPE pair keeps ``<|endoftext|>`` in its vocabulary)."""
-    return {t: i for t, i in vocab.items() if SPECIAL_SHAPE.fullmatch(t)}
-
-
-def _hf(tok, name, digest) -> TokenizerSpec:
-    added = {str(t): int(i) for i, t in tok.get_added_tokens_decoder().items()}
-    specials = added or dict(sorted(_special_looking(tok.get_vocab(with_added_tokens=True)).items(),
-                                    key=lambda kv: kv[1]))
-    eos = find_eos(tok.token_to_id)
-    return TokenizerSpec(tok, "hf", name, digest, tok.get_vocab_size(with_added_tokens=True), eos, specials)
-
-
-def _gpt2_files(vocab: str, merges: str) -> TokenizerSpec:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    tok = Tokenizer(models.BPE.from_file(vocab, merges))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    name = f"bpe:{os.path.basename(vocab)}+{os.path.basename(merges)}"
-    return _hf(tok, name, _sha256_files([vocab, merges]))
-
-
-def _tiktoken(enc, name, digest) -> TokenizerSpec:
-    specials = {t: enc.encode_single_token(t) for t in sorted(enc.special_tokens_set)}
-    # tiktoken's eot_token property is the id of "<|endoftext|>" (a KeyError when the Encoding has none), so the
-    # names cover it without touching a property that can raise.
-    eos = find_eos(specials.get)
-    return TokenizerSpec(enc, "tiktoken", name, digest, enc.n_vocab, eos, specials)
-
-
-def _tiktoken_digest(enc) -> str:
-    ranks = getattr(enc, "_mergeable_ranks", {})
-    h = hashlib.sha256(json.dumps([enc.name, getattr(enc, "_pat_str", ""), enc._special_tokens]).encode())
-    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-        h.update(rank.to_bytes(4, "little") + token)
-    return h.hexdigest()
-
-
-def _tiktoken_file(path: str) -> TokenizerSpec:
-    import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
-
-    base = os.path.basename(path)
-    if not base.startswith("cl100k_base"):
-        raise ValueError(f"{path}: only cl100k_base ranks files are known by name; pass a tiktoken.Encoding instead")
-    enc = tiktoken.Encoding(name="cl100k_base", pat_str=CL100K_PAT, mergeable_ranks=load_tiktoken_bpe(path),
-                            special_tokens=CL100K_SPECIAL)
-    return _tiktoken(enc, "cl100k_base", _sha256_files([path]))
-
-
-# ---- sources -----------------------------------------------------------------------------------------------
-
-def _split_separator(text: str, separator: str) -> list[str]:
-    docs, cur = [], []
-    for line in text.splitlines(keepends=True):
-        if line.rstrip("\r\n") == separator:
-            docs.append("".join(cur))
-            cur = []
-        else:
-            cur.append(line)
-    if cur and "".join(cur).strip():
-        docs.append("".join(cur))
-    return docs
-
-
-def _open_binary(path: str, storage_options: dict | None = None):
-    """A binary file object for a local path or an fsspec URL (``storage_options`` go to its filesystem);
-    FileNotFoundError naming the path."""
-    if not is_url(path):
-        return open(local_path(path), "rb")
-    import fsspec
-
-    try:
-        return fsspec.open(path, "rb", **dict(storage_options or {})).open()
-    except FileNotFoundError as exc:
-        raise FileNotFoundError(f"{path}: no such object ({exc}); check the URL and storage_options") from None
-
-
-def _jsonl_documents(path: str, text_key: str, storage_options: dict | None = None):
-    """The ``text_key`` string of each line of a JSON Lines file (``.gz`` too); ValueError naming file, line and
-    byte for a line that is not UTF-8, not valid JSON, or without a string under ``text_key``."""
-    offset = 0  # byte offset of the line's start (in the decompressed stream for .gz)
-    raw_file = _open_binary(path, storage_options)
-    with (__import__("gzip").open(raw_file, "rb") if path.endswith(".gz") else raw_file) as f, raw_file:
-        for lineno, raw in enumerate(f, 1):
-            start, offset = offset, offset + len(raw)
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not UTF-8 text: byte 0x{raw[exc.start]:02x} at byte "
-                                 f"{start + exc.start} of the file (column {exc.start + 1} of the line): "
-                                 f"{exc.reason}; re-encode the file as UTF-8 or leave the line out") from None
-            if not line.strip():
-                continue
-            line = line.rstrip("\r\n")  # the column of an error is then on this line, never "line 2 column 1"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                ends = (" (the line ends there: one whole JSON object per line; is the object split over lines, or "
-                        "the file cut?)" if exc.pos >= len(line.rstrip()) else "")
-                raise ValueError(f"{path}:{lineno}: invalid JSON at column {exc.pos + 1}{ends}: {exc.msg}; fix the "
-                                 "line or leave it out") from None
-            if not isinstance(obj, dict) or text_key not in obj:
-                keys = sorted(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__
-                raise ValueError(f"{path}:{lineno}: no {text_key!r} key in the JSON line (it has {keys}); "
-                                 "set text_key= (--text-key) to the key holding the text")
-            text = obj[text_key]
-            if not isinstance(text, str):
-                raise ValueError(f"{path}:{lineno}: {text_key!r} holds {type(text).__name__} {text!r:.40}, "
-                                 "not a string")
-            yield text
-
-
-def _parquet_documents(path: str, text_key: str, storage_options: dict | None = None):
-    """The ``text_key`` column of a Parquet file, batch by batch; ValueError naming the file and the key (and the
-    columns it has) for a missing column, and the file for a damaged one."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    with _open_binary(path, storage_options) as raw:
-        try:
-            pf = pq.ParquetFile(raw)
-            names = pf.schema_arrow.names
-            if text_key not in names:
-                raise ValueError(f"{path}: no column {text_key!r} in the Parquet file (it has {names}); set "
-                                 "text_key= (--text-key) to the column holding the text")
-            for batch in pf.iter_batches(columns=[text_key], batch_size=1024):
-                yield from batch.column(0).to_pylist()
-        except (pa.ArrowException, OSError) as exc:
-            if isinstance(exc, FileNotFoundError):
-                raise
-            raise ValueError(f"{path}: cannot read it as Parquet ({type(exc).__name__}: {exc}); the file is damaged "
-                             "or not Parquet (rewrite it, or leave it out of the source)") from None
-
-
-def _file_documents(path: str, text_key: str, separator: str | None, storage_options: dict | None = None):
-    if path.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
-        yield from _jsonl_documents(path, text_key, storage_options)
-        return
-    if path.endswith(".parquet"):
-        yield from _parquet_documents(path, text_key, storage_options)
-        return
-    try:
-        with io.TextIOWrapper(_open_binary(path, storage_options), encoding="utf-8", errors="strict") as f:
-            text = f.read()  # universal newlines, as open(path, encoding="utf-8") reads
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); convert it or leave it out "
-                         "of the source") from None
-    if separator is None:
-        yield text
-    else:
-        yield from _split_separator(text, separator)
-
-
-def iter_documents(source, *, text_key: str = "text", separator: str | None = None,
-                   storage_options: dict | None = None):
-    """Yield documents (``str`` or integer arrays) from ``source`` in order.
-
-    ``source``: a path (a file, or a directory whose regular files are read in sorted order, recursively), or a
-    glob pattern (``"corpus/*.jsonl"``, ``"**"`` recursive; matches in sorted order), local or an fsspec URL
-    (``s3://bucket/corpus/*.txt``; ``storage_options`` go to its filesystem); an iterable of ``str``
-    documents, of ``os.PathLike`` files, or of integer arrays/lists (pre-tokenized).
-    Files: ``.jsonl``/``.ndjson`` (``text_key`` of each line), ``.parquet`` (column ``text_key``, needs
-    pyarrow), anything else UTF-8 text: one document per file, or split at lines equal to ``separator``
-    (``"%"`` for fortune files).
-    """
-    if isinstance(source, (str, os.PathLike)):
-        for p in _source_files(source, storage_options):
-            yield from _file_documents(p, text_key, separator, storage_options)
-        return
-    for item in source:
-        if isinstance(item, os.PathLike):
-            yield from _file_documents(os.fspath(item), text_key, separator)
-        else:
-            yield item
-
 
 # ---- encoding (workers) ------------------------------------------------------------------------------------
 
@@ -473,9 +195,12 @@ def _init_worker(spec) -> None:
     _WORKER["spec"] = spec
 
 
-def _encode_chunk(start: int, docs: list, bos_id, eos_id, spec=None) -> tuple[np.ndarray, np.ndarray]:
-    """Encode ``docs`` (numbered from ``start``): ``(uint32 or int64 flat ids with BOS/EOS, int64 lengths)``."""
+def _encode_chunk(start: int, docs: list, bos_id, eos_id, spec=None):
+    """Encode ``docs`` (numbered from ``start``): ``(uint32 flat ids with BOS/EOS, int64 lengths, uint8 loss mask
+    or None)``; the mask only for conversations (``spec`` a :class:`~pageset.write.chat.ChatEncoder`)."""
     spec = spec if spec is not None else _WORKER.get("spec")
+    if isinstance(spec, ChatEncoder):
+        return _encode_conversations(docs, bos_id, eos_id, spec)
     texts = [(k, d) for k, d in enumerate(docs) if isinstance(d, str)]
     encoded: list = [None] * len(docs)
     if texts:
@@ -498,7 +223,33 @@ def _encode_chunk(start: int, docs: list, bos_id, eos_id, spec=None) -> tuple[np
         parts.append(piece)
         lengths[k] = piece.size
     flat = np.concatenate(parts) if parts else np.empty(0, np.int64)
-    return flat.astype(np.uint32), lengths
+    return flat.astype(np.uint32), lengths, None
+
+
+def _encode_conversations(docs: list, bos_id, eos_id, chat: ChatEncoder):
+    """Conversations -> ``(uint32 ids, int64 lengths, uint8 mask)``. The EOS/BOS policy of text documents: ``bos_id``
+    put first unless the template already wrote it, ``eos_id`` appended unless the template already ended with it
+    (never twice); both have mask 0 (a separator, not the assistant's)."""
+    parts, masks, lengths = [], [], np.empty(len(docs), dtype=np.int64)
+    for k, conv in enumerate(docs):
+        if not isinstance(conv, Conversation):
+            raise TypeError(f"a chat source yields conversations, got {type(conv).__name__} {conv!r:.40}")
+        ids, mask = chat.encode(conv.messages, conv.where)
+        head = 1 if bos_id is not None and not (ids.size and ids[0] == bos_id) else 0
+        tail = 0 if ids.size and ids[-1] == eos_id else 1
+        piece = np.empty(head + ids.size + tail, np.int64)
+        piece[head : head + ids.size] = ids
+        m = np.zeros(piece.size, np.uint8)
+        m[head : head + ids.size] = mask
+        if head:
+            piece[0] = bos_id
+        if tail:
+            piece[-1] = eos_id
+        parts.append(piece)
+        masks.append(m)
+        lengths[k] = piece.size
+    flat = np.concatenate(parts) if parts else np.empty(0, np.int64)
+    return flat.astype(np.uint32), lengths, (np.concatenate(masks) if masks else np.empty(0, np.uint8))
 
 
 def _chunks(docs_iter, chunk_docs: int, chunk_chars: int):
@@ -587,8 +338,16 @@ def write_tokens(
     member_bytes: int | None = None,
     docs_per_member: int | None = None,
     append: bool = False,
+    messages_key: str | None = None,
+    chat_template: str | os.PathLike | None = None,
+    train_on: tuple = ("assistant",),
 ) -> TokenWriteResult:
     """Tokenize ``source`` and write one token file at ``path`` (atomically: temp file, fsync, rename).
+
+    With ``messages_key`` the source holds conversations (chat / SFT data): each is rendered with the chat template
+    and tokenized as transformers' ``apply_chat_template(..., tokenize=True)`` does, and the file stores a per-token
+    loss mask beside the tokens (1 = trained on: the tokens of the ``train_on`` roles; see
+    :mod:`pageset.write.chat` for the rule, and formats/v1.md section 10.1).
 
     Args:
         path: output file (``.pageset`` is conventional), or an fsspec URL (``s3://bucket/corpus.pageset``:
@@ -636,6 +395,15 @@ def write_tokens(
             whichever comes first).
         append: with ``member_bytes`` / ``docs_per_member``: add members after those of the set at ``path``
             (old members are not rewritten; the set's id changes); tokenizer, ids and dtype must match the set's.
+        messages_key: ``None``: text documents. A key (``"messages"``): the source holds conversations, see
+            :func:`~pageset.write.documents.iter_conversations` (``.jsonl`` lines / ``.parquet`` rows / dict rows
+            such as an HF ``datasets.Dataset`` with a list of ``{"role", "content"}`` under this key, or message
+            lists). Needs an HF tokenizer. ``bos_id`` / ``eos_id`` as for text (``eos_id`` defaulting to the
+            ``eos_token`` of ``tokenizer_config.json``), never doubled, mask 0. Not with ``executor``.
+        chat_template: the template text, a ``.jinja`` file or a ``tokenizer_config.json``; ``None``: the
+            ``chat_template`` of the ``tokenizer_config.json`` beside a ``tokenizer.json`` path.
+        train_on: the roles whose tokens have mask 1 (of ``system``, ``developer``, ``user``, ``assistant``,
+            ``tool``); default the assistant's.
 
     Returns:
         :class:`TokenWriteResult` (``path, documents, tokens, dtype, dataset_id, bytes, seconds``).
@@ -680,8 +448,24 @@ def write_tokens(
     storage_options = check.mapping("storage_options", storage_options, optional=True)
     policy = WritePolicy(check.real("request_timeout", request_timeout, low=0, low_open=True),
                          check.integer("request_attempts", request_attempts, minimum=1))
+    messages_key = check.text("messages_key", messages_key, optional=True)
+    if chat_template is not None and not isinstance(chat_template, (str, os.PathLike)):
+        raise TypeError(f"chat_template must be the template text or a path (.jinja, tokenizer_config.json), got "
+                        f"{type(chat_template).__name__}")
+    train_on = check_train_on(train_on)
+    if chat_template is not None and messages_key is None:
+        raise ValueError("chat_template is for conversations: also pass messages_key= (e.g. 'messages'), the key "
+                         "holding each conversation's messages")
+    if messages_key is not None and tokenizer is None:
+        raise ValueError("conversations need a tokenizer (a tokenizer.json path with a chat template)")
+    if messages_key is not None and executor is not None:
+        raise ValueError("conversations are encoded in this machine's worker processes (num_workers=); "
+                         "executor= is not supported for them")
     spec = load_tokenizer(tokenizer) if tokenizer is not None else None
     vocab = spec.vocab_size if spec is not None else None
+    chat = chat_encoder(spec, tokenizer, chat_template, train_on) if messages_key is not None else None
+    if eos_id is None and chat is not None and "eos_token" in chat.special_tokens:
+        eos_id = spec.obj.token_to_id(chat.special_tokens["eos_token"])
     if eos_id is None:  # an explicit eos_id always wins; else the tokenizer's own end-of-text token
         eos_id = spec.default_eos if spec is not None else None
         if eos_id is None:
@@ -702,7 +486,12 @@ def write_tokens(
         "tokenizer": spec.describe() if spec is not None else None,
         "source": "text" if spec is not None else "pre-tokenized",
     }
+    if chat is not None:
+        info.update(source="chat", loss_mask=chat.describe())
     if many:
+        if chat is not None:
+            raise ValueError("messages_key= (chat/SFT data) writes one file; it cannot be combined with "
+                             "member_bytes= / docs_per_member= yet: write the conversations to one file per part")
         member_dtype = direct or ("uint32" if vocab is None or vocab > UINT16_MAX + 1 else "uint16")
         return _write_token_members(path, source, spec, info, member_dtype, page_size, progress, text_key,
                                     separator, chunk_docs, chunk_chars, metadata, lineage, num_workers, executor,
@@ -714,8 +503,12 @@ def write_tokens(
         return _write_tokens_on(executor, path, source, spec, info, direct, limit, page_size, progress, text_key,
                                 separator, chunk_docs, chunk_chars, metadata, lineage, shard_dir,
                                 storage_options, t0, policy)
-    docs_iter = iter_documents(source, text_key=text_key, separator=separator, storage_options=storage_options)
+    if chat is not None:
+        docs_iter = iter_conversations(source, messages_key=messages_key, storage_options=storage_options)
+    else:
+        docs_iter = iter_documents(source, text_key=text_key, separator=separator, storage_options=storage_options)
     lengths_parts: list[np.ndarray] = []
+    mask_parts: list[np.ndarray] = []
     max_id = -1
     spill, spill_name = None, None
     bar = tqdm(disable=not progress, desc="pageset tokens", unit="doc", leave=False)
@@ -730,8 +523,8 @@ def write_tokens(
             except BaseException:
                 os.close(fd)
                 raise
-        for start, n, (flat, lengths) in _encoded_in_order(docs_iter, spec, bos_id, eos_id, num_workers,
-                                                           chunk_docs, chunk_chars):
+        for start, n, (flat, lengths, mask) in _encoded_in_order(docs_iter, chat or spec, bos_id, eos_id,
+                                                                 num_workers, chunk_docs, chunk_chars):
             if flat.size:
                 chunk_max = int(flat.max())
                 if chunk_max > limit:
@@ -747,6 +540,8 @@ def write_tokens(
             else:
                 spill.write(flat.astype("<u4", copy=False).tobytes())
             lengths_parts.append(lengths)
+            if mask is not None:
+                mask_parts.append(mask)
             bar.update(n)
         bar.close()
         lengths = np.concatenate(lengths_parts) if lengths_parts else np.empty(0, np.int64)
@@ -761,7 +556,8 @@ def write_tokens(
                     writer.write(np.frombuffer(block, dtype="<u4"))
         offsets = np.zeros(lengths.size + 1, dtype=np.uint64)
         np.cumsum(lengths, out=offsets[1:])
-        return writer.finish(offsets, dict(info, max_id=max_id), metadata, t0, lineage)
+        loss_mask = np.concatenate(mask_parts) if chat is not None else None
+        return writer.finish(offsets, dict(info, max_id=max_id), metadata, t0, lineage, loss_mask)
     except BaseException:
         bar.close()
         if writer is not None:
@@ -776,49 +572,6 @@ def write_tokens(
             except FileNotFoundError:
                 pass
 
-
-def _url_files(url: str, storage_options: dict | None) -> list[str]:
-    """The objects under an fsspec URL (one object, a folder / prefix, recursively, or a glob), sorted, as URLs."""
-    from fsspec.core import url_to_fs
-
-    fs, target = url_to_fs(url, **dict(storage_options or {}))
-    protocol = url.split("://", 1)[0]
-    if any(c in target for c in "*?["):
-        found = [p for p, info in fs.glob(target, detail=True).items() if info.get("type") != "directory"]
-        if not found:
-            raise FileNotFoundError(f"{url}: the pattern matches no object (check the URL and storage_options)")
-    elif fs.isdir(target):
-        found = fs.find(target)
-        if not found:
-            raise FileNotFoundError(f"{url}: the folder holds no object")
-    elif fs.isfile(target):
-        return [url]
-    else:
-        raise FileNotFoundError(f"{url}: no such object or folder (check the URL and storage_options)")
-    return [f"{protocol}://{p}" for p in sorted(found)]
-
-
-def _source_files(source, storage_options: dict | None = None) -> list[str] | None:
-    """The files of a path source (in :func:`iter_documents` order), or None for an in-memory source."""
-    if isinstance(source, str) and is_url(source):
-        return _url_files(source, storage_options)
-    if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        if os.path.isdir(path):
-            return sorted(os.path.join(r, n) for r, _, names in os.walk(path) for n in names)
-        if os.path.isfile(path):
-            return [path]
-        if any(c in path for c in "*?["):
-            files = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
-            if not files:
-                raise FileNotFoundError(f"{path}: the pattern matches no file")
-            return files
-        raise FileNotFoundError(f"{path}: no such file or directory")
-    if isinstance(source, (list, tuple)) and source and all(isinstance(p, os.PathLike) for p in source):
-        return [os.fspath(p) for p in source]
-    return None
-
-
 def tokenize_to_shard(url: str, docs_or_file, start: int, spec_ref, bos_id, eos_id, text_key: str,
                       separator: str | None, storage_options: dict | None) -> dict:
     """Executor task: tokenize one file (a path) or a chunk of documents (numbered from ``start``) into a shard
@@ -830,11 +583,11 @@ def tokenize_to_shard(url: str, docs_or_file, start: int, spec_ref, bos_id, eos_
     if isinstance(docs_or_file, str):
         try:
             docs = list(_file_documents(docs_or_file, text_key, separator, storage_options))
-            flat, lengths = _encode_chunk(0, docs, bos_id, eos_id, spec)
+            flat, lengths, _ = _encode_chunk(0, docs, bos_id, eos_id, spec)
         except (ValueError, TypeError) as exc:
             raise type(exc)(f"{docs_or_file}: {exc}") from exc
     else:
-        flat, lengths = _encode_chunk(start, docs_or_file, bos_id, eos_id, spec)
+        flat, lengths, _ = _encode_chunk(start, docs_or_file, bos_id, eos_id, spec)
     size = write_shard(url, {"kind": "tokens", "documents": int(lengths.size), "tokens": int(flat.size)},
                        [("lengths", lengths.astype("<i8")), ("ids", flat.astype("<u4"))], storage_options)
     return {"url": url, "bytes": size, "documents": int(lengths.size), "tokens": int(flat.size),
