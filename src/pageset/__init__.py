@@ -34,8 +34,8 @@ from .format import (
 )
 from .format.fields import Tokens
 from .merge import merge_datasets
-from .read import Dataset, EncodedImage, open_dataset
-from .read.tokens import TokenDataset, open_tokens
+from .read import Dataset, EncodedImage, open_dataset, open_tokens
+from .read.tokens import TokenDataset
 from .write import (
     ImageFolder,
     ImageList,

@@ -1,5 +1,6 @@
 """Reading: open + validate a pageset file, record access."""
 
-from .reader import Dataset, EncodedImage, open_dataset
+from .open import open_dataset, open_tokens
+from .reader import Dataset, EncodedImage
 
-__all__ = ["Dataset", "EncodedImage", "open_dataset"]
+__all__ = ["Dataset", "EncodedImage", "open_dataset", "open_tokens"]

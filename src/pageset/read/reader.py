@@ -675,34 +675,3 @@ def check_open_arguments(path, storage_options, request_timeout, request_attempt
     check.mapping("storage_options", storage_options, optional=True)
     check.real("request_timeout", request_timeout, low=0, low_open=True)
     check.integer("request_attempts", request_attempts, minimum=1)
-
-
-def open_dataset(path, storage_options: dict | None = None, *, request_timeout: float = 30.0,
-                 request_attempts: int = 5) -> Dataset:
-    """Open and validate a pageset file of records, local or at a URL (``s3://``, ``http(s)://``, any fsspec
-    protocol); see :class:`Dataset`. A many-file dataset (a folder or URL prefix holding
-    ``pageset.manifest.json``, ``formats/manyfile.md``) opens as a
-    :class:`~pageset.read.manyfile.ManyFileDataset` (the same record API; members opened lazily). Raises FormatError subclasses (BadMagicError for an object that is not a
-    pageset file), FileNotFoundError (naming the path or URL), ImportError (no backend for the URL's scheme: the
-    message names the package), RemoteReadError, OSError; ValueError for a token file (it has no records: open
-    it with :func:`pageset.open_tokens`; ``Dataset(path)`` opens either kind for header, schema and
-    ``verify()``); TypeError for a path that is not a str or os.PathLike."""
-    check_open_arguments(path, storage_options, request_timeout, request_attempts)
-    remote = {"request_timeout": request_timeout, "request_attempts": request_attempts}
-    from . import manyfile
-
-    if manyfile.is_many_file(path):
-        return manyfile.ManyFileDataset(path, storage_options, **remote)
-    try:
-        ds = Dataset(path, storage_options, **remote)
-    except FileNotFoundError:
-        if url_scheme(local_path(os.fspath(path))) and manyfile.manifest_exists(os.fspath(path), storage_options):
-            return manyfile.ManyFileDataset(os.fspath(path) + "/", storage_options, **remote)
-        raise
-    if ds.tokens_info is not None:
-        ds.close()
-        raise ValueError(f"{ds.path} is a token file ({ds.tokens_info['count']} tokens in "
-                         f"{ds.tokens_info['documents']} documents, no records): open it with "
-                         "pageset.open_tokens(path), or load it with Loader(path, ..., pipelines={'tokens': "
-                         "[TokenWindows(seq_len)]})")
-    return ds

@@ -16,13 +16,12 @@ Windows are not stored: for a load-time ``seq_len`` window ``w`` is ``tokens[w*s
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ..format.errors import FormatError, plural
-from .reader import Dataset, check_open_arguments
+from .reader import Dataset
 from .token_sections import DOC_OFFSET, validate_token_sections  # noqa: F401 (public here too)
+
 
 class TokenDataset:
     """A validated, read-only token file.
@@ -196,26 +195,3 @@ class RemoteTokens:
             return np.empty(0, self.dtype)
         lo = int(idx.min())
         return self._td.read(lo, int(idx.max()) + 1)[idx - lo]
-
-
-def open_tokens(path: str | os.PathLike, storage_options: dict | None = None, **remote) -> TokenDataset:
-    """Open and validate a token file, local or at a URL (``storage_options``, ``request_timeout``,
-    ``request_attempts``: see :func:`~pageset.read.open_dataset`); see :class:`TokenDataset`. Raises FormatError
-    subclasses (a record file is refused, naming open_dataset), FileNotFoundError, ImportError, RemoteReadError,
-    OSError, TypeError (a path that is not a str or os.PathLike). A many-file set of token files (a folder or URL
-    prefix holding ``pageset.manifest.json``) opens as a :class:`~pageset.read.manyfile.ManyFileTokens`."""
-    unknown = set(remote) - {"request_timeout", "request_attempts"}
-    if unknown:
-        raise TypeError(f"open_tokens() got unexpected keyword arguments {sorted(unknown)}")
-    check_open_arguments(path, storage_options, remote.get("request_timeout", 30.0), remote.get("request_attempts", 5))
-    from . import manyfile
-    from .remote import local_path, url_scheme
-
-    if manyfile.is_many_file(path):
-        return manyfile.ManyFileTokens(path, storage_options, **remote)
-    try:
-        return TokenDataset(path, storage_options, **remote)
-    except FileNotFoundError:
-        if url_scheme(local_path(os.fspath(path))) and manyfile.manifest_exists(os.fspath(path), storage_options):
-            return manyfile.ManyFileTokens(os.fspath(path) + "/", storage_options, **remote)
-        raise

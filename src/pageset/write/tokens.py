@@ -36,6 +36,7 @@ from .filewriter import (
     DiskFile,
     executor_map,
     is_url,
+    local_path,
     lineage,
     ordered_map,
     temp_file,
@@ -741,7 +742,7 @@ def write_token_member(folder: str, name: str, item: list, first_doc: int, spec,
     writer, lengths, max_id = None, [], -1
     try:
         for start, chunk in _chunks(docs, chunk_docs, chunk_chars):
-            flat, lens = _encode_chunk(first_doc + start, chunk, bos_id, eos_id, spec)
+            flat, lens, _ = _encode_chunk(first_doc + start, chunk, bos_id, eos_id, spec)
             if flat.size and int(flat.max()) > limit:
                 first = int(np.argmax(flat > limit))
                 doc = first_doc + start + int(np.searchsorted(np.cumsum(lens), first, side="right"))
