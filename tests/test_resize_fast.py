@@ -19,16 +19,19 @@ from PIL import Image
 from skimage import data as skdata
 from sklearn.datasets import load_sample_image
 
+from pageset import CenterCrop, Int, Loader, RandomHorizontalFlip, RandomResizedCrop, RGBImage, open_dataset, write_dataset
+from pageset.ops.crop import random_flip
 from pageset.ops.image import (
     center_crop_box,
     normalize_table,
     pixel_table,
     random_resized_crop_box,
+    random_resized_crop_box_py,
     resize_crop_flip_normalize,
     resize_scratch_size,
 )
 from pageset.ops.resize_fast import FAST_MAX_ABS_DIFF, FAST_MIN_PSNR_DB, fast_scratch_size, resize_fast
-from pageset.order.keys import sample_keys
+from pageset.order.keys import key_py, sample_keys
 
 JIT = not numba.config.DISABLE_JIT
 KEYS = 24 if JIT else 2  # RandomResizedCrop boxes per photo
@@ -194,3 +197,52 @@ def test_fast_rejects_what_the_exact_kernel_rejects():
         resize_fast(rgb, 0.0, 0.0, 10.0, 10.0, False, normalize_table(), out, True, scratch)
     with pytest.raises(ValueError, match="pixels of a src row must be contiguous"):
         resize_fast(rgb[:, ::-1], 0.0, 0.0, 10.0, 10.0, False, pixel_table(), out, True, scratch)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Through the Loader: the option, and the default staying exact
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def image_file(tmp_path_factory, imagenet_like):
+    path = tmp_path_factory.mktemp("fast") / "train.pageset"
+    write_dataset(path, imagenet_like, {"image": RGBImage(jpeg_quality=90), "label": Int()}, num_workers=0,
+                  page_size=1 << 16, progress=False)
+    return path
+
+
+def _batches(path, crop, seed=7):
+    with Loader(path, batch_size=16, seed=seed, num_threads=2, array_type="numpy",
+                pipelines={"image": [crop, RandomHorizontalFlip()], "label": None}) as loader:
+        return [(b["_index"].copy(), b["image"].copy()) for b in loader]
+
+
+def test_loader_default_stays_exact_and_fast_mode_is_within_bound(image_file):
+    """Default crops resize exactly (every sample equals Pillow's crop(box).resize(BILINEAR), mirrored when the
+    key says so: these <= 220 px photos all decode at DCT scale 1/1 for a 224 output); resize_mode="fast" gives
+    the same crops and flips within the stated bound of both, and is not the exact result."""
+    assert RandomResizedCrop().resize_mode == "exact" and CenterCrop().resize_mode == "exact"
+    default = _batches(image_file, RandomResizedCrop(224))
+    quick = _batches(image_file, RandomResizedCrop(224, resize_mode="fast"))
+    differs = 0
+    with open_dataset(image_file) as ds:
+        for step, ((ids, imgs), (ids_f, imgs_f)) in enumerate(zip(default, quick)):
+            np.testing.assert_array_equal(ids, ids_f)
+            for j, rid in enumerate(ids):
+                rec = ds[int(rid)]["image"]
+                k = key_py(7, 0, 4, step * 16 + j)
+                x, y, w, h = random_resized_crop_box_py(rec.height, rec.width, k, *RRC)
+                ref = np.asarray(Image.fromarray(rec.to_numpy()).crop((x, y, x + w, y + h))
+                                 .resize((224, 224), Image.BILINEAR))
+                if random_flip(np.uint64(k), 0.5):
+                    ref = ref[:, ::-1]
+                np.testing.assert_array_equal(imgs[j], ref, err_msg=f"default mode not exact: sample {rid}")
+                worst, psnr = max_abs_and_psnr(imgs_f[j], ref)
+                assert worst <= FAST_MAX_ABS_DIFF and psnr >= FAST_MIN_PSNR_DB, (rid, worst, psnr)
+                differs += bool((imgs_f[j] != ref).any())
+    assert differs > len(ds) // 2
+    for (_, a), (_, b) in zip(_batches(image_file, CenterCrop(96)), _batches(image_file,
+                                                                               CenterCrop(96, resize_mode="fast"))):
+        worst, psnr = max_abs_and_psnr(a, b)  # reduced DCT scales here: the same decode, two resizes
+        assert worst <= FAST_MAX_ABS_DIFF and psnr >= FAST_MIN_PSNR_DB
