@@ -246,3 +246,14 @@ def test_loader_default_stays_exact_and_fast_mode_is_within_bound(image_file):
                                                                                CenterCrop(96, resize_mode="fast"))):
         worst, psnr = max_abs_and_psnr(a, b)  # reduced DCT scales here: the same decode, two resizes
         assert worst <= FAST_MAX_ABS_DIFF and psnr >= FAST_MIN_PSNR_DB
+
+
+@pytest.mark.parametrize("value", [0, 1, 128, 254, 255])
+def test_fast_keeps_flat_images_flat(value):
+    """The filter is normalized (each pixel's weights sum to exactly 1 in fixed point): a constant image stays the
+    same constant, saturated white included, for shrinks, enlargements and fractional boxes (as in Pillow)."""
+    rgb = np.full((97, 131, 3), value, np.uint8)
+    for box, size in (((0, 0, 131, 97), (224, 224)), ((0, 0, 131, 97), (13, 29)), ((3.3, 1.7, 120.9, 95.2), (50, 61)),
+                      ((0, 0, 131, 97), (97, 131))):
+        out = fast(rgb, box, size)
+        assert (out == value).all(), (box, size, np.unique(out))
