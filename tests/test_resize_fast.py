@@ -34,7 +34,7 @@ from pageset.ops.resize_fast import FAST_MAX_ABS_DIFF, FAST_MIN_PSNR_DB, fast_sc
 from pageset.order.keys import key_py, sample_keys
 
 JIT = not numba.config.DISABLE_JIT
-KEYS = 24 if JIT else 2  # RandomResizedCrop boxes per photo
+KEYS = 12 if JIT else 2  # RandomResizedCrop boxes per photo
 OUT = 224 if JIT else 24
 RRC = (0.08, 1.0, 3 / 4, 4 / 3)
 
