@@ -8,8 +8,10 @@ Breakdown (always; alone with --breakdown-only): CPU ms per image of each stage 
 (RandomResizedCrop(224) + flip) on one thread -- entropy decode, IDCT + upsampling + colour conversion of the
 crop's region, resize weights, horizontal pass, vertical pass, store, Loader overhead -- next to a plain full
 decode of the same bytes, libjpeg-turbo's fast-IDCT/fast-upsampling flags as a measured (unused) lever, FFCV's
-uint8 pipeline on one worker when benchmarks/.envs/ffcv exists, and the Loader at 1 and 2 threads; the JSON
-gets "breakdown" and "targets" (fused vs full decode per thread >= 1.0x, vs FFCV >= 1.5x, 2/1 threads >= 1.8x).
+uint8 pipeline on one worker when benchmarks/.envs/ffcv exists, and the Loader at 1 and 2 threads; the same
+for ``resize_mode="fast"`` (its resize stages, fused kernel, difference from the exact outputs, Loader at 1
+thread); the JSON gets "breakdown" and "targets" (fused vs full decode per thread >= 1.0x, in both resize
+modes, vs FFCV >= 1.5x, 2/1 threads >= 1.8x).
 Pipeline: RandomResizedCrop(224) + RandomHorizontalFlip + Normalize -> float32 NCHW tensors, for both.
 Rows: pageset at 1 and all threads (random and quasi_random order, os and process page cache); the baseline
 DataLoader with 0 (in-process), 1 and all workers; decode-only rates of the same bytes (Pillow, and
@@ -50,7 +52,7 @@ from pageset import (
     open_dataset,
     write_dataset,
 )
-from pageset.ops import image_batch, jpeg_kernels, jpeg_scale, resize
+from pageset.ops import image_batch, jpeg_kernels, jpeg_scale, resize, resize_fast
 from pageset.sample_data import debian_photos, make_imagenet_like, wheel_photos
 
 
@@ -129,7 +131,7 @@ def decode_only(path):
 # Per-stage cost breakdown of the fused path (issue 13): where the time of one image goes, per thread
 # ---------------------------------------------------------------------------------------------------------
 
-MODE_FULL, MODE_ENTROPY, MODE_REGION, MODE_RESIZE = 0, 1, 2, 3
+MODE_FULL, MODE_ENTROPY, MODE_REGION, MODE_RESIZE, MODE_RESIZE_FAST = 0, 1, 2, 3, 4
 UINT8_PIPE = "RandomResizedCrop(224) + RandomHorizontalFlip, uint8 NHWC"
 
 
@@ -141,7 +143,8 @@ def _stage_loop(handle, buf, offs, lens, heights, widths, boxes, flips, table, o
     mode MODE_FULL: a plain full decode (1/1, whole image) into a reused buffer; MODE_ENTROPY: decode only the
     crop region's last row (libjpeg entropy-decodes every row above it and runs the IDCT of one iMCU row);
     MODE_REGION: decode the crop's region at its DCT scale; MODE_RESIZE: that, then ``resize._resize`` with the
-    ``stages`` bits (0: filter weights only). Returns the number of failed decodes (0 expected)."""
+    ``stages`` bits (0: filter weights only); MODE_RESIZE_FAST: the same with ``resize_fast._resize_fast`` (the
+    ``resize_mode="fast"`` kernel). Returns the number of failed decodes (0 expected)."""
     failed = 0
     for j in range(offs.shape[0]):
         h = heights[j]
@@ -165,7 +168,11 @@ def _stage_loop(handle, buf, offs, lens, heights, widths, boxes, flips, table, o
             continue
         region = jpeg_kernels.window_view(decoded, h0, w0, row, col, sh, sw)
         bx0, by0, bx1, by1 = jpeg_scale.box_in_region(x, y, cw, ch, num, den, sx, sy, sw, sh)
-        resize._resize(region, bx0, by0, bx1, by1, flips[j], table, out[j], True, resize_scratch, stages)
+        if mode == MODE_RESIZE_FAST:
+            resize_fast._resize_fast(region, bx0, by0, bx1, by1, flips[j], table, out[j], True, resize_scratch,
+                                     stages)
+        else:
+            resize._resize(region, bx0, by0, bx1, by1, flips[j], table, out[j], True, resize_scratch, stages)
     return failed
 
 
@@ -223,13 +230,19 @@ def stage_breakdown(path, size=224, reps=5, epoch=1, seed=0):
         "horizontal": (MODE_RESIZE, resize.STAGE_HORIZONTAL),
         "vertical": (MODE_RESIZE, resize.STAGE_HORIZONTAL | resize.STAGE_VERTICAL),
         "store": (MODE_RESIZE, resize.ALL_STAGES),
+        # resize_mode="fast" (resize_fast: vertical pass first, then the horizontal one, then the store)
+        "fast_weights": (MODE_RESIZE_FAST, 0),
+        "fast_vertical": (MODE_RESIZE_FAST, resize.STAGE_VERTICAL),
+        "fast_horizontal": (MODE_RESIZE_FAST, resize.STAGE_VERTICAL | resize.STAGE_HORIZONTAL),
+        "fast_store": (MODE_RESIZE_FAST, resize.ALL_STAGES),
     }
 
     def run(name):
-        if name == "image_slice":
+        if name in ("image_slice", "image_slice_fast"):
             t = time.thread_time()
             bad = image_batch.image_slice(h, buf, offs, lens, heights, widths, encodings, boxes, flips, table, out,
-                                          rows, True, decoded, jpeg_scratch, resize_scratch, status)
+                                          rows, True, decoded, jpeg_scratch, resize_scratch, status,
+                                          name == "image_slice_fast")
             dt = time.thread_time() - t
             assert bad < 0, f"sample {bad} failed to decode"
             return dt
@@ -246,9 +259,13 @@ def stage_breakdown(path, size=224, reps=5, epoch=1, seed=0):
         assert failed == 0, f"{failed} images failed to decode"
         return dt
 
-    names = [*variants, "image_slice", "python_decode"]
+    names = [*variants, "image_slice", "image_slice_fast", "python_decode"]
     for name in names:  # compile and warm
         run(name)
+    run("image_slice")
+    exact_px = out.copy()
+    run("image_slice_fast")
+    fast_diff = _difference(out, exact_px)
     times = {name: [] for name in names}
     for _ in range(reps):
         for name in names:
@@ -264,10 +281,27 @@ def stage_breakdown(path, size=224, reps=5, epoch=1, seed=0):
         "vertical pass": med["vertical"] - med["horizontal"],
         "store (round, value table, write)": med["store"] - med["vertical"],
     }
+    fast_stages = {
+        "resize weights": med["fast_weights"] - med["region"],
+        "vertical pass (packed rows)": med["fast_vertical"] - med["fast_weights"],
+        "horizontal pass (3 channels per int64, with the flip)": med["fast_horizontal"] - med["fast_vertical"],
+        "store (value table, write)": med["fast_store"] - med["fast_horizontal"],
+    }
     return {"images": n, "mean_width": float(widths.mean()), "mean_height": float(heights.mean()),
             "scales": scales, "stages_ms": stages, "variants_ms": {k: _median_range(v) for k, v in times.items()},
             "kernel_ms": med["image_slice"], "full_decode_kernel_ms": med["full_decode"],
-            "full_decode_python_ms": med["python_decode"], "fast_flags_lever": fast}
+            "full_decode_python_ms": med["python_decode"], "fast_flags_lever": fast,
+            "fast_resize": {"stages_ms": fast_stages, "kernel_ms": med["image_slice_fast"],
+                            "vs_exact": fast_diff}}
+
+
+def _difference(got, ref):
+    """max abs. difference, mean abs. difference and PSNR (dB, peak 255) of two uint8 arrays."""
+    diff = np.abs(ref.astype(np.int16) - got.astype(np.int16))
+    mse = float((diff.astype(np.float64) ** 2).mean())
+    return {"mean_abs_diff": float(diff.mean()), "max_abs_diff": int(diff.max()),
+            "differing_values": float((diff > 0).mean()),
+            "psnr_db": 10 * math.log10(255 ** 2 / mse) if mse else math.inf}
 
 
 TJPARAM_FASTUPSAMPLE, TJPARAM_FASTDCT = 9, 10  # turbojpeg.h (TurboJPEG 3.0 enum TJPARAM)
@@ -290,22 +324,21 @@ def _fast_flags_lever(dec, run, out, reps):
         for _ in range(reps):
             for name in times:
                 times[name].append(run(name) / out.shape[0] * 1e3)
-        diff = np.abs(exact.astype(np.int16) - out.astype(np.int16))
+        diff = _difference(out, exact)
     finally:
         for param in (TJPARAM_FASTUPSAMPLE, TJPARAM_FASTDCT):
             fn(dec.handle, param, 0)
-    mse = float((diff.astype(np.float64) ** 2).mean())
     return {"region_ms": _median_range(times["region"]), "kernel_ms": _median_range(times["image_slice"]),
-            "mean_abs_diff": float(diff.mean()), "max_abs_diff": int(diff.max()),
-            "psnr_db": 10 * math.log10(255 ** 2 / mse) if mse else math.inf}
+            **diff}
 
 
-def loader_uint8(path, threads, batch_size, epochs=2):
+def loader_uint8(path, threads, batch_size, epochs=2, resize_mode="exact"):
     """Loader rate and CPU per image for the uint8 RRC + flip pipeline: ``epochs`` timed epochs after a warm one.
 
     Returns wall images/s (median over epochs) and CPU ms per image (``time.process_time``: every thread of
     this process, so with 1 thread it is the per-thread cost including Python and the handing out)."""
-    pipe = {"image": [RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor()], "label": None}
+    pipe = {"image": [RandomResizedCrop(224, resize_mode=resize_mode), RandomHorizontalFlip(), ToTensor()],
+            "label": None}
     rates, cpu = [], []
     with Loader(path, batch_size=batch_size, pipelines=pipe, num_threads=threads, seed=0) as loader:
         for _ in loader:  # epoch 0: compile, warm caches and pools
@@ -322,17 +355,22 @@ def loader_uint8(path, threads, batch_size, epochs=2):
 
 
 def breakdown(path, batch_size, reps=3):
-    """The breakdown, the Loader at 1 and 2 threads (interleaved 1, 2, 1, 2, ...) and the targets."""
+    """The breakdown, the Loader at 1 and 2 threads and at 1 thread with resize_mode="fast" (interleaved 1, 2,
+    1 fast, 1, 2, 1 fast, ...) and the targets."""
     bd = stage_breakdown(path, reps=max(reps, 3))
-    runs = {1: [], 2: []}
+    runs = {1: [], 2: [], "fast": []}
     for _ in range(reps):
         for threads in (1, 2):
             runs[threads].append(loader_uint8(path, threads, batch_size, epochs=1))
+        runs["fast"].append(loader_uint8(path, 1, batch_size, epochs=1, resize_mode="fast"))
     one = {"images_per_s": _median_range([r["images_per_s"] for r in runs[1]]),
            "cpu_ms_per_image": _median_range([r["cpu_ms_per_image"] for r in runs[1]])}
     two = {"images_per_s": _median_range([r["images_per_s"] for r in runs[2]]),
            "cpu_ms_per_image": _median_range([r["cpu_ms_per_image"] for r in runs[2]])}
     loader_ms = one["cpu_ms_per_image"]["median"]
+    bd["fast_resize"]["loader_1_thread"] = {
+        "images_per_s": _median_range([r["images_per_s"] for r in runs["fast"]]),
+        "cpu_ms_per_image": _median_range([r["cpu_ms_per_image"] for r in runs["fast"]])}
     bd["loader_1_thread"] = one
     bd["loader_2_threads"] = two
     bd["overhead_ms"] = loader_ms - bd["kernel_ms"]
@@ -381,12 +419,23 @@ def breakdown_table(bd) -> str:
     lines.append(f"| lever, not used: fast upsampling + fast IDCT: fused kernel | {f['kernel_ms']['median']:.3f} "
                  f"(vs exact: mean abs. difference {f['mean_abs_diff']:.2f}, max {f['max_abs_diff']}, PSNR "
                  f"{f['psnr_db']:.1f} dB) |")
+    fr = bd["fast_resize"]
+    for name, ms in fr["stages_ms"].items():
+        lines.append(f"| resize_mode=\"fast\": {name} | {ms:.3f} |")
+    lines.append(f"| resize_mode=\"fast\": = fused kernel (image_slice) | {fr['kernel_ms']:.3f} (vs exact: mean abs. "
+                 f"difference {fr['vs_exact']['mean_abs_diff']:.2f}, max {fr['vs_exact']['max_abs_diff']}, "
+                 f"{100 * fr['vs_exact']['differing_values']:.0f}% of values differ, PSNR "
+                 f"{fr['vs_exact']['psnr_db']:.1f} dB) |")
+    lines.append(f"| resize_mode=\"fast\": = Loader, 1 thread | "
+                 f"{fr['loader_1_thread']['cpu_ms_per_image']['median']:.3f} |")
     one, two = bd["loader_1_thread"]["images_per_s"], bd["loader_2_threads"]["images_per_s"]
     if bd.get("ffcv_1_worker"):
         f = bd["ffcv_1_worker"]["cpu_ms_per_image"]
         lines.append(f"| FFCV 1.0.2, same pipeline, 1 worker (process CPU) | {f['median']:.3f} |")
+    fo = fr["loader_1_thread"]["images_per_s"]
     lines.append(f"\nLoader uint8 wall rate: 1 thread {one['median']:.0f} img/s ({one['min']:.0f}-{one['max']:.0f}), "
-                 f"2 threads {two['median']:.0f} ({two['min']:.0f}-{two['max']:.0f}); load average "
+                 f"2 threads {two['median']:.0f} ({two['min']:.0f}-{two['max']:.0f}), 1 thread with "
+                 f"resize_mode=\"fast\" {fo['median']:.0f} ({fo['min']:.0f}-{fo['max']:.0f}); load average "
                  f"{', '.join(f'{v:.2f}' for v in bd['load_average'])}")
     return "\n".join(lines)
 
@@ -394,6 +443,7 @@ def breakdown_table(bd) -> str:
 def breakdown_targets(bd) -> list[dict]:
     loader_ms = bd["loader_1_thread"]["cpu_ms_per_image"]["median"]
     one, two = bd["loader_1_thread"]["images_per_s"]["median"], bd["loader_2_threads"]["images_per_s"]["median"]
+    fast_ms = bd["fast_resize"]["loader_1_thread"]["cpu_ms_per_image"]["median"]
 
     def target(name, measured, goal, detail):
         return {"name": name, "measured": measured, "target": goal, "unit": "x", "met": measured >= goal,
@@ -403,6 +453,11 @@ def breakdown_targets(bd) -> list[dict]:
         target("images: fused Loader vs full decode, per thread", bd["full_decode_python_ms"] / loader_ms, 1.0,
                f"Loader {UINT8_PIPE}, 1 thread, {loader_ms:.3f} CPU ms/image vs libjpeg-turbo full decode of the "
                f"same bytes through JpegDecoder.decode {bd['full_decode_python_ms']:.3f} ms (the issue's reference)"),
+        target("images: fused Loader, resize_mode=\"fast\", vs full decode, per thread",
+               bd["full_decode_python_ms"] / fast_ms, 1.0,
+               f"Loader {UINT8_PIPE} with RandomResizedCrop(224, resize_mode=\"fast\"), 1 thread, {fast_ms:.3f} CPU "
+               f"ms/image vs {bd['full_decode_python_ms']:.3f} ms; the region decode alone (entropy + IDCT of the "
+               f"crop at its DCT scale) is {bd['variants_ms']['region']['median']:.3f} ms"),
         target("images: fused Loader vs full decode in a kernel loop, per thread",
                bd["full_decode_kernel_ms"] / loader_ms, 1.0,
                f"strict reference: tj3Decompress8 in a nogil loop into a reused buffer, "

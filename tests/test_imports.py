@@ -69,8 +69,9 @@ OPS_LAYERS = {
     "crop": set(),  # crop boxes and flips (order.keys only)
     "resize_weights": set(),  # Pillow's fixed-point filter weights
     "resize": {"resize_weights"},  # the resize -> flip -> normalize kernel
+    "resize_fast": {"resize", "resize_weights"},  # the fast resize mode (reuses the exact kernel's checks)
     "image": {"crop", "resize", "resize_weights"},  # value tables; re-exports crop and resize
-    "image_batch": {"jpeg", "jpeg_kernels", "jpeg_scale", "crop", "resize", "resize_weights"},
+    "image_batch": {"jpeg", "jpeg_kernels", "jpeg_scale", "crop", "resize", "resize_fast", "resize_weights"},
     "spans": set(),
     "tokens": {"spans"},  # token windows read with spans.pread_full
     "transforms": set(),

@@ -128,6 +128,7 @@ class ImageStage(Stage):
                 raise PipelineError(f"field {name!r}: unexpected {op!r}; image pipelines read [crop, "
                                     "RandomHorizontalFlip?, Normalize?, ToTorchImage?, ToTensor?, ToDevice?]")
         self.out_h, self.out_w = crop.size
+        self.fast_resize = crop.resize_mode == "fast"
         if isinstance(crop, RandomResizedCrop):
             self.crop_mode = image_batch.CROP_RANDOM_RESIZED
             self.params = np.array([crop.scale[0], crop.scale[1], crop.ratio[0], crop.ratio[1], 0.0])
@@ -200,7 +201,7 @@ class ImageStage(Stage):
                 handle, buf, offs, lens, heights, widths, encodings, boxes, flips, self.table, out, rows,
                 self.channels_last, self._buffer(ctx, "decoded", need_dec, np.uint8),
                 self._buffer(ctx, "jpeg_scratch", need_jpeg, np.uint8),
-                self._buffer(ctx, "resize_scratch", need_rs, np.int32), status)
+                self._buffer(ctx, "resize_scratch", need_rs, np.int32), status, self.fast_resize)
             if bad < 0 or status[bad] != jpeg.ERR_SCRATCH or attempt:
                 break
             # A JPEG whose chroma sampling cannot be cropped is decoded whole (at its scale, into both buffers).

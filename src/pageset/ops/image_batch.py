@@ -13,6 +13,7 @@ from pageset.format.constants import ENCODING_RAW
 from pageset.ops import jpeg, jpeg_kernels, jpeg_scale
 from pageset.ops.crop import center_crop_box, random_flip, random_resized_crop_box
 from pageset.ops.resize import resize_crop_flip_normalize, resize_scratch_size
+from pageset.ops.resize_fast import fast_scratch_size, resize_fast
 
 CROP_RANDOM_RESIZED = 0
 CROP_CENTER = 1
@@ -61,19 +62,30 @@ def plan_slice(heights, widths, encodings, keys, crop_mode, params, flip_p, out_
         boxes[j, 3] = ch
         boxes[j, 4] = num
         boxes[j, 5] = den
-        need_rs = max(need_rs, resize_scratch_size(rh, rw, out_h, out_w))
+        # enough for either resize mode (a few KiB either way)
+        need_rs = max(need_rs, resize_scratch_size(rh, rw, out_h, out_w), fast_scratch_size(rh, rw, out_h, out_w))
     return need_dec, need_jpeg, need_rs
 
 
 @numba.njit(nogil=True)
+def _resize(src, x0, y0, x1, y1, flip, table, out, channels_last, fast, scratch):
+    """The exact kernel (Pillow's bits) or, with ``fast``, :func:`pageset.ops.resize_fast.resize_fast`."""
+    if fast:
+        resize_fast(src, x0, y0, x1, y1, flip, table, out, channels_last, scratch)
+    else:
+        resize_crop_flip_normalize(src, x0, y0, x1, y1, flip, table, out, channels_last, scratch)
+
+
+@numba.njit(nogil=True)
 def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flips, table, out, rows,
-                channels_last, decoded, jpeg_scratch, resize_scratch, status):
+                channels_last, decoded, jpeg_scratch, resize_scratch, status, fast=False):
     """Fill ``out[rows[j]]`` for every sample j of a slice; returns -1, or the first j whose JPEG failed to decode.
 
     handle: int, the thread's ``JpegDecoder.handle``. buf: uint8[:], bytes holding the records (the thread's
     staging copy, read with pread); offs, lens: int64[n] byte offset and length of each image in ``buf``; heights,
     widths: int64[n] stored size in pixels; encodings: uint8[n] (0 raw HWC RGB, 1 JPEG); boxes, flips: from
-    :func:`plan_slice`. table: [3, 256] value table (``image.normalize_table`` / ``pixel_table``), dtype equal to
+    :func:`plan_slice`. fast: the resize mode, False "exact" (Pillow's bits), True "fast"
+    (``resize_fast``). table: [3, 256] value table (``image.normalize_table`` / ``pixel_table``), dtype equal to
     out's. out: [B, 3, H, W] or, with ``channels_last``, [B, H, W, 3]; rows: int64[n], the row of ``out`` each
     sample is written to (``arange`` for a slice; a mixture's scattered rows of one file: no copy). decoded, jpeg_scratch (uint8) and
     resize_scratch (int32): at least the sizes :func:`plan_slice` returned. status: int64[n], written with the
@@ -93,8 +105,8 @@ def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flip
         data = buf[offs[j] : offs[j] + lens[j]]
         if encodings[j] == ENCODING_RAW:
             src = data.reshape((h, w, 3))[y : y + ch, x : x + cw]
-            resize_crop_flip_normalize(src, 0.0, 0.0, float(cw), float(ch), flips[j], table, out[rows[j]], channels_last,
-                                       resize_scratch)
+            _resize(src, 0.0, 0.0, float(cw), float(ch), flips[j], table, out[rows[j]], channels_last, fast,
+                    resize_scratch)
             status[j] = 0
             continue
         sx, sy, sw, sh = jpeg_scale.scale_region(w, h, x, y, cw, ch, num, den)
@@ -106,8 +118,7 @@ def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flip
             return j
         region = jpeg_kernels.window_view(decoded, h0, w0, row, col, sh, sw)
         bx0, by0, bx1, by1 = jpeg_scale.box_in_region(x, y, cw, ch, num, den, sx, sy, sw, sh)
-        resize_crop_flip_normalize(region, bx0, by0, bx1, by1, flips[j], table, out[rows[j]], channels_last,
-                                   resize_scratch)
+        _resize(region, bx0, by0, bx1, by1, flips[j], table, out[rows[j]], channels_last, fast, resize_scratch)
     return -1
 
 
