@@ -278,6 +278,17 @@ OTHERS = [  # callables whose arguments are paths (or the inputs of a mixture)
     ("open_tokens", "storage_options", 1, T, r"storage_options must be a dict or None"),
     ("ImageFolder", "root", 3, T, r"ImageFolder\.root must be a folder path"),
     ("ImageList", "path", ["a.jpg"], T, r"ImageList\.path must be the file list's path"),
+    ("PagesetDatasink", "path", 3, T, r"path must be the output folder's path or URL"),
+    ("PagesetDatasink", "path", "https://host/x", V, r"http\(s\) URLs are read-only"),
+    ("PagesetDatasink", "fields", ["image"], T, r"fields must be a dict"),
+    ("PagesetDatasink", "fields", {}, V, r"fields must name at least one column"),
+    ("PagesetDatasink", "records_per_member", 0, V, r"records_per_member must be an int >= 1"),
+    ("PagesetDatasink", "page_size", 1000, V, r"page_size must be"),
+    ("PagesetDatasink", "append", "yes", T, r"append must be True or False"),
+    ("PagesetDatasink", "on_error", "ignore", V, r"on_error must be one of"),
+    ("PagesetDatasink", "storage_options", ["x"], T, r"storage_options must be a dict or None"),
+    ("PagesetDatasink", "metadata", {"x": {1, 2}}, T, r"metadata"),
+    ("PagesetDatasink", "lineage", 1, T, r"lineage must be True or False"),
     ("RayExecutor", "max_retries", -1, V, r"max_retries must be an int >= 0, got -1"),
     ("RayExecutor", "max_retries", "3", T, r"max_retries must be an int >= 0"),
     ("RayExecutor", "num_cpus", 0, V, r"num_cpus must be a finite number > 0"),
@@ -292,7 +303,8 @@ OTHERS = [  # callables whose arguments are paths (or the inputs of a mixture)
 def test_constructor_refuses_bad_argument(name, arg, value, exc, match):
     kw = {"TokenWindows": {"seq_len": 8}, "Mixture": {"sources": ["a.pageset", "b.pageset"], "weights": [1, 1]},
           "ParquetSource": {"paths": "x.parquet"}, "open_dataset": {"path": "x.pageset"},
-          "open_tokens": {"path": "x.pageset"}, "WebDatasetSource": {"urls": "x.tar", "fields": {"a": "jpg"}}
+          "open_tokens": {"path": "x.pageset"}, "WebDatasetSource": {"urls": "x.tar", "fields": {"a": "jpg"}},
+          "PagesetDatasink": {"path": "out", "fields": {"label": Int()}},
           }.get(name, {})  # the other required arguments, valid
     with pytest.raises(exc, match=match):
         getattr(pageset, name)(**{**kw, arg: value})

@@ -73,6 +73,7 @@ _LAZY = {
     "IMAGENET_MEAN": "pageset.ops.transforms",
     "IMAGENET_STD": "pageset.ops.transforms",
     "RayExecutor": "pageset.write.ray_executor",
+    "PagesetDatasink": "pageset.write.ray_datasink",
 }
 
 
@@ -124,6 +125,7 @@ __all__ = [
     "ObjectChangedError",
     "ParquetSource",
     "PipelineError",
+    "PagesetDatasink",
     "RGBImage",
     "RayExecutor",
     "RandomHorizontalFlip",

@@ -84,8 +84,6 @@ class PagesetDatasink(_Base):
                  storage_options: dict | None = None, metadata: dict | None = None, lineage: bool = True):
         from .writer import _check_page_size, check_folder_path
 
-        if _Base is object:
-            raise ImportError("PagesetDatasink needs Ray Data: pip install 'pageset[ray]' (or 'ray[data]')")
         self.path = check_folder_path(path)
         fields = check.mapping("fields", fields, example="{'image': RGBImage(), 'label': Int()}")
         if not fields:
@@ -98,6 +96,8 @@ class PagesetDatasink(_Base):
         self.storage_options = check.mapping("storage_options", storage_options, optional=True)
         self.metadata = check.mapping("metadata", metadata, optional=True)
         self.lineage = check.boolean("lineage", lineage)
+        if _Base is object:
+            raise ImportError("PagesetDatasink needs Ray Data: pip install 'pageset[ray]' (or 'ray[data]')")
         check.json_metadata("metadata", self.metadata)
         self.fields = dict(fields)
         self.schema = build_schema(self.fields, {}, {"page_size": page_size, "checksum": ALGORITHM})
