@@ -213,6 +213,7 @@ def test_loader_over_a_file_set_reads_the_merged_records_in_the_concatenated_ord
     merge_datasets(merged, members, progress=False, lineage=False)
     sizes = [s for p in members for s in model_layout(p)[0]]  # the reference model's page layouts, concatenated
     ref = model.FileOrder(sizes, 5, order, 2, drop_last, 16)
+    assert model_layout(merged)[0] != sizes  # merge re-packs the pages: only ids and bytes are the set's
     with open_dataset(merged) as ds:
         records = [(int(ds[i]["label"]), bytes(ds[i]["payload"])) for i in range(len(ds))]
     assert len(records) == ref.n == 230 + 41 + 150

@@ -63,7 +63,9 @@ class Loader:
     Args:
         path: the pageset file, or a :class:`~pageset.Mixture` of files read as one stream in fixed
             proportions (see ``formats/mixture.md``): each batch then also carries ``"_source"`` (int16[B],
-            the file of each sample) and ``"_index"`` holds record ids within that file.
+            the file of each sample) and ``"_index"`` holds record ids within that file; or a
+            ``pageset.order.manyfile.FileSet`` of member files read as one dataset (ids run through the members in
+            order, ``"_index"`` holds those ids; ``formats/order.md`` section 6). Any ``pageset.order.plan.PlanSpec``.
         batch_size: samples per batch on this rank (B); the global batch is ``G = B * world_size``.
         pipelines: ``{field: [ops]}``; a field mapped to ``None`` is not loaded; fields left out get their
             default decoder (images have none: give them a crop). See ``pageset.ops.transforms``.
