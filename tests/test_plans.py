@@ -18,7 +18,7 @@ import pytest
 from reference import order as model
 from resume_contract import check_resume, model_layout
 
-from pageset import Bytes, Int, Loader, Mixture, merge_datasets, open_dataset, write_dataset
+from pageset import Bytes, Int, Loader, merge_datasets, open_dataset, write_dataset
 from pageset.order import StateError, StateMismatchError
 from pageset.order.manyfile import FileSet, ManyFilePlan
 from pageset.order.mixture import MixturePlan, quotas

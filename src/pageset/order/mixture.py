@@ -33,8 +33,15 @@ import numba
 import numpy as np
 
 from .keys import TAG_MIXTURE_SOURCE, key_py
-from .plan import Member, OrderParams, Plan, PlanBatch, PlanEpoch, PlanSpec
-from .plan import refuse_mixture_state  # noqa: F401 (its home was here)
+from .plan import (  # noqa: F401 (refuse_mixture_state: re-exported, its home was here)
+    Member,
+    OrderParams,
+    Plan,
+    PlanBatch,
+    PlanEpoch,
+    PlanSpec,
+    refuse_mixture_state,
+)
 from .shuffle import EpochOrder
 from .state import OrderState, StateError, StateMismatchError, check_compatible, normalize_cursor
 
