@@ -347,6 +347,19 @@ MUTATIONS += [
              (f"{RO}::test_mixture_streams_and_resume_equal_the_model[random-True]",)),
 ]
 
+# -- plans (issue 19, plan19): caught by tests/test_plans.py, which compares every plan with tests/reference/order.py
+TP = "tests/test_plans.py"
+MUTATIONS += [
+    Mutation("a many-file set maps a member's first record to the member before it", "order/manyfile.py",
+             'member = np.searchsorted(self.starts, gids, side="right") - 1',
+             'member = np.searchsorted(self.starts, gids, side="left") - 1',
+             (f"{TP}::test_many_file_plan_is_the_order_of_the_concatenated_page_list[random-True]",)),
+    Mutation("padding starts one position after N", "order/plan.py",
+             "else np.arange(start, stop, dtype=np.int64) >= self.n)",
+             "else np.arange(start, stop, dtype=np.int64) > self.n)",
+             (f"{TP}::test_file_plan_equals_the_reference[random-False]",)),
+]
+
 
 def test_kept_kernel_caches_skip_every_module_that_sees_the_mutation():
     """A mutant's copy keeps Numba's cache files only of modules that cannot hold the mutated code: never the

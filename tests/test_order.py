@@ -583,6 +583,7 @@ def test_normalize_cursor():
 def test_order_imports_only_numpy_numba_and_itself():
     allowed = {
         "__future__",
+        "abc",
         "collections",
         "dataclasses",
         "fractions",

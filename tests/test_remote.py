@@ -277,6 +277,28 @@ def test_token_mixture_of_a_url_and_a_local_file_equals_local(files, servers):
     assert len(expected) > 10 and run([url, local]) == expected
 
 
+def test_file_set_with_a_url_member_equals_local(files, servers):
+    """A FileSet (member files read as one dataset, tests/test_plans.py checks its order against the reference
+    model) whose second member is a URL: the same batches as with both members local; the URL member is read
+    through its remote pages (fetched ahead along the set's order) and counted in remote_stats."""
+    from pageset.order.manyfile import FileSet
+
+    local, url = files / "tokens.pageset", f"{servers['http_proxy'].url}/tokens.pageset"
+    kw = dict(batch_size=6, order="quasi_random", seed=4, num_threads=2, window_pages=2,
+              pipelines={"tokens": [TokenWindows(seq_len=50, document_outputs=True)]})
+
+    def run(paths):
+        with Loader(FileSet(paths, "56" * 32), **kw) as loader:
+            out = [[np.asarray(v).tobytes() for k, v in sorted(b.items()) if k != "max_seqlen"] for b in loader]
+            return out, loader.remote_stats()
+
+    expected, none = run([local, local])
+    assert none is None and len(expected) > 10
+    got, stats = run([local, url])
+    assert got == expected
+    assert stats["per_source"][0] is None and stats["per_source"][1]["pages_fetched"] > 0
+
+
 def test_image_mixture_of_two_urls_prefetches_and_counts_both(files, servers):
     """A Mixture of two URLs (two S3 objects): the same batches as the local files; remote_stats sums both files
     and gives each its own counters; each file's pages are fetched ahead along the mixture's order (after the

@@ -24,32 +24,12 @@ import numpy as np
 import torch
 
 from ..format import arguments as check
-from ..order import (
-    ORDERS,
-    EpochOrder,
-    OrderState,
-    check_compatible,
-    enable_kernel_cache,
-    epoch_length,
-    normalize_cursor,
-    rank_positions,
-    resolve_rank,
-    sample_keys,
-)
+from ..order import ORDERS, enable_kernel_cache, rank_positions, resolve_rank, sample_keys
 from ..order.keys import MASK64
-from ..order.mixture import (
-    Mixture,
-    MixtureOrder,
-    MixtureSchedule,
-    mixture_id,
-    mixture_state,
-    refuse_mixture_state,
-    resume_mixture,
-)
-from ..order.subset import SubsetLayout, as_indices
+from ..order.plan import Member, OneFile, OrderParams, PlanSpec
 from ..read import Dataset
 from ..read.remote import url_scheme
-from .source import FileSource, MixtureReader, check_same_fields, split_cache_pages
+from .source import FileSource, RowReader, check_same_fields, split_cache_pages
 from .stages import PipelineError
 from .compile_notice import announce_compiles
 from .workers import Slot, ThreadPool, close_context
@@ -83,7 +63,9 @@ class Loader:
     Args:
         path: the pageset file, or a :class:`~pageset.Mixture` of files read as one stream in fixed
             proportions (see ``formats/mixture.md``): each batch then also carries ``"_source"`` (int16[B],
-            the file of each sample) and ``"_index"`` holds record ids within that file.
+            the file of each sample) and ``"_index"`` holds record ids within that file; or a
+            ``pageset.order.manyfile.FileSet`` of member files read as one dataset (ids run through the members in
+            order, ``"_index"`` holds those ids; ``formats/order.md`` section 6). Any ``pageset.order.plan.PlanSpec``.
         batch_size: samples per batch on this rank (B); the global batch is ``G = B * world_size``.
         pipelines: ``{field: [ops]}``; a field mapped to ``None`` is not loaded; fields left out get their
             default decoder (images have none: give them a crop). See ``pageset.ops.transforms``.
@@ -173,7 +155,7 @@ class Loader:
                  verify_pages: bool = False, indices=None, storage_options: dict | None = None, cache_dir=None,
                  cache_limit_bytes: int | None = None, prefetch_bytes: int | None = None, max_requests: int = 8,
                  request_timeout: float = 30.0, request_attempts: int = 5, array_type: str = "torch"):
-        if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike, Mixture)):
+        if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike, PlanSpec)):
             raise TypeError(f"path must be the pageset file's path or URL (str or os.PathLike) or a Mixture, got "
                             f"{path!r}")
         batch_size = check.integer("batch_size", batch_size, minimum=1)
@@ -212,25 +194,22 @@ class Loader:
         self.batch_size, self.global_batch_size = batch_size, batch_size * w
         self.order, self.seed, self.drop_last = order, int(seed), bool(drop_last)
         self.window_pages, self.num_threads, self.batches_ahead = int(window_pages), num_threads, batches_ahead
-        self._mixture = path if isinstance(path, Mixture) else None
-        if self._mixture is not None and indices is not None:
-            raise ValueError("indices= selects records of one file; it cannot be combined with a Mixture "
-                             "(write the subsets to files of their own and mix those)")
+        # what is read, in what order: a file, a subset, a Mixture, a FileSet (order/plan.py); the Loader holds
+        # one plan built from it (in _setup) and never asks which kind it is
+        spec = (path if isinstance(path, PlanSpec) else OneFile(path)).with_indices(indices)
         self._sources: list[FileSource] = []
         self._datasets = []
         self._remote_options = dict(prefetch_bytes=prefetch_bytes, max_requests=max_requests, cache_dir=cache_dir,
                                     cache_limit_bytes=cache_limit_bytes)
         try:
-            members = self._mixture.sources if self._mixture is not None else [path]
             # storage_options go to the URL members of a Mixture; with no URL at all, Dataset refuses them
-            any_url = any(url_scheme(p) is not None for p in members)
-            for p in members:
+            any_url = any(url_scheme(p) is not None for p in spec.paths)
+            for p in spec.paths:
                 opts = storage_options if url_scheme(p) is not None or not any_url else None
                 self._datasets.append(Dataset(p, opts, request_timeout=request_timeout,
                                               request_attempts=request_attempts))  # records or a token file
             self._ds = self._datasets[0]
-            self._setup(page_cache, cache_pages, pipelines, verify_pages)
-            self._setup_subset(indices)
+            self._setup(spec, page_cache, cache_pages, pipelines, verify_pages)
             self._setup_buffers()
         except BaseException:
             for src in self._sources:
@@ -253,8 +232,8 @@ class Loader:
         self._pid = os.getpid()  # the process whose threads (and a URL's connections) this Loader uses
         self._closed = False  # only now: close() and __del__ have everything to release
 
-    def _setup(self, page_cache, cache_pages, pipelines, verify_pages) -> None:
-        """Page access, stages and record layout of every file (a Mixture has several)."""
+    def _setup(self, spec: PlanSpec, page_cache, cache_pages, pipelines, verify_pages) -> None:
+        """Page access, stages and record layout of every file (a Mixture has several), then the plan."""
         pipelines = dict(pipelines or {})
         n = len(self._datasets)
         if cache_pages is None:  # the default, per file (a function of the file's records and pages)
@@ -265,16 +244,19 @@ class Loader:
             per_file = [cache_pages] * n
         for ds, cache_pages in zip(self._datasets, per_file):
             self._sources.append(FileSource(ds, pipelines, page_cache, cache_pages, verify_pages,
-                                            in_mixture=self._mixture is not None,
+                                            in_mixture=spec.optional_fields,
                                             remote_options=self._remote_options, array_type=self.array_type))
         src = self._sources[0]
-        self._pages, self._stages, self._verifier = src.pages, src.stages, src.verifier
-        self._page_sizes, self._spans, self.n_records = src.page_sizes, src.spans, src.n_records
-        self.path, self.dataset_id = src.path, src.dataset_id
-        self._plan = None  # a MixtureOrder for a mixture
-        if self._mixture is not None:
-            self._setup_mixture()
-        self.epoch_length = self._epoch_length()
+        self._pages, self._verifier, self._page_sizes = src.pages, src.verifier, src.page_sizes
+        self._stages = check_same_fields(self._sources)  # the files of a Mixture or FileSet must agree
+        # each row of a batch is read from its own file (all from file 0 when the plan names no sources)
+        self._reader = RowReader(self._sources, self._stages)
+        params = OrderParams(self.seed, self.order, self.window_pages, self.global_batch_size, self.drop_last,
+                             self._seq_len())
+        self._plan = spec.plan([Member(s.path, s.dataset_id, s.page_sizes) for s in self._sources], params)
+        plan = self._plan
+        self.path, self.dataset_id, self.n_records, self.epoch_length = (
+            plan.path, plan.dataset_id, plan.n_records, plan.epoch_length)
         # Slices per batch: one per thread, unless a slice would be too small to pay for a thread hand-off
         # (~20-50 us): then threads work on different batches instead (token windows: one slice per batch).
         min_rows = max((getattr(s, "min_slice_rows", 1) for s in self._stages), default=1)
@@ -306,21 +288,6 @@ class Loader:
         per_window = max(1, n_records * m // max(page_count, 1))
         in_flight = (self.batches_ahead + 1) * self.global_batch_size
         return m * -(-in_flight // per_window) + 2
-
-    def _setup_mixture(self) -> None:
-        """Check that the files match, then the schedule and the mixture's epoch (samples_per_epoch)."""
-        mix = self._mixture
-        self._stages = check_same_fields(self._sources)
-        self._mixture_reader = MixtureReader(self._sources, self._stages)
-        for i, (src, q) in enumerate(zip(self._sources, mix.quotas)):
-            if q > 0 and src.n_records == 0:
-                raise ValueError(f"{src.path}: source {i} of the mixture has no records but weight "
-                                 f"{mix.weights[i]}; give it weight 0 or drop it")
-        self.n_records = mix.samples_per_epoch or sum(s.n_records for s in self._sources)
-        self._plan = MixtureOrder(MixtureSchedule(mix.quotas), [s.page_sizes for s in self._sources], self.seed,
-                                  self.order, self.window_pages)
-        self.path = f"Mixture of {len(self._sources)} files ({', '.join(s.path for s in self._sources)})"
-        self.dataset_id = mixture_id([s.dataset_id for s in self._sources], mix.quotas, self.n_records)
 
     def _setup_buffers(self) -> None:
         """The device queue and the ring of batch buffers: ``batches_ahead + 2`` slots, all allocated here.
@@ -375,40 +342,6 @@ class Loader:
             raise MemoryError(self._buffer_message(n_slots, f"need more than this machine's memory "
                                                             f"({ram / 2**30:.3g} GiB)"))
 
-    def _epoch_length(self) -> int:
-        """epoch_length() of this loader; its ValueError (no full batch) names the file, and for a token
-        file says that the records are seq_len windows."""
-        try:
-            return epoch_length(self.n_records, self.global_batch_size, self.drop_last)
-        except ValueError as exc:
-            seq_len = self._seq_len()
-            what = ("" if not seq_len else f" (the records of a token file are its windows: {self.n_records} of "
-                    f"seq_len={seq_len} here; a smaller seq_len gives more)")
-            raise ValueError(f"{self.path}: {exc}{what}") from None
-
-    def _setup_subset(self, indices) -> None:
-        """Restrict the records to ``indices`` (None: the whole file); sets n_records and the epoch length."""
-        self._subset = None
-        if indices is None:
-            return
-        seq_len = self._seq_len()
-        try:
-            ids = as_indices(indices, self.n_records, unit="window" if seq_len else "record")
-        except (TypeError, ValueError) as exc:
-            what = f" (a token file's ids are its seq_len={seq_len} windows)" if seq_len else ""
-            raise type(exc)(f"{self.path}: {exc}{what}") from None
-        self._subset = SubsetLayout(self._page_sizes, ids, self.order)
-        self.n_records = self._subset.n_records
-        self.epoch_length = self._epoch_length()
-
-    def _epoch_order(self, epoch: int):
-        """Epoch positions -> record ids for ``epoch``: ``.ids(start, stop)`` (a mixture: ``.lookup``)."""
-        if self._plan is not None:
-            return self._plan.epoch(epoch, self.epoch_length)
-        if self._subset is not None:
-            return self._subset.epoch_order(self.seed, epoch, self.order, self.window_pages)
-        return EpochOrder(self._page_sizes, self.seed, epoch, self.order, self.window_pages)
-
     # ---- configuration helpers -------------------------------------------------------------------------
     def _device_queue(self):
         targets = {s.to_device for s in self._stages if s.to_device is not None}
@@ -446,20 +379,7 @@ class Loader:
 
         A mixture's state also holds ``"mixture"``: the weights' quotas, samples_per_epoch and every source's
         ``dataset_id``, ``epoch`` and ``cursor`` (its own stream's position)."""
-        if self._plan is not None:
-            return self._mixture_state(self._epoch, self._cursor)
-        return self._state(self._epoch, self._cursor).to_dict()
-
-    def _mixture_state(self, epoch, cursor) -> dict:
-        return mixture_state(self._plan, [s.dataset_id for s in self._sources], self.n_records,
-                             self._state(epoch, cursor), epoch * self.epoch_length + cursor)
-
-    def _state(self, epoch, cursor) -> OrderState:
-        return OrderState(dataset_id=self.dataset_id, seed=self.seed, epoch=epoch, cursor=cursor,
-                          global_batch_size=self.global_batch_size, order=self.order,
-                          window_pages=self.window_pages, drop_last=self.drop_last,
-                          subset=self._subset.digest if self._subset is not None else "",
-                          seq_len=self._seq_len())
+        return self._plan.state(self._epoch, self._cursor)
 
     def _seq_len(self) -> int:
         """The TokenWindows length of a token file (of a mixture's token files), 0 for record files."""
@@ -471,14 +391,9 @@ class Loader:
         Raises StateError / StateMismatchError naming the field (another dataset, seed, order, global batch,
         ...). The next batch is step ``cursor / G``; skipped samples are never read.
         """
-        if self._plan is not None:
-            saved = resume_mixture(state, self._mixture_state(0, 0), self._plan, self.epoch_length)
-        else:
-            refuse_mixture_state(state, self.path)
-            saved = OrderState.from_dict(state)
-        check_compatible(saved, self._state(0, 0), self.dist.world_size, self.n_records)
+        epoch, cursor = self._plan.resume(state, self.dist.world_size)
         self._stop_active()
-        self._epoch, self._cursor = normalize_cursor(saved.epoch, saved.cursor, self.epoch_length)
+        self._epoch, self._cursor = epoch, cursor
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` (an int >= 0) from its beginning at the next ``iter()``; TypeError / ValueError
@@ -533,16 +448,18 @@ class Loader:
         G, epoch = self.global_batch_size, self._epoch
         steps = self.steps_per_epoch
         first = self._cursor // G
-        order = self._epoch_order(epoch)
+        order = self._plan.epoch(epoch)
         if self._inline:
             first = yield from self._inline_batches(order, epoch, first, steps)
             if first is None:  # the epoch is done
                 return
         scheduled: list[Slot] = []
         nxt = first
-        # remote pages: fetch the next steps' pages ahead (unless only index columns are loaded: no page reads);
-        # a Mixture plans each remote file with the pages of its own samples in each step
-        planned = self._remote_plans(order)
+        # remote pages: fetch the next steps' pages ahead (unless only index columns are loaded: no page reads),
+        # each remote file the pages of its own samples in each step
+        planned = [(src.pages, functools.partial(self._step_pages, order, k))
+                   for k, src in enumerate(self._sources)
+                   if hasattr(src.pages, "advance") and any(hasattr(s, "pages") for s in src.stages)]
         for pages, pages_of_step in planned:
             pages.plan(pages_of_step, first, steps, min_ahead=self.batches_ahead)
         try:
@@ -564,29 +481,6 @@ class Loader:
             self._pool.cancel()
             for slot in scheduled if os.getpid() == self._pid else ():  # (in a forked child: no thread runs them)
                 self._wait(slot, raise_errors=False)  # let in-flight slices finish before their buffers are reused
-
-    def _remote_plans(self, order) -> list:
-        """``[(remote pages, pages_of_step)]`` of the files whose pages are fetched ahead (URLs whose stages read
-        pages): the file, or each file of a Mixture (its own samples' pages in each step)."""
-        if self._plan is None:
-            use = hasattr(self._pages, "advance") and any(hasattr(s, "pages") for s in self._stages)
-            return [(self._pages, lambda step: self._step_pages(order, step))] if use else []
-        return [(src.pages, functools.partial(self._mixture_step_pages, order, k))
-                for k, src in enumerate(self._sources)
-                if hasattr(src.pages, "advance") and any(hasattr(s, "pages") for s in src.stages)]
-
-    def _mixture_step_pages(self, order, k: int, step: int) -> np.ndarray:
-        """Sorted unique pages of the Mixture's file ``k`` that this rank reads at ``step``."""
-        from .remote_pages import span_pages
-
-        positions, _ = rank_positions(step, self.dist.rank, self.dist.world_size, self.global_batch_size,
-                                      self.n_records, self.drop_last)
-        sources, ids = order.lookup(int(positions[0]), int(positions[-1]) + 1)
-        src = self._sources[k]
-        starts, lens = src.spans(ids[sources == k])
-        ds = src.ds
-        return span_pages(np.asarray(starts, np.int64), np.asarray(lens, np.int64), ds.data_offset, ds.page_size,
-                          ds.page_count)
 
     def _inline_batches(self, order, epoch: int, first: int, steps: int):
         """Steps ``[first, steps)`` of ``epoch``, each filled here, by the thread calling next() (``_inline``).
@@ -625,30 +519,28 @@ class Loader:
         self._turn = 2
         self._pool.start(self.num_threads)
 
-    def _step_pages(self, order: EpochOrder, step: int) -> np.ndarray:
-        """Sorted unique pages this rank reads at ``step`` (the remote page source prefetches them)."""
+    def _step_pages(self, order, k: int, step: int) -> np.ndarray:
+        """Sorted unique pages of file ``k`` that this rank reads at ``step`` (its remote page source prefetches
+        them)."""
         from .remote_pages import span_pages
 
         positions, _ = rank_positions(step, self.dist.rank, self.dist.world_size, self.global_batch_size,
                                       self.n_records, self.drop_last)
-        ids = order.ids(int(positions[0]), int(positions[-1]) + 1)
-        starts, lens = self._spans(ids)
-        ds = self._ds
+        src = self._sources[k]
+        starts, lens = src.spans(order.file_ids(k, int(positions[0]), int(positions[-1]) + 1))
+        ds = src.ds
         return span_pages(np.asarray(starts, np.int64), np.asarray(lens, np.int64), ds.data_offset, ds.page_size,
                           ds.page_count)
 
     def remote_stats(self) -> dict | None:
         """For a URL: what was fetched (requests, bytes_fetched, pages_fetched, pages_used, memory_hits, waits,
-        disk_hits / disk_misses with cache_dir); None for a local file. For a Mixture: those counters summed
-        over its files read from URLs, plus ``"per_source"``: each file's own dict (None for a local file);
-        None when every file is local."""
-        if self._plan is None:
-            stats = getattr(self._pages, "stats", None)
-            return stats() if stats is not None else None
+        disk_hits / disk_misses with cache_dir); None for a local file. For several files (a Mixture, a FileSet):
+        those counters summed over its files read from URLs, plus ``"per_source"``: each file's own dict (None
+        for a local file); None when every file is local."""
         per_source = [src.pages.stats() if hasattr(src.pages, "stats") else None for src in self._sources]
         remote = [d for d in per_source if d is not None]
-        if not remote:
-            return None
+        if len(per_source) == 1 or not remote:  # one file: its own counters (None when local)
+            return per_source[0]
         total: dict = {}
         for d in remote:
             for key, value in d.items():
@@ -679,20 +571,15 @@ class Loader:
         return slot
 
     def _prepare(self, slot: Slot, order, epoch: int, step: int) -> None:
-        """Set the slot up for ``step``: padding, record ids (and sources), augmentation keys."""
+        """Set the slot up for ``step``: each row's file and record id, padding, ``_index``, augmentation keys."""
         # rank_positions(step, rank, world_size, G, N, drop_last) without re-validating what __init__ checked
-        # (step is in [0, steps_per_epoch) here): positions step*G + rank*B + j, padding where >= N
+        # (step is in [0, steps_per_epoch) here): positions step*G + rank*B + j; the plan flags padding
         B = self.batch_size
         start = step * self.global_batch_size + self.dist.rank * B
-        positions = np.arange(start, start + B, dtype=np.int64)
         slot.step, slot.generation, slot.error, slot.prefetched = step, self._pool.generation, None, None
-        if self._plan is not None:  # a mixture: no padding, every position is a sample of the schedule
-            slot.padding = np.zeros(B, dtype=bool)
-            slot.sources, slot.ids = order.batch(start, start + B)
-        else:
-            slot.padding = positions >= self.n_records
-            slot.sources, slot.ids = None, order.ids(start, start + B)
-        slot.keys = sample_keys(self.seed, epoch, positions) if self._needs_keys else None
+        slot.sources, slot.read_ids, slot.padding, slot.ids = order.batch(start, start + B)
+        slot.keys = (sample_keys(self.seed, epoch, np.arange(start, start + B, dtype=np.int64))
+                     if self._needs_keys else None)
 
     def _reclaim(self, slot: Slot) -> None:
         """Make the slot's buffers safe to overwrite: wait for a GPU copy out of it, and give it new buffers
@@ -705,11 +592,8 @@ class Loader:
         slot.handed = []
 
     def _run_slice(self, slot: Slot, lo: int, hi: int, ctx: dict) -> None:
-        keys = slot.keys  # None when no stage uses augmentation keys
-        if slot.sources is None:
-            self._sources[0].fill(slot.arrays, lo, hi, slot.ids[lo:hi], None if keys is None else keys[lo:hi], ctx)
-            return
-        self._mixture_reader.fill(slot.arrays, lo, hi, slot.sources, slot.ids, keys, ctx)  # a mixture
+        # slot.keys: None when no stage uses augmentation keys
+        self._reader.fill(slot.arrays, lo, hi, slot.sources, slot.read_ids, slot.keys, ctx)
 
     def _wait(self, slot: Slot, raise_errors: bool = True) -> None:
         # run queued slices (this batch's, else the next ones') here rather than sleeping until a thread is done
@@ -742,7 +626,7 @@ class Loader:
                 batch.update(stage.handout(arrays, view))
             batch[INDEX_KEY] = slot.ids if owned else slot.ids.copy()
             batch[PADDING_KEY] = slot.padding if owned else slot.padding.copy()
-        if slot.sources is not None:
+        if self._plan.hands_sources:
             batch[SOURCE_KEY] = slot.sources if owned else slot.sources.copy()
         if self.array_type == "torch":  # owned copies: from_numpy shares them, costs no copy
             for key in (INDEX_KEY, PADDING_KEY, SOURCE_KEY):

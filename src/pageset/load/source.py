@@ -1,7 +1,7 @@
 """One opened pageset file as the loader reads it: page access, one stage per loaded field, and its records.
 
-A Loader reads one ``FileSource`` (a file, or a subset of it) or several (a ``Mixture``, through a
-``MixtureReader``); the threads fill batch rows from whichever source a row's sample comes from.
+A Loader reads one ``FileSource`` (a file, or a subset of it) or several (a ``Mixture``, a ``FileSet``), through
+a ``RowReader``; the threads fill batch rows from whichever source a row's sample comes from.
 """
 
 from __future__ import annotations
@@ -150,13 +150,13 @@ def split_cache_pages(cache_pages: int, n_files: int) -> list[int]:
     return [share + (1 if i < extra else 0) for i in range(n_files)]
 
 
-class MixtureReader:
-    """Fills a slot's rows from the files of a Mixture, each row from the file its sample comes from.
+class RowReader:
+    """Fills a slot's rows from the loader's files, each row from the file its sample comes from.
 
-    ``MixtureReader(sources, stages)``: the open FileSources and the stages :func:`check_same_fields` chose.
-    ``fill(arrays, lo, hi, sources, ids, keys, ctx)`` fills rows ``[lo, hi)`` where ``sources`` int16[B] and
-    ``ids`` int64[B] give each row's file and record id (the loader's slot). Results equal filling each row from
-    its own file.
+    ``RowReader(sources, stages)``: the open FileSources and the stages :func:`check_same_fields` chose.
+    ``fill(arrays, lo, hi, sources, ids, keys, ctx)`` fills rows ``[lo, hi)`` where ``sources`` int16[B] (or
+    None: every row from file 0, one call of :meth:`FileSource.fill`) and ``ids`` int64[B] give each row's file and
+    record id (the loader's slot). Results equal filling each row from its own file.
 
     Token files (one field, the same token dtype) are read window by window, in row order, into one staging
     buffer and converted once, as a single file's slice is: with ``page_cache="os"`` and no page verification
@@ -184,6 +184,9 @@ class MixtureReader:
     def fill(self, arrays: list, lo: int, hi: int, sources: np.ndarray, ids: np.ndarray, keys: np.ndarray,
              ctx: dict) -> None:
         """Fill rows ``[lo, hi)`` of a slot's ``arrays``; raises what the files' stages and page sources raise."""
+        if sources is None:  # one file (or a subset of it): the whole slice in one call
+            self.sources[0].fill(arrays, lo, hi, ids[lo:hi], None if keys is None else keys[lo:hi], ctx)
+            return
         if self._windows is not None:
             if lo or hi != sources.shape[0]:
                 sources, ids = sources[lo:hi], ids[lo:hi]

@@ -22,8 +22,9 @@ class Slot:
     arrays: list  # per stage: dict of output key -> buffer
     step: int = -1
     generation: int = -1
-    ids: object = None  # int64[B] record ids
-    sources: object = None  # int16[B] file of each sample (a Mixture), else None
+    ids: object = None  # int64[B] what "_index" shows (record ids; a FileSet's global ids)
+    sources: object = None  # int16[B] file of each row (a Mixture, a FileSet), else None: all rows from file 0
+    read_ids: object = None  # int64[B] record id of each row within its file (ids, except for a FileSet)
     padding: object = None  # bool[B]
     keys: object = None  # uint64[B]
     pending: int = 0

@@ -33,8 +33,17 @@ import numba
 import numpy as np
 
 from .keys import TAG_MIXTURE_SOURCE, key_py
+from .plan import (  # noqa: F401 (refuse_mixture_state: re-exported, its home was here)
+    Member,
+    OrderParams,
+    Plan,
+    PlanBatch,
+    PlanEpoch,
+    PlanSpec,
+    refuse_mixture_state,
+)
 from .shuffle import EpochOrder
-from .state import OrderState, StateError, StateMismatchError
+from .state import OrderState, StateError, StateMismatchError, check_compatible, normalize_cursor
 
 MIXTURE_ALGO = 1  # quotas + EDF schedule + per-source order rules; a new algorithm gets a new number
 RESOLUTION = 10**6  # float weights are resolved to integer quotas summing to (a divisor of) this
@@ -419,19 +428,6 @@ def mixture_state(order: MixtureOrder, dataset_ids, samples_per_epoch: int, stat
     return d
 
 
-def refuse_mixture_state(state, path: str) -> None:
-    """Raise StateMismatchError (field ``"mixture"``) when ``state``, given to the loader of one file ``path``,
-    was saved by a loader reading a Mixture; any other state passes (it is validated as order v1 next)."""
-    if not isinstance(state, Mapping) or "mixture" not in state:
-        return
-    mix = state["mixture"]
-    sources = mix.get("sources") if isinstance(mix, Mapping) else None
-    saved = f"a Mixture of {len(sources)} files" if isinstance(sources, list) else "a Mixture"
-    raise StateMismatchError("mixture", saved, f"one file ({path})",
-                             "The state was saved by a Loader reading a Mixture: resume it with a Loader on the "
-                             "same Mixture (the same files, weights and samples_per_epoch).")
-
-
 def resume_mixture(state, current: dict, order: MixtureOrder, epoch_length: int) -> OrderState:
     """Validate a saved mixture state against the ``current`` loader's (:func:`mixture_state` at 0); returns
     the saved OrderState (for ``check_compatible``).
@@ -480,7 +476,7 @@ def resume_mixture(state, current: dict, order: MixtureOrder, epoch_length: int)
     return saved
 
 
-class Mixture:
+class Mixture(PlanSpec):
     """Several pageset files read as one stream, in fixed proportions.
 
     ``Mixture(sources, weights, *, samples_per_epoch=None)``: sources, a sequence of S >= 1 paths (str or
@@ -518,6 +514,21 @@ class Mixture:
             samples_per_epoch = int(samples_per_epoch)
         self.samples_per_epoch = samples_per_epoch
 
+    optional_fields = True  # a field mapped to None may be missing from some of the files
+
+    @property
+    def paths(self) -> tuple:
+        return self.sources
+
+    def plan(self, members: list[Member], params: OrderParams) -> MixturePlan:
+        """The :class:`MixturePlan` over the opened sources; ValueError naming the file of a source with a
+        positive weight and no records, or (the mixture's epoch) no full step."""
+        for i, (m, q) in enumerate(zip(members, self.quotas)):
+            if q > 0 and m.n_records == 0:
+                raise ValueError(f"{m.path}: source {i} of the mixture has no records but weight "
+                                 f"{self.weights[i]}; give it weight 0 or drop it")
+        return MixturePlan(members, self.quotas, self.samples_per_epoch, params)
+
     @property
     def shares(self) -> tuple[float, ...]:
         """The resolved share of each source, ``q_i / sum(q)``."""
@@ -527,3 +538,51 @@ class Mixture:
     def __repr__(self) -> str:
         return (f"Mixture({[os.fspath(s) for s in self.sources]!r}, weights={list(self.weights)!r}, "
                 f"samples_per_epoch={self.samples_per_epoch!r})")
+
+
+class MixturePlanEpoch(PlanEpoch):
+    """One mixture epoch as a plan's epoch: rows from :class:`MixtureEpoch`, no padding, ``_source`` shown."""
+
+    def __init__(self, epoch: MixtureEpoch):
+        self.view = epoch
+
+    def batch(self, start: int, stop: int) -> PlanBatch:
+        sources, ids = self.view.batch(start, stop)
+        return PlanBatch(sources, ids, np.zeros(stop - start, dtype=bool), ids)
+
+    def file_ids(self, k: int, start: int, stop: int) -> np.ndarray:
+        sources, ids = self.view.lookup(start, stop)
+        return ids[sources == k]
+
+
+class MixturePlan(Plan):
+    """A Mixture's plan (formats/mixture.md section 2): the schedule over the sources' own orders.
+
+    ``MixturePlan(members, quotas, samples_per_epoch, params)``: members, the opened sources; quotas as from
+    :func:`quotas`; samples_per_epoch int or None (the sum of the sources' records). Batches carry ``_source``;
+    the state is :func:`mixture_state`'s, checked on resume by :func:`resume_mixture`.
+    """
+
+    hands_sources = True
+
+    def __init__(self, members: list[Member], quota_values, samples_per_epoch: int | None, params: OrderParams):
+        super().__init__(params)
+        self.source_ids = [m.dataset_id for m in members]
+        self.n_records = samples_per_epoch or sum(m.n_records for m in members)
+        self.order = MixtureOrder(MixtureSchedule(quota_values), [m.page_sizes for m in members], params.seed,
+                                  params.order, params.window_pages)
+        self.path = f"Mixture of {len(members)} files ({', '.join(m.path for m in members)})"
+        self.dataset_id = mixture_id(self.source_ids, self.order.schedule.quotas, self.n_records)
+        self.epoch_length = self._epoch_length()
+
+    def epoch(self, epoch: int) -> PlanEpoch:
+        return MixturePlanEpoch(self.order.epoch(epoch, self.epoch_length))
+
+    def state(self, epoch: int, cursor: int) -> dict:
+        return mixture_state(self.order, self.source_ids, self.n_records, self._order_state(epoch, cursor),
+                             epoch * self.epoch_length + cursor)
+
+    def resume(self, state, world_size: int) -> tuple[int, int]:
+        saved = resume_mixture(state, self.state(0, 0), self.order, self.epoch_length)
+        check_compatible(saved, self._order_state(0, 0), world_size, self.n_records)
+        return normalize_cursor(saved.epoch, saved.cursor, self.epoch_length)

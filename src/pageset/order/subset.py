@@ -28,6 +28,7 @@ import numbers
 
 import numpy as np
 
+from .plan import FileEpoch, FilePlan, OrderParams, PlanEpoch
 from .shuffle import ORDERS, EpochOrder, _as_page_sizes
 
 
@@ -133,3 +134,32 @@ class SubsetOrder:
         """Record ids (of the file) at epoch positions ``[start, stop)``: int64[stop - start]; positions >= n
         wrap as in EpochOrder. Errors as :meth:`EpochOrder.ids`."""
         return self.layout.members[self.virtual.ids(start, stop)]
+
+
+class SubsetPlan(FilePlan):
+    """Order v1 over a subset of one file's records (formats/mixture.md section 1): a :class:`FilePlan` over the
+    subset's virtual page layout, ids mapped to the file's record ids; the state adds the ``subset`` digest.
+
+    ``SubsetPlan(file_page_sizes, indices, dataset_id, params, path)``: file_page_sizes int64[K] records per
+    file page; indices as :func:`as_indices` accepts (checked against the file's N; TypeError / ValueError
+    naming ``path``, the first bad position and, for token files, that the ids are seq_len windows).
+    """
+
+    def __init__(self, file_page_sizes, indices, dataset_id: str, params: OrderParams, path: str):
+        sizes = _as_page_sizes(file_page_sizes)
+        seq_len = params.seq_len
+        try:
+            ids = as_indices(indices, int(sizes.sum()), unit="window" if seq_len else "record")
+        except (TypeError, ValueError) as exc:
+            what = f" (a token file's ids are its seq_len={seq_len} windows)" if seq_len else ""
+            raise type(exc)(f"{path}: {exc}{what}") from None
+        self.layout = SubsetLayout(sizes, ids, params.order)
+        super().__init__(self.layout.page_sizes, dataset_id, params, path)
+
+    def epoch(self, epoch: int) -> PlanEpoch:
+        p = self.params
+        return FileEpoch(EpochOrder(self.layout.page_sizes, p.seed, epoch, p.order, p.window_pages),
+                         self.layout.members)
+
+    def _subset(self) -> str:
+        return self.layout.digest
