@@ -22,7 +22,8 @@ from pageset import Bytes, Int, Loader, merge_datasets, open_dataset, write_data
 from pageset.order import StateError, StateMismatchError
 from pageset.order.manyfile import FileSet, ManyFilePlan
 from pageset.order.mixture import MixturePlan, quotas
-from pageset.order.plan import FilePlan, Member, OneFile, OrderParams, Plan, PlanBatch, PlanEpoch, PlanSpec
+from pageset.order.plan import FilePlan, Member, OrderParams, Plan, PlanBatch, PlanEpoch, PlanSpec
+from pageset.order.subset import OneFile
 from pageset.order.subset import SubsetPlan
 
 ORDERS = ("sequential", "random", "quasi_random")

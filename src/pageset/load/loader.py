@@ -26,7 +26,8 @@ import torch
 from ..format import arguments as check
 from ..order import ORDERS, enable_kernel_cache, rank_positions, resolve_rank, sample_keys
 from ..order.keys import MASK64
-from ..order.plan import Member, OneFile, OrderParams, PlanSpec
+from ..order.plan import Member, OrderParams, PlanSpec
+from ..order.subset import OneFile
 from ..read import Dataset
 from ..read.remote import url_scheme
 from .source import FileSource, RowReader, check_same_fields, split_cache_pages

@@ -16,6 +16,8 @@ a path (OneFile)   :class:`FilePlan` (this module)           order v1 over the f
 ``FileSet``        ``ManyFilePlan`` (``manyfile.py``)        order v1 over the members' concatenated pages
 =================  ========================================  ==============================================
 
+``OneFile`` (a path, or a subset of it) lives in ``subset.py``, which builds on this module.
+
 How a new kind plugs in (one new module, no change to the Loader):
 
 1. a spec, a subclass of :class:`PlanSpec`: ``paths`` (the files to open, in order), ``optional_fields``
@@ -35,7 +37,6 @@ Pure: numpy arrays and ints in, numpy arrays and dicts out; nothing here opens a
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -244,29 +245,3 @@ class FilePlan(Plan):
         saved = OrderState.from_dict(state)
         check_compatible(saved, self._order_state(0, 0, self._subset()), world_size, self.n_records)
         return normalize_cursor(saved.epoch, saved.cursor, self.epoch_length)
-
-
-class OneFile(PlanSpec):
-    """One file (``path``: str or os.PathLike, a local path or URL), or a subset of its records
-    (``indices``, see ``subset.py``): what ``Loader(path)`` and ``Loader(path, indices=...)`` read."""
-
-    def __init__(self, path, indices=None):
-        self.path, self.indices = path, indices
-
-    @property
-    def paths(self) -> tuple:
-        return (self.path,)
-
-    def with_indices(self, indices) -> PlanSpec:
-        return OneFile(self.path, indices)
-
-    def plan(self, members: list[Member], params: OrderParams) -> Plan:
-        (m,) = members
-        if self.indices is None:
-            return FilePlan(m.page_sizes, m.dataset_id, params, m.path)
-        from .subset import SubsetPlan  # subset.py builds on this module
-
-        return SubsetPlan(m.page_sizes, self.indices, m.dataset_id, params, m.path)
-
-    def __repr__(self) -> str:
-        return f"OneFile({os.fspath(self.path)!r})"

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import hashlib
 import numbers
+import os
 
 import numpy as np
 
-from .plan import FileEpoch, FilePlan, OrderParams, PlanEpoch
+from .plan import FileEpoch, FilePlan, Member, OrderParams, Plan, PlanEpoch, PlanSpec
 from .shuffle import ORDERS, EpochOrder, _as_page_sizes
 
 
@@ -163,3 +164,27 @@ class SubsetPlan(FilePlan):
 
     def _subset(self) -> str:
         return self.layout.digest
+
+
+class OneFile(PlanSpec):
+    """One file (``path``: str or os.PathLike, a local path or URL), or a subset of its records
+    (``indices``, see ``subset.py``): what ``Loader(path)`` and ``Loader(path, indices=...)`` read."""
+
+    def __init__(self, path, indices=None):
+        self.path, self.indices = path, indices
+
+    @property
+    def paths(self) -> tuple:
+        return (self.path,)
+
+    def with_indices(self, indices) -> PlanSpec:
+        return OneFile(self.path, indices)
+
+    def plan(self, members: list[Member], params: OrderParams) -> Plan:
+        (m,) = members
+        if self.indices is None:
+            return FilePlan(m.page_sizes, m.dataset_id, params, m.path)
+        return SubsetPlan(m.page_sizes, self.indices, m.dataset_id, params, m.path)
+
+    def __repr__(self) -> str:
+        return f"OneFile({os.fspath(self.path)!r})"
