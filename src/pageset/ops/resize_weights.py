@@ -33,7 +33,7 @@ def resize_taps(extent, out_size):
     return int(math.ceil(BILINEAR_SUPPORT * max(scale, 1.0))) * 2 + 1
 
 
-@numba.njit(nogil=True, inline="always")
+@numba.njit(nogil=True)
 def _triangle(x):
     """Pillow's ``bilinear_filter``: 1 - |x| on (-1, 1), else 0."""
     if x < 0.0:
@@ -80,7 +80,7 @@ def _coeffs(in_size, in0, in1, out_size, taps, bounds, weights):
         bounds[2 * xx + 1] = n
 
 
-@numba.njit(nogil=True, inline="always")
+@numba.njit(nogil=True)
 def _clip8(acc):
     """Pillow's ``clip8``: a 22-bit fixed-point accumulator (with the half already added) -> 0..255."""
     v = acc >> PRECISION_BITS
@@ -91,7 +91,7 @@ def _clip8(acc):
     return v
 
 
-@numba.njit(nogil=True, inline="always")
+@numba.njit(nogil=True)
 def _mac(acc, pixel, weight):
     """acc + pixel * weight in int32: <= 255 * 2**22 * (1 + slack) + 2**21 < 2**31, so it never wraps.
 
