@@ -330,6 +330,16 @@ def version() -> str:
     return pageset.__version__
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return value
+
+
 def cmd_warmup(args) -> int:
     from .load.warmup import cache_dir, warmup  # torch and numba: loaded only for this command
 
@@ -416,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "later processes start without compiling (run it after pip install, e.g. in a Dockerfile). "
                        "The cache is NUMBA_CACHE_DIR when set, else __pycache__ next to pageset's modules "
                        "(when writable), else a user cache folder.")
-    w.add_argument("--num-workers", type=int, default=None,
+    w.add_argument("--num-workers", type=_at_least_one, default=None,
                    help="processes compiling at once (default: min(2, cores); 1: in this process)")
     w.add_argument("--print-cache-dir", action="store_true", help="print where the kernels are cached and exit")
     w.add_argument("--quiet", action="store_true", help="no per-family progress lines")
