@@ -9,7 +9,8 @@ torch, then pageset, builds a Loader (images: RandomResizedCrop(224) + flip + No
 threads, on an ImageNet-like file cut from the real photos on this machine; tokens: TokenWindows(1024), batch
 32, on a 2M-token uint16 file) and takes one batch. Columns: seconds from process start (the parent's clock
 before the spawn: interpreter start-up included), seconds after ``import torch`` returned, CPU seconds of the
-process (user + system, all threads: read this one on a loaded machine), and the pageset kernels numba
+process (user + system, all threads: read these on a loaded machine; whole process and after import torch),
+and the pageset kernels numba
 compiled. "numba alone" is the floor under every warm number: ``import numba`` plus the initialisation of its
 CPU target (what the first cache load triggers), after ``import torch``. ``pageset warmup`` (one run, empty
 cache) is the command a Dockerfile runs to skip the cold rows: wall and CPU seconds of it and its workers.
@@ -41,6 +42,7 @@ import json, resource, sys, time
 kind, path, spawned = sys.argv[1], sys.argv[2], float(sys.argv[3])
 import torch
 t_torch = time.time()
+ru0 = resource.getrusage(resource.RUSAGE_SELF)
 from numba.core import event  # imports numba: inside the "after import torch" interval, as pageset would
 compiled = []
 class Listener(event.Listener):
@@ -65,6 +67,7 @@ t_first = time.time()
 ru = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"since_start_s": t_first - spawned, "after_torch_s": t_first - t_torch,
                   "import_torch_s": t_torch - spawned, "cpu_s": ru.ru_utime + ru.ru_stime,
+                  "cpu_after_torch_s": ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime,
                   "kernels_compiled": len(compiled)}))
 sys.stdout.flush()
 """
@@ -111,7 +114,7 @@ def build_data(tmp: Path) -> dict:
     return {"images": str(images), "tokens": str(tokens), "photos": len(photos)}
 
 
-COLS = ("since_start_s", "after_torch_s", "cpu_s", "kernels_compiled")
+COLS = ("since_start_s", "after_torch_s", "cpu_s", "cpu_after_torch_s", "kernels_compiled")
 
 
 def main() -> None:
@@ -139,11 +142,12 @@ def main() -> None:
           f"median (min-max) of {args.runs} runs\n")
     lines = report.md_table(
         ["pipeline", "kernel cache", "first batch s from process start", "s after import torch",
-         "CPU s (process)", "kernels compiled"],
+         "CPU s (process)", "CPU s after import torch", "kernels compiled"],
         [[n.split()[0] if n != "numba alone" else "numba alone (import + CPU target init)",
           n.split()[1] if n != "numba alone" else "-",
           report.fmt_stats(s["since_start_s"], "{:.2f}") if n != "numba alone" else "-",
           report.fmt_stats(s["after_torch_s"], "{:.2f}"), report.fmt_stats(s["cpu_s"], "{:.1f}"),
+          report.fmt_stats(s["cpu_after_torch_s"], "{:.2f}"),
           report.fmt_stats(s["kernels_compiled"])] for n, s in table.items()])
     print("\n".join(lines))
     if warm_cmd:

@@ -62,17 +62,18 @@ def test_stage_imports_point_one_way():
 # (library binding, DCT-scale arithmetic, decode kernels, crop sampling, resize weights, resize passes) and
 # depends only on the stages below it; the facades (jpeg, image) and the fused slice kernel sit on top.
 OPS_LAYERS = {
+    "kernel_cache": set(),  # the on-disk cache switch, used by each stage's prepare()
     "turbo": set(),  # libjpeg-turbo's symbols for kernels
     "jpeg_scale": {"turbo"},  # DCT scale, region and scratch arithmetic
     "jpeg_kernels": {"turbo", "jpeg_scale"},  # jpeg_info / jpeg_decode
-    "jpeg": {"turbo", "jpeg_scale", "jpeg_kernels"},  # JpegDecoder, prepare(); re-exports the kernels
+    "jpeg": {"turbo", "jpeg_scale", "jpeg_kernels", "kernel_cache"},  # JpegDecoder, prepare(); re-exports the kernels
     "crop": set(),  # crop boxes and flips (order.keys only)
     "resize_weights": set(),  # Pillow's fixed-point filter weights
     "resize": {"resize_weights"},  # the resize -> flip -> normalize kernel
     "image": {"crop", "resize", "resize_weights"},  # value tables; re-exports crop and resize
-    "image_batch": {"jpeg", "jpeg_kernels", "jpeg_scale", "crop", "resize", "resize_weights"},
-    "spans": set(),
-    "tokens": {"spans"},  # token windows read with spans.pread_full
+    "image_batch": {"jpeg", "jpeg_kernels", "jpeg_scale", "crop", "resize", "resize_weights", "kernel_cache"},
+    "spans": {"kernel_cache"},
+    "tokens": {"spans", "kernel_cache"},  # token windows read with spans.pread_full
     "transforms": set(),
 }
 

@@ -113,7 +113,7 @@ def test_warmup_refuses_a_bad_worker_count(capsys, value):
 
 
 def test_warmup_function_refuses_a_bad_worker_count():
-    from pageset.load.warmup import warmup
+    from pageset.warmup import warmup
 
     with pytest.raises(ValueError, match="num_workers must be an int >= 1"):
         warmup(0)

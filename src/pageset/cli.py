@@ -341,7 +341,7 @@ def _at_least_one(text: str) -> int:
 
 
 def cmd_warmup(args) -> int:
-    from .load.warmup import cache_dir, warmup  # torch and numba: loaded only for this command
+    from .warmup import cache_dir, warmup  # torch and numba: loaded only for this command
 
     if args.print_cache_dir:
         print(cache_dir() or "none (no writable cache location: kernels compile in each process)")

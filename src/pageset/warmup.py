@@ -45,9 +45,9 @@ def _make_data(folder: str) -> dict:
     import numpy as np
     from PIL import Image
 
-    from ..format.fields import Int, RGBImage
-    from ..write import write_dataset
-    from ..write.tokens import write_tokens
+    from .format.fields import Int, RGBImage
+    from .write import write_dataset
+    from .write.tokens import write_tokens
 
     rng = np.random.default_rng(0)
     root = os.path.join(folder, "photos")
@@ -72,7 +72,7 @@ def _batches(loader) -> None:
 
 def run_family(name: str, paths: dict) -> None:
     """Pull one batch through each Loader configuration of family ``name`` (one of :data:`FAMILIES`)."""
-    from ..ops.transforms import (
+    from .ops.transforms import (
         CenterCrop,
         Normalize,
         RandomHorizontalFlip,
@@ -81,8 +81,8 @@ def run_family(name: str, paths: dict) -> None:
         ToTensor,
         ToTorchImage,
     )
-    from ..order.mixture import Mixture
-    from .loader import Loader
+    from .order.mixture import Mixture
+    from .load.loader import Loader
 
     if name.startswith("images-"):
         dtype = name.split("-")[1]
@@ -114,7 +114,7 @@ def cache_dir() -> str | None:
     None: no writable location, nothing is kept."""
     import numba
 
-    from ..ops import image_batch, kernel_cache
+    from .ops import image_batch, kernel_cache
 
     image_batch.prepare()
     where = kernel_cache.cache_dir(image_batch)
@@ -129,7 +129,7 @@ def warmup(num_workers: int | None = None, log=None) -> WarmupResult:
     Returns a :class:`WarmupResult`. Raises ValueError on a bad ``num_workers``, and whatever a family raises
     (e.g. :class:`pageset.ops.turbo.TurboJpegNotFoundError` without libjpeg-turbo).
     """
-    from ..format import arguments as check
+    from .format import arguments as check
 
     num_workers = check.integer("num_workers", num_workers, minimum=1, optional=True)
     if num_workers is None:
