@@ -165,3 +165,15 @@ def test_local_loader_does_not_import_fsspec(tmp_path):
         "assert 'fsspec' not in sys.modules, 'fsspec imported for a local path'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_facade_loads_the_writers_on_first_use():
+    """``import pageset`` (what a Loader-only process pays before the Loader) leaves the writers and Pillow out;
+    the writer names still resolve, from their own modules."""
+    code = ("import sys, pageset; assert 'pageset.write' not in sys.modules and 'PIL' not in sys.modules, "
+            "sorted(m for m in sys.modules if m.startswith(('pageset.write', 'PIL')));"
+            "from pageset import write_dataset, write_tokens, merge_datasets, import_nanogpt, ImageFolder;"
+            "assert write_dataset.__module__ == 'pageset.write.writer', write_dataset.__module__;"
+            "assert write_tokens.__module__ == 'pageset.write.tokens', write_tokens.__module__;"
+            "assert merge_datasets.__module__ == 'pageset.merge'")
+    subprocess.run([sys.executable, "-c", code], check=True)

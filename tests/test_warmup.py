@@ -119,3 +119,24 @@ def test_warmup_function_refuses_a_bad_worker_count():
         warmup(0)
     with pytest.raises(TypeError, match="num_workers must be an int"):
         warmup("2")
+
+
+HELPERS = r"""
+import sys
+from pageset.ops import image_batch, jpeg_scale
+image_batch.prepare()
+print(jpeg_scale.scale_region(640, 480, 10, 20, 300, 200, 1, 2))
+"""
+
+
+@needs_jit
+def test_the_helpers_a_kernel_calls_are_cached_too(tmp_path):
+    """A kernel's callees (here scaled_size, called by scale_region) get their own cache entries: another
+    process compiling another caller of them loads them instead of compiling them again."""
+    cache = tmp_path / "c"
+    r = subprocess.run([sys.executable, "-c", HELPERS], env=_env(cache), capture_output=True, text=True,
+                       timeout=600, check=True)
+    # 640 x 480 at 1/2 is 320 x 240; the region [10, 310) x [20, 220) -> [5, 155) x [10, 110)
+    assert r.stdout.strip() == "(5, 10, 150, 100)"
+    names = {p.name.split("-")[0] for p in cache.rglob("*.nbi")}
+    assert {"jpeg_scale.scale_region", "jpeg_scale.scaled_size"} <= names, names
