@@ -33,6 +33,9 @@ def resize_taps(extent, out_size):
     return int(math.ceil(BILINEAR_SUPPORT * max(scale, 1.0))) * 2 + 1
 
 
+# The small helpers here and in resize.py are plain @njit functions, not inline="always": LLVM inlines them all
+# the same (no call left in the fused kernel's machine code, the same vector instructions), while numba's own
+# IR-level inlining cost ~1.3 of ~6 CPU seconds compiling the resize kernel.
 @numba.njit(nogil=True)
 def _triangle(x):
     """Pillow's ``bilinear_filter``: 1 - |x| on (-1, 1), else 0."""
