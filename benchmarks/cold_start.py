@@ -151,8 +151,9 @@ def main() -> None:
           report.fmt_stats(s["kernels_compiled"])] for n, s in table.items()])
     print("\n".join(lines))
     if warm_cmd:
-        print(f"\n`pageset warmup` on an empty cache: {warm_cmd['wall_s']:.1f} s wall, {warm_cmd['cpu_s']:.1f} CPU s "
-              "(it and its worker processes)")
+        print("\n" + "\n".join(report.md_table(
+            ["command (empty cache, 1 run)", "wall s", "CPU s (it and its worker processes)"],
+            [["`pageset warmup`", f"{warm_cmd['wall_s']:.1f}", f"{warm_cmd['cpu_s']:.1f}"]])))
     med = {n: {c: s[c]["median"] for c in COLS} for n, s in table.items()}
     cpu_note = (f"CPU {med['images cold']['cpu_s']:.1f} s (images) / {med['tokens cold']['cpu_s']:.1f} s (tokens), "
                 f"load average {load[0]:.2f} on {os.cpu_count()} cores")
@@ -171,8 +172,8 @@ def main() -> None:
                       higher_is_better=False),
     ]
     result = {"benchmark": "cold_start", "settings": vars(args),
-              "data": {"images": "128 ImageNet-like JPEGs (long side 400-512, q90) cut from "
-                                 f"{data['photos']} real photos", "tokens": "2,000,000 uint16 tokens"},
+              "data": {"images": f"128 JPEGs, side 400-512, q90, from {data['photos']} photos",
+                       "tokens": "2,000,000 uint16 tokens"},
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_end": load},
               "rows": rows, "table": table, "warmup_command": warm_cmd, "targets": targets}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
