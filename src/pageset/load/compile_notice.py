@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 import threading
 
-# measured (benchmarks/cold_start.py): ~15 CPU seconds before the first image batch of a fresh cache (one image
-# pipeline; each more output dtype ~10 more), ~2 s for tokens; 20-60 s of wall time on 2 loaded cores
+# measured (benchmarks/cold_start.py, README "Start-up"): ~13 CPU seconds after import torch before the first
+# image batch of a fresh cache, ~2 s for tokens; 20-60 s of wall time on 2 loaded cores
 COMPILE_SECONDS = "up to ~20 s per image pipeline on 2 idle cores, more under load"
 
 _lock = threading.Lock()
