@@ -62,18 +62,20 @@ def test_stage_imports_point_one_way():
 # (library binding, DCT-scale arithmetic, decode kernels, crop sampling, resize weights, resize passes) and
 # depends only on the stages below it; the facades (jpeg, image) and the fused slice kernel sit on top.
 OPS_LAYERS = {
+    "kernel_cache": set(),  # the on-disk cache switch, used by each stage's prepare()
     "turbo": set(),  # libjpeg-turbo's symbols for kernels
     "jpeg_scale": {"turbo"},  # DCT scale, region and scratch arithmetic
     "jpeg_kernels": {"turbo", "jpeg_scale"},  # jpeg_info / jpeg_decode
-    "jpeg": {"turbo", "jpeg_scale", "jpeg_kernels"},  # JpegDecoder, prepare(); re-exports the kernels
+    "jpeg": {"turbo", "jpeg_scale", "jpeg_kernels", "kernel_cache"},  # JpegDecoder, prepare(); re-exports the kernels
     "crop": set(),  # crop boxes and flips (order.keys only)
     "resize_weights": set(),  # Pillow's fixed-point filter weights
     "resize": {"resize_weights"},  # the resize -> flip -> normalize kernel
     "resize_fast": {"resize", "resize_weights"},  # the fast resize mode (reuses the exact kernel's checks)
     "image": {"crop", "resize", "resize_weights"},  # value tables; re-exports crop and resize
-    "image_batch": {"jpeg", "jpeg_kernels", "jpeg_scale", "crop", "resize", "resize_fast", "resize_weights"},
-    "spans": set(),
-    "tokens": {"spans"},  # token windows read with spans.pread_full
+    "image_batch": {"jpeg", "jpeg_kernels", "jpeg_scale", "crop", "resize", "resize_fast", "resize_weights",
+                    "kernel_cache"},
+    "spans": {"kernel_cache"},
+    "tokens": {"spans", "kernel_cache"},  # token windows read with spans.pread_full
     "transforms": set(),
 }
 
@@ -215,3 +217,15 @@ def test_no_import_cycles():
                     seen.add(dep)
                     stack.append((dep, chain + [dep]))
     assert not cycles, cycles
+
+
+def test_the_facade_loads_the_writers_on_first_use():
+    """``import pageset`` (what a Loader-only process pays before the Loader) leaves the writers and Pillow out;
+    the writer names still resolve, from their own modules."""
+    code = ("import sys, pageset; assert 'pageset.write' not in sys.modules and 'PIL' not in sys.modules, "
+            "sorted(m for m in sys.modules if m.startswith(('pageset.write', 'PIL')));"
+            "from pageset import write_dataset, write_tokens, merge_datasets, import_nanogpt, ImageFolder;"
+            "assert write_dataset.__module__ == 'pageset.write.writer', write_dataset.__module__;"
+            "assert write_tokens.__module__ == 'pageset.write.tokens', write_tokens.__module__;"
+            "assert merge_datasets.__module__ == 'pageset.merge'")
+    subprocess.run([sys.executable, "-c", code], check=True)

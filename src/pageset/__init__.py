@@ -9,8 +9,8 @@ Public API::
     from pageset import Loader, RandomResizedCrop, RandomHorizontalFlip, Normalize, ToTensor, ToDevice
     loader = Loader("train.pageset", batch_size=256, pipelines={"image": [RandomResizedCrop(224), ...]})
 
-The loader names (``Loader``, the ops, ``ToDevice``) import torch and numba, so they load on first use:
-``import pageset`` alone stays light for the writer and the CLI.
+The loader names (``Loader``, the ops, ``ToDevice``) import torch and numba, and the writers Pillow and the
+encoders, so both load on first use: ``import pageset`` alone stays light (format and reader only).
 """
 
 from .format import (
@@ -33,22 +33,25 @@ from .format import (
     UnsupportedVersionError,
 )
 from .format.fields import Tokens
-from .merge import merge_datasets
 from .read import Dataset, EncodedImage, open_dataset, open_tokens
 from .read.tokens import TokenDataset
-from .write import (
-    ImageFolder,
-    ImageList,
-    ParquetSource,
-    SampleError,
-    WebDatasetSource,
-    WriteResult,
-    write_dataset,
-)
-from .write.importers import import_llmc, import_megatron, import_nanogpt
-from .write.tokens import TokenWriteResult, write_tokens
 
+# Loaded on first use: the writers (Pillow, the encoders; ~0.2 s a Loader-only process never needs) and the
+# loader names (torch, numba).
 _LAZY = {
+    "ImageFolder": "pageset.write",
+    "ImageList": "pageset.write",
+    "ParquetSource": "pageset.write",
+    "SampleError": "pageset.write",
+    "WebDatasetSource": "pageset.write",
+    "WriteResult": "pageset.write",
+    "write_dataset": "pageset.write",
+    "import_llmc": "pageset.write.importers",
+    "import_megatron": "pageset.write.importers",
+    "import_nanogpt": "pageset.write.importers",
+    "TokenWriteResult": "pageset.write.tokens",
+    "write_tokens": "pageset.write.tokens",
+    "merge_datasets": "pageset.merge",
     "gather_windows": "pageset.ops.tokens",
     "document_outputs": "pageset.ops.tokens",
     "Loader": "pageset.load",

@@ -1,4 +1,4 @@
-"""The pageset command line: convert, convert-text, merge, inspect, verify, clean.
+"""The pageset command line: convert, convert-text, merge, inspect, verify, clean, warmup.
 
     pageset convert train.pageset PHOTOS/ --max-resolution 512 --encoding jpeg --num-workers 8
     pageset convert train.pageset files.txt          # one image path per line, optionally "<path>\\t<label>"
@@ -12,6 +12,7 @@
     pageset clean train.pageset                      # temp files and shards of killed writes
     pageset verify train/                            # a many-file dataset: its folder (or URL prefix)
     pageset clean train/                             # members a killed many-file write left (not in the manifest)
+    pageset warmup                                   # compile the Loader's kernels into the cache (Dockerfile RUN)
 
 The output comes first in every command that writes a file (as in every Python writer: write_dataset(path,
 source, ...)); the old ``pageset convert SOURCE OUTPUT`` order still works, with a deprecation message.
@@ -429,6 +430,33 @@ def version() -> str:
     return pageset.__version__
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return value
+
+
+def cmd_warmup(args) -> int:
+    from .warmup import cache_dir, warmup  # torch and numba: loaded only for this command
+
+    if args.print_cache_dir:
+        print(cache_dir() or "none (no writable cache location: kernels compile in each process)")
+        return 0
+    print(f"pageset warmup: compiling the Loader's Numba kernels into {cache_dir() or 'no cache'} ...",
+          flush=True)
+    res = warmup(args.num_workers, log=None if args.quiet else print)
+    if res.cache_dir is None:
+        print("pageset warmup: numba found no writable cache location, so nothing was kept; set NUMBA_CACHE_DIR "
+              "to a writable folder (the same one for training)", file=sys.stderr)
+        return 1
+    print(f"pageset warmup: done in {res.seconds:.1f} s; kernels cached in {res.cache_dir}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     head, _, examples = __doc__.partition("\n")
     p = argparse.ArgumentParser(prog="pageset", description=head, epilog="examples:\n" + examples.strip("\n"),
@@ -495,6 +523,16 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("path", help="a pageset file or URL (s3://bucket/key, https://...), or a many-file dataset's folder")
     v.add_argument("--storage-options", default=None, help="JSON object for the URL's fsspec filesystem")
     v.set_defaults(func=cmd_verify)
+    w = sub.add_parser("warmup", help="compile the Loader's Numba kernels into the on-disk cache, then exit",
+                       description="Compile every Numba kernel the Loader uses into numba's on-disk cache, so that "
+                       "later processes start without compiling (run it after pip install, e.g. in a Dockerfile). "
+                       "The cache is NUMBA_CACHE_DIR when set, else __pycache__ next to pageset's modules "
+                       "(when writable), else a user cache folder.")
+    w.add_argument("--num-workers", type=_at_least_one, default=None,
+                   help="processes compiling at once (default: min(2, cores); 1: in this process)")
+    w.add_argument("--print-cache-dir", action="store_true", help="print where the kernels are cached and exit")
+    w.add_argument("--quiet", action="store_true", help="no per-family progress lines")
+    w.set_defaults(func=cmd_warmup)
     return p
 
 

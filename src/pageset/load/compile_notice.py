@@ -13,9 +13,9 @@ from __future__ import annotations
 import sys
 import threading
 
-# measured (README, "The two commands"): 21-23 s before the first image batch on 2 cores at load 3; the demo's
-# first run 32 s idle, 59 s at load 10
-COMPILE_SECONDS = "20-60 s on 2 cores, more under load"
+# measured (benchmarks/cold_start.py, README "Start-up"): ~13 CPU seconds after import torch before the first
+# image batch of a fresh cache, ~2 s for tokens; 20-60 s of wall time on 2 loaded cores
+COMPILE_SECONDS = "up to ~20 s per image pipeline on 2 idle cores, more under load"
 
 _lock = threading.Lock()
 _listener = None
@@ -44,7 +44,8 @@ def announce_compiles() -> None:
                 if module.startswith("pageset."):
                     self.printed = True
                     print(f"pageset: compiling the Numba kernels (once after an install or an upgrade: "
-                          f"{COMPILE_SECONDS}; cached on disk for later processes)", file=sys.stderr, flush=True)
+                          f"{COMPILE_SECONDS}; cached on disk for later processes; `pageset warmup` does it ahead "
+                          f"of time)", file=sys.stderr, flush=True)
 
             def on_end(self, ev):
                 pass

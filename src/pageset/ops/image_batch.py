@@ -6,11 +6,12 @@ slice of a batch, so Python runs once per slice and the GIL is released for the 
 from __future__ import annotations
 
 import functools
+import sys
 
 import numba
 
 from pageset.format.constants import ENCODING_RAW
-from pageset.ops import jpeg, jpeg_kernels, jpeg_scale
+from pageset.ops import crop, jpeg, jpeg_kernels, jpeg_scale, kernel_cache, resize, resize_weights
 from pageset.ops.crop import center_crop_box, random_flip, random_resized_crop_box
 from pageset.ops.resize import resize_crop_flip_normalize, resize_scratch_size
 from pageset.ops.resize_fast import fast_scratch_size, resize_fast
@@ -124,11 +125,7 @@ def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flip
 
 @functools.cache
 def prepare() -> None:
-    """Load libjpeg-turbo and enable the on-disk cache of the slice kernel (run time, never at import)."""
+    """Load libjpeg-turbo and enable the on-disk cache of the slice kernels and every kernel they call (run
+    time, never at import)."""
     jpeg.prepare()
-    if not numba.config.DISABLE_JIT:
-        for kernel in (plan_slice, image_slice):
-            try:
-                kernel.enable_caching()
-            except RuntimeError:  # no writable cache location: compile in each process
-                pass
+    kernel_cache.enable(sys.modules[__name__], crop, resize, resize_weights, sys.modules[resize_fast.__module__])

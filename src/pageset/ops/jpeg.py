@@ -14,10 +14,9 @@ from __future__ import annotations
 import functools
 import threading
 
-import numba
 import numpy as np
 
-from pageset.ops import turbo
+from pageset.ops import jpeg_kernels, jpeg_scale, kernel_cache, turbo
 from pageset.ops.jpeg_kernels import (  # noqa: F401  (re-exported)
     ERR_DATA,
     ERR_EMPTY,
@@ -47,8 +46,6 @@ from pageset.ops.jpeg_scale import (  # noqa: F401  (re-exported)
     window_bytes,
 )
 
-# Kernels whose compiled code is cached on disk once the library is loaded (see prepare()).
-_KERNELS = (jpeg_info, jpeg_decode, choose_scale, scale_region, scratch_size)
 _PREPARE_LOCK = threading.Lock()  # worker threads may create their decoders at the same moment
 
 
@@ -66,12 +63,7 @@ def prepare() -> turbo.TurboJpegLibrary:
 @functools.cache
 def _prepare_once() -> turbo.TurboJpegLibrary:
     lib = turbo.load_library()
-    if not numba.config.DISABLE_JIT:
-        for kernel in _KERNELS:
-            try:
-                kernel.enable_caching()
-            except RuntimeError:  # "cannot cache function ...: no locator available" (read-only install)
-                pass
+    kernel_cache.enable(jpeg_kernels, jpeg_scale, turbo)
     return lib
 
 

@@ -111,7 +111,7 @@ def _pad_taps(bounds, weights, taps, out_size, in_size):
     return nmax
 
 
-@numba.njit(nogil=True, inline="always")
+@numba.njit(nogil=True)
 def _tap2(a, b, j, k, a0, a1, a2, b0, b1, b2):
     """One tap of weight k at byte j on two rows: six multiply-adds (RGB of row a and row b)."""
     return (_mac(a0, a[j], k), _mac(a1, a[j + 1], k), _mac(a2, a[j + 2], k),

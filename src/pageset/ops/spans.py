@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 
 import numba
 import numpy as np
 from numba import types
+
+from pageset.ops import kernel_cache
 
 if numba.config.DISABLE_JIT:
 
@@ -105,9 +108,4 @@ def copy_spans(src, src_starts, lens, dst, dst_starts):
 @functools.cache
 def prepare() -> None:
     """Enable the on-disk cache of this module's kernels (run time, never at import; idempotent)."""
-    if not numba.config.DISABLE_JIT:
-        try:
-            for kernel in (copy_spans, pread_spans, pread_full):
-                kernel.enable_caching()
-        except RuntimeError:  # no writable cache location: compile in each process
-            pass
+    kernel_cache.enable(sys.modules[__name__])

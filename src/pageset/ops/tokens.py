@@ -27,12 +27,14 @@ Document outputs (``position_ids``, ``doc_ids``, ``cu_seqlens``, ``labels``) are
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import dataclass
 
 import numba
 import numpy as np
 
 from ..format.errors import plural
+from . import kernel_cache, spans
 from .spans import pread_full
 
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
@@ -204,14 +206,9 @@ def unpin_pages(page_slot, pins, pages):
 
 @functools.cache
 def prepare() -> None:
-    """Enable the on-disk cache of this module's kernel (run time, never at import; idempotent)."""
-    if not numba.config.DISABLE_JIT:
-        try:
-            for kernel in (split_windows, pread_windows, pread_mixed_windows, pin_windows, copy_windows,
-                           unpin_pages):
-                kernel.enable_caching()
-        except RuntimeError:  # no writable cache location: compile in each process
-            pass
+    """Enable the on-disk cache of this module's kernels and the span kernels they call (run time, never at
+    import; idempotent)."""
+    kernel_cache.enable(sys.modules[__name__], spans)
 
 
 def segment_starts(inputs: np.ndarray, eos_id: int) -> np.ndarray:

@@ -41,7 +41,7 @@ def key_py(seed: int, epoch: int, tag: int, i: int) -> int:
     return splitmix64_py(h ^ (i & MASK64))
 
 
-@numba.njit(nogil=True, inline="always")
+@numba.njit(nogil=True)
 def splitmix64(x):
     """Numba twin of :func:`splitmix64_py`: ``x`` uint64 -> uint64 (wrapping arithmetic)."""
     z = numba.uint64(x) + numba.uint64(GOLDEN)
@@ -78,7 +78,7 @@ def sample_keys(seed: int, epoch: int, positions: np.ndarray, out: np.ndarray | 
     return out
 
 
-@numba.njit(nogil=True, inline="always")
+@numba.njit(nogil=True)
 def uniform(k, counter):
     """A float64 in [0, 1) from key ``k`` (uint64) and draw number ``counter``: 53 high bits of one mix."""
     z = splitmix64(numba.uint64(k) ^ (numba.uint64(counter) * numba.uint64(GOLDEN)))
@@ -118,7 +118,7 @@ def key_base(seed, epoch, tag):
     return splitmix64(h ^ numba.uint64(tag))
 
 
-@numba.njit(nogil=True, inline="always")
+@numba.njit(nogil=True)
 def key_step(base, i):
     """Numba twin of :func:`key_step_py`; ``base`` and ``i`` cast to uint64, returns uint64."""
     return splitmix64(numba.uint64(base) ^ numba.uint64(i))
@@ -147,7 +147,7 @@ def randbelow_py(k: int, n: int) -> int:
     return m >> 64
 
 
-@numba.njit(nogil=True, inline="always")
+@numba.njit(nogil=True)
 def _mul_hi_lo(a, b):
     """The 128-bit product of uint64 ``a`` and ``b`` as (high, low) uint64 words (schoolbook on 32-bit
     halves: Numba has no 128-bit integer)."""
@@ -166,7 +166,7 @@ def _mul_hi_lo(a, b):
     return hi, a * b
 
 
-@numba.njit(nogil=True, inline="always")
+@numba.njit(nogil=True)
 def randbelow(k, n):
     """Numba twin of :func:`randbelow_py`: ``k`` and ``n`` cast to uint64 (n >= 1, not checked here: the
     callers pass sizes >= 1), returns uint64 in [0, n)."""
