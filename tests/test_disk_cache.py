@@ -159,3 +159,101 @@ def test_a_reclaim_between_create_and_lock_does_not_lose_the_page(tmp_path, monk
     assert raced == [1]  # the reclaimer did delete the unlocked temp file
     assert (tmp_path / "ds" / "0.page").read_bytes() == page.tobytes()
     assert not list((tmp_path / "ds").glob("*.tmp"))
+
+
+# ---- DiskPageCache on its own (issue 18: the mutants of load/disk_cache.py), expectations counted by hand ----------
+
+def _page(k: int) -> np.ndarray:
+    return np.full(PAGE, k % 251, dtype=np.uint8)
+
+
+class _Fetch:
+    """fetch(a, b) that records its calls and returns pages of known bytes."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, a, b):
+        self.calls.append((a, b))
+        return [_page(k) for k in range(a, b)]
+
+
+def test_a_run_fetches_only_the_missing_pages_in_contiguous_requests(tmp_path):
+    cache = DiskPageCache(tmp_path, "ds", None, 100 * PAGE, PAGE)
+    fetch = _Fetch()
+    cache.get_run(2, 3, fetch)
+    cache.get_run(5, 6, fetch)
+    assert fetch.calls == [(2, 3), (5, 6)] and (cache.hits, cache.misses) == (0, 2)
+    got = cache.get_run(0, 8, fetch)  # on disk: 2 and 5 -> requests [0, 2), [3, 5), [6, 8)
+    assert fetch.calls[2:] == [(0, 2), (3, 5), (6, 8)]
+    assert sorted(got) == list(range(8)) and all(got[k].tobytes() == _page(k).tobytes() for k in range(8))
+    assert (cache.hits, cache.misses, cache.evicted) == (2, 8, 0)
+    again = cache.get_run(0, 8, lambda a, b: pytest.fail(f"pages [{a}, {b}) are on disk"))
+    assert all(again[k].tobytes() == _page(k).tobytes() for k in range(8)) and cache.hits == 10
+    names = sorted(p.name for p in (tmp_path / "ds").iterdir())
+    assert names == sorted([f"{k}.page" for k in range(8)] + ["locks"])
+    mode = (tmp_path / "ds" / "0.page").stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o644 & ~umask
+    assert sorted(p.name for p in (tmp_path / "ds" / "locks").iterdir()) == [f"{k}.lock" for k in range(8)]
+
+
+def test_a_damaged_page_on_disk_is_fetched_again(tmp_path):
+    crcs = np.array([zlib.crc32(_page(k).tobytes()) for k in range(3)], dtype=np.uint32)
+    cache = DiskPageCache(tmp_path, "ds", crcs, 100 * PAGE, PAGE)
+    (tmp_path / "ds" / "1.page").write_bytes(_page(7).tobytes())  # wrong bytes under page 1's name
+    (tmp_path / "ds" / "2.page").write_bytes(_page(2).tobytes()[:100])  # torn
+    (tmp_path / "ds" / "0.page").write_bytes(_page(0).tobytes())  # good
+    fetch = _Fetch()
+    got = cache.get_run(0, 3, fetch)
+    assert fetch.calls == [(1, 3)] and (cache.hits, cache.misses) == (1, 2)
+    for k in range(3):
+        assert got[k].tobytes() == _page(k).tobytes() == (tmp_path / "ds" / f"{k}.page").read_bytes()
+
+
+def test_the_bound_evicts_least_recently_used_pages_down_to_90_percent(tmp_path):
+    """Bound 10 pages: nothing goes while the folder holds <= 10 pages; the 11th page evicts down to 9 pages
+    (the 2 least recently used), a hit makes its page the most recently used."""
+    cache = DiskPageCache(tmp_path, "ds", None, 10 * PAGE, PAGE)
+    fetch = _Fetch()
+    for k in range(10):
+        cache.get_run(k, k + 1, fetch)
+    assert cache.evicted == 0 and cache._size == 10 * PAGE
+    cache.get_run(0, 1, fetch)  # a hit: page 0 is now the newest
+    cache.get_run(10, 11, fetch)
+    on_disk = sorted(int(p.stem) for p in (tmp_path / "ds").glob("*.page"))
+    assert on_disk == [0] + list(range(3, 11)) and cache.evicted == 2 and cache._size == 9 * PAGE
+    cache.get_run(11, 12, fetch)  # 10 pages: at the bound, not past it
+    assert cache.evicted == 2
+    cache.get_run(12, 14, fetch)  # 12 pages: down to 9 (3 go: 3, 4, 5)
+    on_disk = sorted(int(p.stem) for p in (tmp_path / "ds").glob("*.page"))
+    assert on_disk == [0] + list(range(6, 14)) and cache.evicted == 5 and cache._size == 9 * PAGE
+    reopened = DiskPageCache(tmp_path, "ds", None, 10 * PAGE, PAGE)  # the size is scanned from the folder
+    assert reopened._size == 9 * PAGE and reopened.reclaimed == 0
+
+
+def test_dead_temp_files_are_reclaimed_and_counted_until_then(tmp_path):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    for name in (".1.99.aa.tmp", ".2.99.bb.tmp"):  # left by writers that died (no lock held)
+        (folder / name).write_bytes(bytes(PAGE))
+    (folder / "4.page").write_bytes(bytes(100))
+    (folder / "notes.txt").write_bytes(bytes(1000))  # neither a page nor a temp file: not counted
+    cache = DiskPageCache(tmp_path, "ds", None, 10 * PAGE, PAGE)
+    assert cache.reclaimed == 2 and cache._size == 100
+    assert sorted(p.name for p in folder.iterdir()) == ["4.page", "locks", "notes.txt"]
+
+
+def test_the_cache_folder_errors_name_the_folder(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"x")
+    with pytest.raises(NotADirectoryError) as info:
+        DiskPageCache(blocker, "ds", None, PAGE, PAGE)
+    assert str(info.value).startswith(f"cache_dir {str(blocker)!r} is not a folder (it or a folder above it is a file")
+    assert str(info.value).endswith("pass cache_dir= a folder path (created if missing)")
+    with pytest.raises(ValueError) as info:
+        DiskPageCache(tmp_path, "ds", None, 3 * PAGE - 1, 3 * PAGE)
+    assert str(info.value) == ("cache_limit_bytes=12,287 is smaller than one page of this dataset (12,288 bytes): "
+                               "every page would be written and deleted at once; pass cache_limit_bytes >= 12,288 "
+                               "(several pages: at least the pages of the steps in flight) or no cache_dir")
