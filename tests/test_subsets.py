@@ -215,6 +215,11 @@ def test_token_windows_subset(tmp_path):
     (np.array([0, 2**63 + 5, 10], dtype=np.uint64), ValueError,
      f"indices[1] = {2**63 + 5} is outside [0, 10) (the file has 10 records)"),
     (np.array([0, 9, 12], dtype=np.uint16), ValueError, "indices[2] = 12 is outside [0, 10) (the file has 10 records)"),
+    # Python ints (object arrays, huge values): the first bad position, 0 and n - 1 allowed
+    (np.array([0, 9, 10, 2**70], dtype=object), ValueError,
+     "indices[2] = 10 is outside [0, 10) (the file has 10 records)"),
+    (np.array([0, 9, -2, 2**70], dtype=object), ValueError,
+     "indices[2] = -2 is outside [0, 10) (the file has 10 records)"),
 ])
 def test_as_indices_messages_in_full(bad, exc, message):
     with pytest.raises(exc) as info:
@@ -232,7 +237,8 @@ def test_as_indices_names_the_argument_and_the_unit():
 
 
 @pytest.mark.parametrize("given", [[9, 0, 4], np.array([9, 0, 4], dtype=np.uint64), [np.int8(9), 0, np.uint32(4)],
-                                   np.array([9, 0, 4], dtype=np.int32)[::1], np.array([9, 9, 0, 0, 4, 4])[::2]])
+                                   np.array([9, 0, 4], dtype=np.int32)[::1], np.array([9, 9, 0, 0, 4, 4])[::2],
+                                   np.array([9, 0, 4], dtype=object), [np.int64(9), 0, 4]])
 def test_as_indices_returns_contiguous_int64(given):
     got = as_indices(given, 10)
     assert got.dtype == np.int64 and got.flags.c_contiguous and got.tolist() == [9, 0, 4]
@@ -257,6 +263,7 @@ def test_subset_layout_groups_by_file_page_keeping_the_given_order():
     assert q.page_sizes.tolist() == [3, 1, 3, 2] and q.page_sizes.dtype == np.int64
     assert q.members.tolist() == [0, 2, 0, 3, 4, 7, 4, 9, 8]
     assert q.n_records == 9 and q.digest == subset_digest(ids) and not q.members.flags.writeable
+    assert SubsetLayout(sizes, ids.astype(np.int32), "random").members.dtype == np.int64
     for order in ("sequential", "random"):
         lay = SubsetLayout(sizes, ids, order)
         assert lay.page_sizes.tolist() == [9] and lay.members.tolist() == ids.tolist()
