@@ -257,3 +257,136 @@ def test_the_cache_folder_errors_name_the_folder(tmp_path):
     assert str(info.value) == ("cache_limit_bytes=12,287 is smaller than one page of this dataset (12,288 bytes): "
                                "every page would be written and deleted at once; pass cache_limit_bytes >= 12,288 "
                                "(several pages: at least the pages of the steps in flight) or no cache_dir")
+
+
+def _hold(cache_dir: Path, stripe: int) -> int:
+    """An exclusive flock on the lock file of ``stripe`` through a descriptor of our own (another process' lock,
+    to the cache: flocks of two open file descriptions conflict even within one process)."""
+    (cache_dir / "ds" / "locks").mkdir(parents=True, exist_ok=True)
+    fd = os.open(cache_dir / "ds" / "locks" / f"{stripe}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    disk_cache.fcntl.flock(fd, disk_cache.fcntl.LOCK_EX)
+    return fd
+
+
+def _no_waiting(monkeypatch):
+    def sleep(s):
+        raise AssertionError("the cache waited for a lock")
+    monkeypatch.setattr(disk_cache.time, "sleep", sleep)
+
+
+def test_a_run_locks_only_its_missing_pages_and_hits_take_no_lock(tmp_path, monkeypatch):
+    cache = DiskPageCache(tmp_path, "ds", None, 100 * PAGE, PAGE)
+    fds = [_hold(tmp_path, 0)]  # another process fetching page 0 (not in the runs below)
+    _no_waiting(monkeypatch)
+    try:
+        fetch = _Fetch()
+        cache.get_run(3, 5, fetch)  # locks stripes 3 and 4 only
+        assert fetch.calls == [(3, 4 + 1)]
+        fds += [_hold(tmp_path, 3), _hold(tmp_path, 4)]  # now 3 and 4 are being fetched elsewhere, too
+        got = cache.get_run(3, 5, lambda a, b: pytest.fail("pages 3, 4 are on disk"))  # all hits: no lock
+        assert [got[k].tobytes() for k in (3, 4)] == [_page(3).tobytes(), _page(4).tobytes()]
+        assert (cache.hits, cache.misses) == (2, 2)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "ds" / "locks" / "3.lock").stat().st_mode & 0o777 == 0o644 & ~umask
+
+
+def test_a_miss_waits_for_the_process_fetching_the_page_and_uses_its_page(tmp_path, monkeypatch):
+    """Another process holds page 5's lock (it is fetching it): the run waits, then finds page 5 on disk and
+    fetches only page 6; while it fetches, it holds page 6's lock."""
+    import threading
+
+    cache = DiskPageCache(tmp_path, "ds", None, 100 * PAGE, PAGE, lock_timeout=600)
+    fd = _hold(tmp_path, 5)
+    waiting = threading.Event()
+    real_sleep = disk_cache.time.sleep
+
+    def sleep(s):
+        waiting.set()
+        real_sleep(s)
+
+    monkeypatch.setattr(disk_cache.time, "sleep", sleep)
+    calls, held = [], []
+
+    def fetch(a, b):
+        calls.append((a, b))
+        probe = os.open(tmp_path / "ds" / "locks" / "6.lock", os.O_RDWR)
+        try:
+            disk_cache.fcntl.flock(probe, disk_cache.fcntl.LOCK_EX | disk_cache.fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(probe)
+        return [_page(k) for k in range(a, b)]
+
+    out = {}
+    t = threading.Thread(target=lambda: out.update(cache.get_run(5, 7, fetch)))
+    t.start()
+    try:
+        for _ in range(600):  # bounded: the run reaches the lock wait at once
+            if waiting.wait(1) or not t.is_alive():
+                break
+        assert waiting.is_set() and not calls, "the run did not wait for the held lock"
+        (tmp_path / "ds" / "5.page").write_bytes(_page(5).tobytes())  # the other process's page
+    finally:
+        os.close(fd)
+        t.join(600)
+    assert not t.is_alive() and calls == [(6, 7)] and held == [True]
+    assert [out[k].tobytes() for k in (5, 6)] == [_page(5).tobytes(), _page(6).tobytes()]
+    assert (cache.hits, cache.misses) == (1, 1)
+
+
+def test_a_lock_not_obtained_in_time_is_skipped_and_the_page_fetched(tmp_path):
+    cache = DiskPageCache(tmp_path, "ds", None, 100 * PAGE, PAGE, lock_timeout=0.05)
+    fd = _hold(tmp_path, 1)
+    try:
+        fetch = _Fetch()
+        got = cache.get_run(1, 3, fetch)
+        assert fetch.calls == [(1, 3)] and [got[k].tobytes() for k in (1, 2)] == [_page(1).tobytes(),
+                                                                                _page(2).tobytes()]
+        assert (tmp_path / "ds" / "1.page").read_bytes() == _page(1).tobytes()
+    finally:
+        os.close(fd)
+
+
+def test_a_live_writers_temp_file_counts_towards_the_bound(tmp_path):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    tmp = folder / ".0.1.live.tmp"
+    tmp.write_bytes(bytes(PAGE))
+    fd = os.open(tmp, os.O_RDONLY)
+    disk_cache.fcntl.flock(fd, disk_cache.fcntl.LOCK_EX)  # its writer is alive
+    try:
+        cache = DiskPageCache(tmp_path, "ds", None, 10 * PAGE, PAGE)
+        assert cache.reclaimed == 0 and cache._size == PAGE
+        for k in range(10):  # the 10th page takes the folder to 11 pages' bytes: down to 9 (2 pages go)
+            cache.get_run(k, k + 1, _Fetch())
+        assert sorted(int(p.stem) for p in folder.glob("*.page")) == list(range(2, 10)) and tmp.exists()
+        assert cache.evicted == 2 and cache._size == 9 * PAGE
+    finally:
+        os.close(fd)
+
+
+def test_a_temp_file_replaced_between_create_and_lock_is_written_again(tmp_path, monkeypatch):
+    """The temp name holds another file once the writer has its lock (the first one was reclaimed and the name
+    taken): the writer starts again under a new name, and the page lands whole."""
+    real_flock = disk_cache.fcntl.flock
+    cache = DiskPageCache(tmp_path, "ds", None, 1 << 20, PAGE)
+    swapped = []
+
+    def flock(fd, op):
+        if op == disk_cache.fcntl.LOCK_EX and not swapped:
+            (name,) = [p for p in (tmp_path / "ds").iterdir() if p.name.endswith(".tmp")]
+            name.unlink()
+            name.write_bytes(b"someone else's")
+            swapped.append(name)
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(disk_cache.fcntl, "flock", flock)
+    cache.get_run(0, 1, lambda a, b: [_page(0)])
+    monkeypatch.setattr(disk_cache.fcntl, "flock", real_flock)
+    assert len(swapped) == 1 and (tmp_path / "ds" / "0.page").read_bytes() == _page(0).tobytes()
