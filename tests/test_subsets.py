@@ -220,6 +220,8 @@ def test_token_windows_subset(tmp_path):
      "indices[2] = 10 is outside [0, 10) (the file has 10 records)"),
     (np.array([0, 9, -2, 2**70], dtype=object), ValueError,
      "indices[2] = -2 is outside [0, 10) (the file has 10 records)"),
+    ([1, 2**63 + 5], ValueError,  # numpy makes this list float64: the message still shows the exact id
+     f"indices[1] = {2**63 + 5} is outside [0, 10) (the file has 10 records)"),
 ])
 def test_as_indices_messages_in_full(bad, exc, message):
     with pytest.raises(exc) as info:
