@@ -341,11 +341,28 @@ def test_a_miss_waits_for_the_process_fetching_the_page_and_uses_its_page(tmp_pa
 
 
 def test_a_lock_not_obtained_in_time_is_skipped_and_the_page_fetched(tmp_path):
+    """Page 1's lock is held elsewhere past lock_timeout: the run fetches it anyway, and still holds the lock of
+    page 2 (the next stripe) while it fetches."""
     cache = DiskPageCache(tmp_path, "ds", None, 100 * PAGE, PAGE, lock_timeout=0.05)
     fd = _hold(tmp_path, 1)
+    held = []
+
+    class Fetch(_Fetch):
+        def __call__(self, a, b):
+            probe = os.open(tmp_path / "ds" / "locks" / "2.lock", os.O_RDWR)
+            try:
+                disk_cache.fcntl.flock(probe, disk_cache.fcntl.LOCK_EX | disk_cache.fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+            finally:
+                os.close(probe)
+            return super().__call__(a, b)
+
     try:
-        fetch = _Fetch()
+        fetch = Fetch()
         got = cache.get_run(1, 3, fetch)
+        assert held == [True]
         assert fetch.calls == [(1, 3)] and [got[k].tobytes() for k in (1, 2)] == [_page(1).tobytes(),
                                                                                 _page(2).tobytes()]
         assert (tmp_path / "ds" / "1.page").read_bytes() == _page(1).tobytes()
