@@ -190,13 +190,16 @@ def test_a_run_fetches_only_the_missing_pages_in_contiguous_requests(tmp_path):
     assert (cache.hits, cache.misses, cache.evicted) == (2, 8, 0)
     again = cache.get_run(0, 8, lambda a, b: pytest.fail(f"pages [{a}, {b}) are on disk"))
     assert all(again[k].tobytes() == _page(k).tobytes() for k in range(8)) and cache.hits == 10
+    assert all(again[k].dtype == np.uint8 and again[k].shape == (PAGE,) for k in range(8))
+    cache.get_run(0, 9, fetch)  # 8 hits and a miss: the counters add up across runs
+    assert fetch.calls[-1] == (8, 9) and (cache.hits, cache.misses) == (18, 9)
     names = sorted(p.name for p in (tmp_path / "ds").iterdir())
-    assert names == sorted([f"{k}.page" for k in range(8)] + ["locks"])
+    assert names == sorted([f"{k}.page" for k in range(9)] + ["locks"])
     mode = (tmp_path / "ds" / "0.page").stat().st_mode & 0o777
     umask = os.umask(0)
     os.umask(umask)
     assert mode == 0o644 & ~umask
-    assert sorted(p.name for p in (tmp_path / "ds" / "locks").iterdir()) == [f"{k}.lock" for k in range(8)]
+    assert sorted(p.name for p in (tmp_path / "ds" / "locks").iterdir()) == sorted(f"{k}.lock" for k in range(9))
 
 
 def test_a_damaged_page_on_disk_is_fetched_again(tmp_path):
@@ -231,6 +234,10 @@ def test_the_bound_evicts_least_recently_used_pages_down_to_90_percent(tmp_path)
     assert on_disk == [0] + list(range(6, 14)) and cache.evicted == 5 and cache._size == 9 * PAGE
     reopened = DiskPageCache(tmp_path, "ds", None, 10 * PAGE, PAGE)  # the size is scanned from the folder
     assert reopened._size == 9 * PAGE and reopened.reclaimed == 0
+    one_run = DiskPageCache(tmp_path, "other", None, 10 * PAGE, PAGE)
+    one_run.get_run(0, 12, fetch)  # one run of 12 pages past the bound: down to 9 pages, the newest stay
+    assert sorted(int(p.stem) for p in (tmp_path / "other").glob("*.page")) == list(range(3, 12))
+    assert one_run.evicted == 3 and one_run._size == 9 * PAGE
 
 
 def test_dead_temp_files_are_reclaimed_and_counted_until_then(tmp_path):
@@ -243,6 +250,46 @@ def test_dead_temp_files_are_reclaimed_and_counted_until_then(tmp_path):
     cache = DiskPageCache(tmp_path, "ds", None, 10 * PAGE, PAGE)
     assert cache.reclaimed == 2 and cache._size == 100
     assert sorted(p.name for p in folder.iterdir()) == ["4.page", "locks", "notes.txt"]
+
+
+def test_reclaiming_goes_past_live_and_vanished_temp_files(tmp_path, monkeypatch):
+    """Nine temp files: the first one the folder lists belongs to a live writer (locked), the second vanishes
+    before it is opened (renamed into place meanwhile); the seven others are dead writers': all reclaimed."""
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    for i in range(9):
+        (folder / f".{i}.7.x{i}.tmp").write_bytes(bytes(10))
+    with os.scandir(folder) as it:
+        listed = [e.path for e in it]
+    fd = os.open(listed[0], os.O_RDONLY)
+    disk_cache.fcntl.flock(fd, disk_cache.fcntl.LOCK_EX)
+    real_open = disk_cache.os.open
+
+    def vanishing_open(path, *args):
+        if os.fspath(path) == listed[1]:
+            os.unlink(path)
+            raise FileNotFoundError(path)
+        return real_open(path, *args)
+
+    monkeypatch.setattr(disk_cache.os, "open", vanishing_open)
+    try:
+        cache = DiskPageCache(tmp_path, "ds", None, 10 * PAGE, PAGE)
+    finally:
+        os.close(fd)
+    assert cache.reclaimed == 7 and cache._size == 10
+    assert sorted(p.name for p in folder.iterdir()) == sorted([Path(listed[0]).name, "locks"])
+
+
+def test_a_cache_folder_this_process_may_not_write_is_named(tmp_path, monkeypatch):
+    def mkdir(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(disk_cache.Path, "mkdir", mkdir)
+    with pytest.raises(PermissionError) as info:
+        DiskPageCache(tmp_path / "ro", "ds", None, PAGE, PAGE)
+    assert str(info.value) == (f"cache_dir {str(tmp_path / 'ro')!r}: cannot create the page cache there ([Errno 13] "
+                               f"Permission denied: {str(tmp_path / 'ro' / 'ds' / 'locks')!r}); pass cache_dir= a "
+                               "folder this process may write")
 
 
 def test_the_cache_folder_errors_name_the_folder(tmp_path):
