@@ -159,3 +159,298 @@ def test_a_reclaim_between_create_and_lock_does_not_lose_the_page(tmp_path, monk
     assert raced == [1]  # the reclaimer did delete the unlocked temp file
     assert (tmp_path / "ds" / "0.page").read_bytes() == page.tobytes()
     assert not list((tmp_path / "ds").glob("*.tmp"))
+
+
+# ---- DiskPageCache on its own (issue 18: the mutants of load/disk_cache.py), expectations counted by hand ----------
+
+def _page(k: int) -> np.ndarray:
+    return np.full(PAGE, k % 251, dtype=np.uint8)
+
+
+class _Fetch:
+    """fetch(a, b) that records its calls and returns pages of known bytes."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, a, b):
+        self.calls.append((a, b))
+        return [_page(k) for k in range(a, b)]
+
+
+def test_a_run_fetches_only_the_missing_pages_in_contiguous_requests(tmp_path):
+    cache = DiskPageCache(tmp_path, "ds", None, 100 * PAGE, PAGE)
+    fetch = _Fetch()
+    cache.get_run(2, 3, fetch)
+    cache.get_run(5, 6, fetch)
+    assert fetch.calls == [(2, 3), (5, 6)] and (cache.hits, cache.misses) == (0, 2)
+    got = cache.get_run(0, 8, fetch)  # on disk: 2 and 5 -> requests [0, 2), [3, 5), [6, 8)
+    assert fetch.calls[2:] == [(0, 2), (3, 5), (6, 8)]
+    assert sorted(got) == list(range(8)) and all(got[k].tobytes() == _page(k).tobytes() for k in range(8))
+    assert (cache.hits, cache.misses, cache.evicted) == (2, 8, 0)
+    again = cache.get_run(0, 8, lambda a, b: pytest.fail(f"pages [{a}, {b}) are on disk"))
+    assert all(again[k].tobytes() == _page(k).tobytes() for k in range(8)) and cache.hits == 10
+    assert all(again[k].dtype == np.uint8 and again[k].shape == (PAGE,) for k in range(8))
+    cache.get_run(0, 9, fetch)  # 8 hits and a miss: the counters add up across runs
+    assert fetch.calls[-1] == (8, 9) and (cache.hits, cache.misses) == (18, 9)
+    names = sorted(p.name for p in (tmp_path / "ds").iterdir())
+    assert names == sorted([f"{k}.page" for k in range(9)] + ["locks"])
+    mode = (tmp_path / "ds" / "0.page").stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o644 & ~umask
+    assert sorted(p.name for p in (tmp_path / "ds" / "locks").iterdir()) == sorted(f"{k}.lock" for k in range(9))
+
+
+def test_a_damaged_page_on_disk_is_fetched_again(tmp_path):
+    crcs = np.array([zlib.crc32(_page(k).tobytes()) for k in range(3)], dtype=np.uint32)
+    cache = DiskPageCache(tmp_path, "ds", crcs, 100 * PAGE, PAGE)
+    (tmp_path / "ds" / "1.page").write_bytes(_page(7).tobytes())  # wrong bytes under page 1's name
+    (tmp_path / "ds" / "2.page").write_bytes(_page(2).tobytes()[:100])  # torn
+    (tmp_path / "ds" / "0.page").write_bytes(_page(0).tobytes())  # good
+    fetch = _Fetch()
+    got = cache.get_run(0, 3, fetch)
+    assert fetch.calls == [(1, 3)] and (cache.hits, cache.misses) == (1, 2)
+    for k in range(3):
+        assert got[k].tobytes() == _page(k).tobytes() == (tmp_path / "ds" / f"{k}.page").read_bytes()
+
+
+def test_the_bound_evicts_least_recently_used_pages_down_to_90_percent(tmp_path):
+    """Bound 10 pages: nothing goes while the folder holds <= 10 pages; the 11th page evicts down to 9 pages
+    (the 2 least recently used), a hit makes its page the most recently used."""
+    cache = DiskPageCache(tmp_path, "ds", None, 10 * PAGE, PAGE)
+    fetch = _Fetch()
+    for k in range(10):
+        cache.get_run(k, k + 1, fetch)
+    assert cache.evicted == 0 and cache._size == 10 * PAGE
+    cache.get_run(0, 1, fetch)  # a hit: page 0 is now the newest
+    cache.get_run(10, 11, fetch)
+    on_disk = sorted(int(p.stem) for p in (tmp_path / "ds").glob("*.page"))
+    assert on_disk == [0] + list(range(3, 11)) and cache.evicted == 2 and cache._size == 9 * PAGE
+    cache.get_run(11, 12, fetch)  # 10 pages: at the bound, not past it
+    assert cache.evicted == 2
+    cache.get_run(12, 14, fetch)  # 12 pages: down to 9 (3 go: 3, 4, 5)
+    on_disk = sorted(int(p.stem) for p in (tmp_path / "ds").glob("*.page"))
+    assert on_disk == [0] + list(range(6, 14)) and cache.evicted == 5 and cache._size == 9 * PAGE
+    reopened = DiskPageCache(tmp_path, "ds", None, 10 * PAGE, PAGE)  # the size is scanned from the folder
+    assert reopened._size == 9 * PAGE and reopened.reclaimed == 0
+    one_run = DiskPageCache(tmp_path, "other", None, 10 * PAGE, PAGE)
+    one_run.get_run(0, 12, fetch)  # one run of 12 pages past the bound: down to 9 pages, the newest stay
+    assert sorted(int(p.stem) for p in (tmp_path / "other").glob("*.page")) == list(range(3, 12))
+    assert one_run.evicted == 3 and one_run._size == 9 * PAGE
+
+
+def test_dead_temp_files_are_reclaimed_and_counted_until_then(tmp_path):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    for name in (".1.99.aa.tmp", ".2.99.bb.tmp"):  # left by writers that died (no lock held)
+        (folder / name).write_bytes(bytes(PAGE))
+    (folder / "4.page").write_bytes(bytes(100))
+    (folder / "notes.txt").write_bytes(bytes(1000))  # neither a page nor a temp file: not counted
+    cache = DiskPageCache(tmp_path, "ds", None, 10 * PAGE, PAGE)
+    assert cache.reclaimed == 2 and cache._size == 100
+    assert sorted(p.name for p in folder.iterdir()) == ["4.page", "locks", "notes.txt"]
+
+
+def test_reclaiming_goes_past_live_and_vanished_temp_files(tmp_path, monkeypatch):
+    """Nine temp files: the first one the folder lists belongs to a live writer (locked), the second vanishes
+    before it is opened (renamed into place meanwhile); the seven others are dead writers': all reclaimed."""
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    for i in range(9):
+        (folder / f".{i}.7.x{i}.tmp").write_bytes(bytes(10))
+    with os.scandir(folder) as it:
+        listed = [e.path for e in it]
+    fd = os.open(listed[0], os.O_RDONLY)
+    disk_cache.fcntl.flock(fd, disk_cache.fcntl.LOCK_EX)
+    real_open = disk_cache.os.open
+
+    def vanishing_open(path, *args):
+        if os.fspath(path) == listed[1]:
+            os.unlink(path)
+            raise FileNotFoundError(path)
+        return real_open(path, *args)
+
+    monkeypatch.setattr(disk_cache.os, "open", vanishing_open)
+    try:
+        cache = DiskPageCache(tmp_path, "ds", None, 10 * PAGE, PAGE)
+    finally:
+        os.close(fd)
+    assert cache.reclaimed == 7 and cache._size == 10
+    assert sorted(p.name for p in folder.iterdir()) == sorted([Path(listed[0]).name, "locks"])
+
+
+def test_a_cache_folder_this_process_may_not_write_is_named(tmp_path, monkeypatch):
+    def mkdir(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(disk_cache.Path, "mkdir", mkdir)
+    with pytest.raises(PermissionError) as info:
+        DiskPageCache(tmp_path / "ro", "ds", None, PAGE, PAGE)
+    assert str(info.value) == (f"cache_dir {str(tmp_path / 'ro')!r}: cannot create the page cache there ([Errno 13] "
+                               f"Permission denied: {str(tmp_path / 'ro' / 'ds' / 'locks')!r}); pass cache_dir= a "
+                               "folder this process may write")
+
+
+def test_the_cache_folder_errors_name_the_folder(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"x")
+    with pytest.raises(NotADirectoryError) as info:
+        DiskPageCache(blocker, "ds", None, PAGE, PAGE)
+    assert str(info.value).startswith(f"cache_dir {str(blocker)!r} is not a folder (it or a folder above it is a file")
+    assert str(info.value).endswith("pass cache_dir= a folder path (created if missing)")
+    with pytest.raises(ValueError) as info:
+        DiskPageCache(tmp_path, "ds", None, 3 * PAGE - 1, 3 * PAGE)
+    assert str(info.value) == ("cache_limit_bytes=12,287 is smaller than one page of this dataset (12,288 bytes): "
+                               "every page would be written and deleted at once; pass cache_limit_bytes >= 12,288 "
+                               "(several pages: at least the pages of the steps in flight) or no cache_dir")
+
+
+def _hold(cache_dir: Path, stripe: int) -> int:
+    """An exclusive flock on the lock file of ``stripe`` through a descriptor of our own (another process' lock,
+    to the cache: flocks of two open file descriptions conflict even within one process)."""
+    (cache_dir / "ds" / "locks").mkdir(parents=True, exist_ok=True)
+    fd = os.open(cache_dir / "ds" / "locks" / f"{stripe}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    disk_cache.fcntl.flock(fd, disk_cache.fcntl.LOCK_EX)
+    return fd
+
+
+def _no_waiting(monkeypatch):
+    def sleep(s):
+        raise AssertionError("the cache waited for a lock")
+    monkeypatch.setattr(disk_cache.time, "sleep", sleep)
+
+
+def test_a_run_locks_only_its_missing_pages_and_hits_take_no_lock(tmp_path, monkeypatch):
+    cache = DiskPageCache(tmp_path, "ds", None, 100 * PAGE, PAGE)
+    fds = [_hold(tmp_path, 0)]  # another process fetching page 0 (not in the runs below)
+    _no_waiting(monkeypatch)
+    try:
+        fetch = _Fetch()
+        cache.get_run(3, 5, fetch)  # locks stripes 3 and 4 only
+        assert fetch.calls == [(3, 4 + 1)]
+        fds += [_hold(tmp_path, 3), _hold(tmp_path, 4)]  # now 3 and 4 are being fetched elsewhere, too
+        got = cache.get_run(3, 5, lambda a, b: pytest.fail("pages 3, 4 are on disk"))  # all hits: no lock
+        assert [got[k].tobytes() for k in (3, 4)] == [_page(3).tobytes(), _page(4).tobytes()]
+        assert (cache.hits, cache.misses) == (2, 2)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "ds" / "locks" / "3.lock").stat().st_mode & 0o777 == 0o644 & ~umask
+
+
+def test_a_miss_waits_for_the_process_fetching_the_page_and_uses_its_page(tmp_path, monkeypatch):
+    """Another process holds page 5's lock (it is fetching it): the run waits, then finds page 5 on disk and
+    fetches only page 6; while it fetches, it holds page 6's lock."""
+    import threading
+
+    cache = DiskPageCache(tmp_path, "ds", None, 100 * PAGE, PAGE, lock_timeout=600)
+    fd = _hold(tmp_path, 5)
+    waiting = threading.Event()
+    real_sleep = disk_cache.time.sleep
+
+    def sleep(s):
+        waiting.set()
+        real_sleep(s)
+
+    monkeypatch.setattr(disk_cache.time, "sleep", sleep)
+    calls, held = [], []
+
+    def fetch(a, b):
+        calls.append((a, b))
+        probe = os.open(tmp_path / "ds" / "locks" / "6.lock", os.O_RDWR)
+        try:
+            disk_cache.fcntl.flock(probe, disk_cache.fcntl.LOCK_EX | disk_cache.fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(probe)
+        return [_page(k) for k in range(a, b)]
+
+    out = {}
+    t = threading.Thread(target=lambda: out.update(cache.get_run(5, 7, fetch)))
+    t.start()
+    try:
+        for _ in range(600):  # bounded: the run reaches the lock wait at once
+            if waiting.wait(1) or not t.is_alive():
+                break
+        assert waiting.is_set() and not calls, "the run did not wait for the held lock"
+        (tmp_path / "ds" / "5.page").write_bytes(_page(5).tobytes())  # the other process's page
+    finally:
+        os.close(fd)
+        t.join(600)
+    assert not t.is_alive() and calls == [(6, 7)] and held == [True]
+    assert [out[k].tobytes() for k in (5, 6)] == [_page(5).tobytes(), _page(6).tobytes()]
+    assert (cache.hits, cache.misses) == (1, 1)
+
+
+def test_a_lock_not_obtained_in_time_is_skipped_and_the_page_fetched(tmp_path):
+    """Page 1's lock is held elsewhere past lock_timeout: the run fetches it anyway, and still holds the lock of
+    page 2 (the next stripe) while it fetches."""
+    cache = DiskPageCache(tmp_path, "ds", None, 100 * PAGE, PAGE, lock_timeout=0.05)
+    fd = _hold(tmp_path, 1)
+    held = []
+
+    class Fetch(_Fetch):
+        def __call__(self, a, b):
+            probe = os.open(tmp_path / "ds" / "locks" / "2.lock", os.O_RDWR)
+            try:
+                disk_cache.fcntl.flock(probe, disk_cache.fcntl.LOCK_EX | disk_cache.fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+            finally:
+                os.close(probe)
+            return super().__call__(a, b)
+
+    try:
+        fetch = Fetch()
+        got = cache.get_run(1, 3, fetch)
+        assert held == [True]
+        assert fetch.calls == [(1, 3)] and [got[k].tobytes() for k in (1, 2)] == [_page(1).tobytes(),
+                                                                                _page(2).tobytes()]
+        assert (tmp_path / "ds" / "1.page").read_bytes() == _page(1).tobytes()
+    finally:
+        os.close(fd)
+
+
+def test_a_live_writers_temp_file_counts_towards_the_bound(tmp_path):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    tmp = folder / ".0.1.live.tmp"
+    tmp.write_bytes(bytes(PAGE))
+    fd = os.open(tmp, os.O_RDONLY)
+    disk_cache.fcntl.flock(fd, disk_cache.fcntl.LOCK_EX)  # its writer is alive
+    try:
+        cache = DiskPageCache(tmp_path, "ds", None, 10 * PAGE, PAGE)
+        assert cache.reclaimed == 0 and cache._size == PAGE
+        for k in range(10):  # the 10th page takes the folder to 11 pages' bytes: down to 9 (2 pages go)
+            cache.get_run(k, k + 1, _Fetch())
+        assert sorted(int(p.stem) for p in folder.glob("*.page")) == list(range(2, 10)) and tmp.exists()
+        assert cache.evicted == 2 and cache._size == 9 * PAGE
+    finally:
+        os.close(fd)
+
+
+def test_a_temp_file_replaced_between_create_and_lock_is_written_again(tmp_path, monkeypatch):
+    """The temp name holds another file once the writer has its lock (the first one was reclaimed and the name
+    taken): the writer starts again under a new name, and the page lands whole."""
+    real_flock = disk_cache.fcntl.flock
+    cache = DiskPageCache(tmp_path, "ds", None, 1 << 20, PAGE)
+    swapped = []
+
+    def flock(fd, op):
+        if op == disk_cache.fcntl.LOCK_EX and not swapped:
+            (name,) = [p for p in (tmp_path / "ds").iterdir() if p.name.endswith(".tmp")]
+            name.unlink()
+            name.write_bytes(b"someone else's")
+            swapped.append(name)
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(disk_cache.fcntl, "flock", flock)
+    cache.get_run(0, 1, lambda a, b: [_page(0)])
+    monkeypatch.setattr(disk_cache.fcntl, "flock", real_flock)
+    assert len(swapped) == 1 and (tmp_path / "ds" / "0.page").read_bytes() == _page(0).tobytes()
