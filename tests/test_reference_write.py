@@ -348,3 +348,42 @@ def test_s3_output_equals_the_input(tmp_path, records):
         check_records(read_bytes(fs.cat_file("s3://ref/out/merged.pageset")), records + records)
     finally:
         server.stop()
+
+
+class _OneBad:
+    """Records with sample ``bad`` raising in __getitem__ (a source error, skipped with on_error="skip")."""
+
+    def __init__(self, records, bad):
+        self.records, self.bad = records, bad
+
+    def __len__(self):
+        return len(self.records)
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise OSError(f"sample {i} cannot be read")
+        return self.records[i]
+
+
+@pytest.mark.parametrize("lineage", [False, True])
+def test_section_flags_and_metadata_as_the_spec_says(tmp_path, records, lineage):
+    """formats/v1.md section 4: schema and index flagged required (bit 0 set), page checksums and metadata not
+    (a reader that does not know them must still open the file); the metadata section is canonical JSON
+    ``{"lineage": {...}, "user": {...}}`` holding the user's dict as given and the lineage of the write: the source,
+    the number of samples in it and the skipped indices (with their errors). The reference reader reads all of it
+    from the bytes."""
+    user = {"split": "train", "n": [1, 2, {"k": None}]}
+    src = _OneBad(records, bad=4)
+    write_dataset(tmp_path / "f.pageset", src, FIELDS, on_error="skip", metadata=user,
+                  **dict(KW, lineage=lineage))
+    ref = read_file(tmp_path / "f.pageset")
+    flags = {kind: ref.sections[kind][0] for kind in ref.sections}
+    assert flags == {1: 1, 2: 1, 3: 0, 4: 0}, flags
+    assert set(ref.metadata) == {"lineage", "user"} and ref.metadata["user"] == user
+    lin = ref.metadata["lineage"]
+    assert lin["samples_in_source"] == len(records) and lin["skipped"] == [4]
+    assert "_OneBad" in lin["source"]
+    assert [e["index"] for e in lin["skipped_errors"]] == [4] and "cannot be read" in lin["skipped_errors"][0]["error"]
+    base = {"source", "samples_in_source", "skipped", "skipped_errors"}
+    assert (set(lin) == base) if not lineage else (set(lin) > base)  # lineage=True adds when/where/versions
+    check_records(ref, records[:4] + records[5:])
