@@ -384,7 +384,7 @@ class Loader:
 
         A mixture's state also holds ``"mixture"``: the weights' quotas, samples_per_epoch and every source's
         ``dataset_id``, ``epoch`` and ``cursor`` (its own stream's position)."""
-        return self._plan.state(self._epoch, self._cursor)
+        return self._plan.state(self._epoch, self._cursor, self._shift)
 
     def _seq_len(self) -> int:
         """The TokenWindows length of a token file (of a mixture's token files), 0 for record files."""
