@@ -377,3 +377,33 @@ def test_set_epoch_after_a_change_keeps_the_mixture_stream_tiled(files):
     assert end0 == 47 and model.epoch_length(SPE, 5, False) == 45
     want = [kind.expected(1, end0, p) for p in range(5)]
     assert list(zip(first["_source"].tolist(), first["_index"].tolist())) == [(s, i) for s, i, _ in want]
+
+
+def test_the_prefetch_plans_the_pages_of_the_new_steps(files):
+    """What a URL's prefetch asks for at each step after a change (Loader._step_pages) is the pages of the token
+    windows at the model's positions of that rank: [c + k*G' + r*B, ... + B) (a window w spans the bytes of tokens
+    [w*seq_len, w*seq_len + seq_len + 1))."""
+    from pageset.read import Dataset
+
+    kind = Kind(files, "tokens", "quasi_random", True)
+    with kind.loader(0, 2, 2) as a:
+        it = iter(a)
+        for _ in range(5):
+            next(it)
+        state = a.state_dict()
+    with Dataset(files["tokens"]) as ds:
+        size, count = ds.page_size, ds.page_count
+        assert np.dtype(ds.tokens_info["dtype"]).itemsize == 2
+    for rank in range(3):
+        with kind.loader(rank, 3, 2) as b:
+            b.load_state_dict(state)
+            assert b.steps_remaining == len(model.cut_epoch(kind.n, 6, True, 20))
+            for k, positions in enumerate(model.cut_epoch(kind.n, 6, True, 20)):
+                mine = positions[rank * 2 : rank * 2 + 2]
+                pages = set()
+                for p in mine:
+                    w, _ = kind.ref.record(0, p)
+                    first, last = w * SEQ * 2, (w * SEQ + SEQ + 1) * 2 - 1  # uint16 tokens
+                    pages |= set(range(min(first // size, count - 1), min(last // size, count - 1) + 1))
+                got = b._step_pages(b._plan.epoch(0), 0, 20 % 6, k)
+                assert got.tolist() == sorted(pages), (rank, k)
