@@ -43,12 +43,17 @@ def files(tmp_path_factory):
     sizes[9] = 6000  # larger than a page: an empty page follows
     docs = [[rng.randrange(2, 1000) for _ in range(rng.randint(1, 60))] for _ in range(40)]
     write_tokens(d / "tokens.pageset", docs, eos_id=1, num_workers=0, page_size=4096, progress=False)
-    tokens = []
-    for doc in docs:
-        tokens += doc + [1]
+    docs2 = [[rng.randrange(2, 1000) for _ in range(rng.randint(1, 40))] for _ in range(15)]
+    write_tokens(d / "tokens2.pageset", docs2, eos_id=1, num_workers=0, page_size=4096, progress=False)
+    streams = []
+    for dd in (docs, docs2):
+        tokens = []
+        for doc in dd:
+            tokens += doc + [1]
+        streams.append(np.array(tokens, dtype=np.int64))
     return {"records": _write_records(d / "records.pageset", 1, sizes),
             "other": _write_records(d / "other.pageset", 2, [rng.randint(1, 300) for _ in range(23)]),
-            "tokens": d / "tokens.pageset", "token_stream": np.array(tokens, dtype=np.int64)}
+            "tokens": d / "tokens.pageset", "tokens2": d / "tokens2.pageset", "token_streams": streams}
 
 
 class Kind:
@@ -59,9 +64,12 @@ class Kind:
         self.kw = dict(order=order, seed=SEED, window_pages=M, drop_last=drop_last, num_threads=1,
                        array_type="numpy")
         self.files = files
-        if name == "mixture":
-            layouts = [model_layout(files[k]) for k in ("records", "other")]
-            self.path = Mixture([files["records"], files["other"]], WEIGHTS, samples_per_epoch=SPE)
+        if name in ("mixture", "token_mixture"):  # (a mixture of token files is filled by the calling thread)
+            names, seq = (("records", "other"), None) if name == "mixture" else (("tokens", "tokens2"), SEQ)
+            layouts = [model_layout(files[k], seq) for k in names]
+            self.path = Mixture([files[k] for k in names], WEIGHTS, samples_per_epoch=SPE)
+            if seq:
+                self.kw["pipelines"] = {"tokens": [TokenWindows(SEQ)]}
             self.sizes, self.ids = [s for s, _ in layouts], [i for _, i in layouts]
             self.n = SPE
             return
@@ -81,7 +89,7 @@ class Kind:
 
     def expected(self, epoch, origin, position):
         """(source, id, padding) the spec puts at ``position`` of ``epoch`` (a mixture: global origin + position)."""
-        if self.name == "mixture":
+        if self.name.endswith("mixture"):
             mm = model.MixtureModel(WEIGHTS, self.sizes, SEED, self.order, M, self.drop_last, 1, SPE)
             return (*mm.sample(origin + position), False)
         rid, pad = self.ref.record(epoch, position)
@@ -89,18 +97,19 @@ class Kind:
 
     def state(self, g, epoch, cursor, origin):
         """The model's state dict of a loader of global batch ``g`` at (epoch, cursor), its epoch at ``origin``."""
-        if self.name == "mixture":
+        if self.name.endswith("mixture"):
             mm = model.MixtureModel(WEIGHTS, self.sizes, SEED, self.order, M, self.drop_last, g, SPE)
-            return mm.state_dict(self.ids, epoch, cursor, origin=origin)
+            return mm.state_dict(self.ids, epoch, cursor, origin=origin,
+                                 seq_len=SEQ if self.name == "token_mixture" else 0)
         return model.state_dict(self.dataset_id, SEED, epoch, cursor, g, self.order, M, self.drop_last,
                                 subset=SUBSET if self.name == "subset" else None,
                                 seq_len=SEQ if self.name == "tokens" else 0)
 
     def check_rows(self, batch, rows):
         """The bytes read are those of the ids: record labels, or the token window of each id."""
-        if self.name == "tokens":
-            s = self.files["token_stream"]
-            want = [s[i * SEQ : i * SEQ + SEQ].tolist() for _, i, _ in rows]
+        if self.name.startswith("token"):
+            streams = self.files["token_streams"]
+            want = [streams[src][i * SEQ : i * SEQ + SEQ].tolist() for src, i, _ in rows]
             assert batch["input"].tolist() == want
         else:
             tags = [1 + src for src, _, _ in rows]
@@ -157,6 +166,10 @@ def run_segments(kind, segments):
                         kind.check_rows(b, got)
                         rows += got
                 left -= k
+                if left:  # the rest of the epoch was taken: the iterators end there (no extra batch), the
+                    for it in its:  # epoch counter moves on
+                        with pytest.raises(StopIteration):
+                            next(it)
             per_rank = [ld.state_dict() for ld in loaders]
             assert all(s == per_rank[0] for s in per_rank), "the state must be the same on every rank"
             state = per_rank[0]
@@ -192,7 +205,7 @@ def _covers_each_position_once(kind, want_steps, epoch):
 
 # (G, G'): integer and non-integer ratios, up and down
 CHANGES = [(6, 4), (4, 6), (5, 7), (8, 3)]
-KINDS = ["records", "tokens", "subset", "mixture"]
+KINDS = ["records", "tokens", "subset", "mixture", "token_mixture"]
 ORDERS = ["random", "quasi_random", "sequential"]
 
 
@@ -242,7 +255,7 @@ def test_a_change_mid_epoch_covers_the_epoch_once_everywhere(files, name, g_old,
         _change_case(files, name, order, drop_last, g_old, g_new, w_old, w_new)
 
 
-@pytest.mark.parametrize("name", ["records", "mixture"])
+@pytest.mark.parametrize("name", ["records", "mixture", "token_mixture"])
 def test_a_ramp_of_three_loaders(files, name):
     """256 -> 512 -> 1024 sequences scaled down to 4 -> 8 -> 16 (and the world size 1 -> 2 -> 4), each change
     mid-epoch at a cursor that is not a multiple of the new G, the last one running into the next epochs; then
