@@ -360,6 +360,27 @@ MUTATIONS += [
              (f"{TP}::test_file_plan_equals_the_reference[random-False]",)),
 ]
 
+# -- batch-size changes on resume (issue 21, batch21): caught by tests/test_batch_change.py, which compares the Loaders'
+# streams and states with tests/reference/order.py (formats/order.md section 5.1)
+BC = "tests/test_batch_change.py"
+MUTATIONS += [
+    Mutation("a resumed epoch's steps snap to the new G's grid (positions repeated and skipped)", "load/loader.py",
+             "self._base = base = self._cursor % G", "self._base = base = 0",
+             (f"{BC}::test_a_state_from_before_the_change_still_loads",)),
+    Mutation("a resume from another global batch starts one position late", "order/state.py",
+             "    return epoch, cursor, 0\n\n\ndef resume_point", "    return epoch, cursor + 1, 0\n\n\ndef resume_point",
+             (f"{BC}::test_the_epoch_end_rule_by_hand",)),
+    Mutation("drop_last=True keeps the short tail of a cut epoch", "order/sharding.py",
+             "steps = (n - c) // g if drop_last else", "steps = -(-(n - c) // g) if drop_last else",
+             (f"{BC}::test_the_epoch_end_rule_by_hand",)),
+    Mutation("a mixture resumed with another G restarts its epochs at epoch * L (a gap or an overlap)",
+             "order/mixture.py", "return epoch, cursor, origin + passed - epoch * self.epoch_length",
+             "return epoch, cursor, 0", (f"{BC}::test_a_ramp_of_three_loaders[mixture]",)),
+    Mutation("an inline (token) epoch cut by a change ends at L in the mixture stream", "load/loader.py",
+             "self._next_epoch(base + steps * G)", "self._next_epoch(self.epoch_length)",
+             (f"{BC}::test_a_ramp_of_three_loaders[token_mixture]",)),
+]
+
 
 def test_kept_kernel_caches_skip_every_module_that_sees_the_mutation():
     """A mutant's copy keeps Numba's cache files only of modules that cannot hold the mutated code: never the
