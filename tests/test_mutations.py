@@ -49,8 +49,8 @@ MUTATIONS = [
              ("tests/test_loader.py::test_verify_pages_checks_both_pages_of_a_token_window",
               "tests/test_loader.py::test_verify_pages_checks_every_page_of_a_record_spanning_pages")),
     Mutation("ranks swapped in the loader", "load/loader.py",
-             "start = step * self.global_batch_size + self.dist.rank * B",
-             "start = step * self.global_batch_size + (self.dist.world_size - 1 - self.dist.rank) * B",
+             "start = self._base + step * self.global_batch_size + self.dist.rank * B",
+             "start = self._base + step * self.global_batch_size + (self.dist.world_size - 1 - self.dist.rank) * B",
              ("tests/test_loader.py::test_state_dict_resume_matches_control",)),
     Mutation("token windows read at stride seq_len + 1 (one kernel call per batch)", "load/stages.py",
              "self.stride = self.seq_len * self.itemsize",
@@ -92,12 +92,12 @@ MUTATIONS = [
              "    if cursor == epoch_length:\n        return epoch, 0",
              ("tests/test_order.py::test_normalize_cursor",)),
     Mutation("the loader's cursor lags one batch (resume repeats it)", "load/loader.py",
-             "self._cursor = (step + 1) * G\n                self._prefetch_to_device(",
-             "self._cursor = step * G\n                self._prefetch_to_device(",
+             "self._cursor = base + (step + 1) * G\n                self._prefetch_to_device(",
+             "self._cursor = base + step * G\n                self._prefetch_to_device(",
              ("tests/test_loader.py::test_state_dict_resume_matches_control",)),
     Mutation("the cursor of inline (token) batches lags one batch", "load/loader.py",
-             "self._cursor = (step + 1) * G\n            if len(times)",
-             "self._cursor = step * G\n            if len(times)",
+             "self._cursor = base + (step + 1) * G\n            if len(times)",
+             "self._cursor = base + step * G\n            if len(times)",
              ("tests/test_resume_contract.py::test_token_resume_contract",)),
     # -- token windows
     Mutation("one window too many (reads past the stream)", "ops/tokens.py",
@@ -362,6 +362,27 @@ MUTATIONS += [
              "else np.arange(start, stop, dtype=np.int64) >= self.n)",
              "else np.arange(start, stop, dtype=np.int64) > self.n)",
              (f"{TP}::test_file_plan_equals_the_reference[random-False]",)),
+]
+
+# -- batch-size changes on resume (issue 21, batch21): caught by tests/test_batch_change.py, which compares the Loaders'
+# streams and states with tests/reference/order.py (formats/order.md section 5.1)
+BC = "tests/test_batch_change.py"
+MUTATIONS += [
+    Mutation("a resumed epoch's steps snap to the new G's grid (positions repeated and skipped)", "load/loader.py",
+             "self._base = base = self._cursor % G", "self._base = base = 0",
+             (f"{BC}::test_a_state_from_before_the_change_still_loads",)),
+    Mutation("a resume from another global batch starts one position late", "order/state.py",
+             "    return epoch, cursor, 0\n\n\ndef resume_point", "    return epoch, cursor + 1, 0\n\n\ndef resume_point",
+             (f"{BC}::test_the_epoch_end_rule_by_hand",)),
+    Mutation("drop_last=True keeps the short tail of a cut epoch", "order/sharding.py",
+             "steps = (n - c) // g if drop_last else", "steps = -(-(n - c) // g) if drop_last else",
+             (f"{BC}::test_the_epoch_end_rule_by_hand",)),
+    Mutation("a mixture resumed with another G restarts its epochs at epoch * L (a gap or an overlap)",
+             "order/mixture.py", "return epoch, cursor, origin + passed - epoch * self.epoch_length",
+             "return epoch, cursor, 0", (f"{BC}::test_a_ramp_of_three_loaders[mixture]",)),
+    Mutation("an inline (token) epoch cut by a change ends at L in the mixture stream", "load/loader.py",
+             "self._next_epoch(base + steps * G)", "self._next_epoch(self.epoch_length)",
+             (f"{BC}::test_a_ramp_of_three_loaders[token_mixture]",)),
 ]
 
 

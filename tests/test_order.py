@@ -546,7 +546,6 @@ def test_state_from_dict_missing_key():
         ({"seed": 1}, "seed"),
         ({"order": "random"}, "order"),
         ({"window_pages": 8}, "window_pages"),
-        ({"global_batch_size": 16, "cursor": 0}, "global_batch_size"),
         ({"drop_last": False}, "drop_last"),
     ],
 )
@@ -560,6 +559,10 @@ def test_check_compatible_names_the_differing_field(change, field):
 def test_check_compatible_rules():
     saved = make_state(order="random", window_pages=4)
     check_compatible(saved, make_state(order="random", window_pages=9, epoch=0, cursor=0), world_size=8)
+    # another global batch is accepted (formats/order.md section 5.1); the loader's own G must divide by W
+    check_compatible(saved, make_state(order="random", global_batch_size=20, cursor=0), world_size=5)
+    with pytest.raises(StateError, match=r"global_batch=20 is not divisible by world_size=3"):
+        check_compatible(saved, make_state(order="random", global_batch_size=20, cursor=0), world_size=3)
     with pytest.raises(StateError, match=r"global_batch=32 is not divisible by world_size=5"):
         check_compatible(saved, saved, world_size=5)
     check_compatible(saved, saved, world_size=1, n_records=64)  # cursor == L is fine

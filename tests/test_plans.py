@@ -76,7 +76,7 @@ def _check_state(plan, length, state_of):
             assert plan.state(epoch, cursor) == st and list(plan.state(epoch, cursor)) == list(st)
             e, step = model.resume_position(st, length)
             for w in WORLD_SIZES:
-                assert plan.resume(st, w) == (e, step * G)
+                assert plan.resume(st, w) == (e, step * G, 0)  # the same G: no shift of the epochs
 
 
 @pytest.mark.parametrize("drop_last", [True, False])
@@ -178,9 +178,9 @@ def test_plans_refuse_what_they_cannot_read():
         FileSet("a.pageset", HEX)
     with pytest.raises(TypeError, match="dataset_id must be a non-empty str"):
         FileSet(["a"], None)
-    with pytest.raises(StateError, match="'cursor'"):
+    with pytest.raises(StateError, match="'cursor'"):  # a cursor between steps, without batch_offset
         FilePlan(np.array(PAGES), HEX, _params("random", True), "f").resume(
-            model.state_dict(HEX, SEED, 0, 5, G, "random", M, True), 1)
+            model.state_dict(HEX, SEED, 0, 0, G, "random", M, True) | {"cursor": 5}, 1)
 
 
 # --- end to end: a Loader over member files -----------------------------------------------------------------
@@ -322,14 +322,14 @@ class _AlternatePlan(Plan):
         self.n_records = 2 * min(m.n_records for m in members)
         self.epoch_length = self._epoch_length()
 
-    def epoch(self, epoch):
+    def epoch(self, epoch, shift=0):
         return _AlternateEpoch()
 
-    def state(self, epoch, cursor):
+    def state(self, epoch, cursor, shift=0):
         return {"alternate": [epoch, cursor]}
 
     def resume(self, state, world_size):
-        return tuple(state["alternate"])
+        return (*state["alternate"], 0)
 
 
 def test_a_new_kind_of_plan_needs_no_change_to_the_loader(members):

@@ -809,3 +809,32 @@ def test_labels_only_fetch_no_pages(files, servers):
     with Loader(url, storage_options=opts, **kw) as loader:
         assert [(b["_index"].tolist(), b["label"].tolist()) for b in loader] == local
         assert loader.remote_stats()["pages_fetched"] == 0
+
+
+def test_a_batch_size_change_over_s3_equals_local(files, servers):
+    """A token file over S3 resumed with another global batch (4 -> 6, world size 2 -> 3) mid-epoch: the batches
+    equal the local file's after the same change (checked against the reference model, and the pages each step
+    prefetches against the model's positions, in tests/test_batch_change.py)."""
+    kw = dict(order="quasi_random", seed=3, num_threads=2, window_pages=2, pipelines={"tokens": [TokenWindows(100)]},
+              array_type="numpy")
+    url, opts = _urls(servers, "tokens.pageset")[0]
+
+    def run(path, **extra):
+        out = []
+        with Loader(path, batch_size=2, rank=0, world_size=2, **kw, **extra) as a:
+            it = iter(a)
+            for _ in range(5):
+                next(it)
+            state = a.state_dict()
+        for rank in range(3):
+            with Loader(path, batch_size=2, rank=rank, world_size=3, **kw, **extra) as b:
+                b.load_state_dict(state)
+                out.append([(x["_index"].tolist(), x["input"].tobytes()) for x in b])
+                if extra:
+                    assert b.remote_stats()["pages_fetched"] > 0
+        return out, state
+
+    local, state = run(files / "tokens.pageset")
+    assert state["cursor"] == 20 and state["global_batch_size"] == 4
+    remote, _ = run(url, storage_options=opts, prefetch_bytes=4 * 4096)
+    assert remote == local

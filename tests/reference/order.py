@@ -93,6 +93,13 @@ def epoch_length(n: int, global_batch: int, drop_last: bool) -> int:
     return (n // global_batch) * global_batch if drop_last else -(-n // global_batch) * global_batch
 
 
+def epoch_end(n: int, global_batch: int, drop_last: bool, cursor: int) -> int:
+    """Section 5.1: where an epoch ends whose steps of ``global_batch`` start at ``cursor``."""
+    left = n - cursor
+    steps = left // global_batch if drop_last else -(-left // global_batch)
+    return cursor + max(steps, 0) * global_batch
+
+
 def rank_positions(step: int, rank: int, world_size: int, global_batch: int) -> list[int]:
     assert global_batch % world_size == 0 and 0 <= rank < world_size
     b = global_batch // world_size
@@ -190,15 +197,35 @@ def state_dict(dataset_id, seed, epoch, cursor, global_batch, order, window_page
         d["subset"] = subset_digest(subset)
     if seq_len:
         d["seq_len"] = seq_len
+    if cursor % global_batch:  # inside an epoch in which the global batch changed (section 5.1)
+        d["batch_offset"] = cursor % global_batch
     return d
 
 
 def resume_position(state: dict, length: int) -> tuple[int, int]:
-    """(epoch, step) of the next batch after loading ``state`` (an epoch of ``length`` positions)."""
+    """(epoch, step) of the next batch after loading ``state`` (an epoch of ``length`` positions), same G."""
     assert 0 <= state["cursor"] <= length and state["cursor"] % state["global_batch_size"] == 0
     if state["cursor"] == length:
         return state["epoch"] + 1, 0
     return state["epoch"], state["cursor"] // state["global_batch_size"]
+
+
+def resume_cursor(state: dict, n: int, global_batch: int) -> tuple[int, int]:
+    """(epoch, cursor) at which a loader of global batch ``global_batch`` (the saved one or another) continues
+    from ``state`` (section 8 with section 5.1; n records, or samples_per_epoch of a mixture)."""
+    g_s, cursor, offset = state["global_batch_size"], state["cursor"], state.get("batch_offset", 0)
+    assert cursor % g_s == offset and 0 <= offset < g_s
+    end = epoch_end(n, g_s, state["drop_last"], offset) if offset else epoch_length(n, g_s, state["drop_last"])
+    assert cursor <= end
+    if cursor == end or epoch_end(n, global_batch, state["drop_last"], cursor) == cursor:
+        return state["epoch"] + 1, 0
+    return state["epoch"], cursor
+
+
+def cut_epoch(n: int, global_batch: int, drop_last: bool, cursor: int) -> list[list[int]]:
+    """Section 5.1: the positions of each remaining global step of an epoch cut at ``cursor``."""
+    end = epoch_end(n, global_batch, drop_last, cursor) if cursor else epoch_length(n, global_batch, drop_last)
+    return [list(range(p, p + global_batch)) for p in range(cursor, end, global_batch)]
 
 
 def refused_field(saved: dict, current: dict, world_size: int) -> str | None:
@@ -206,9 +233,9 @@ def refused_field(saved: dict, current: dict, world_size: int) -> str | None:
     for name in ("version", "order_algo"):
         if saved.get(name) != 1:
             return name
-    checks = ["dataset_id", "subset", "seq_len", "order_algo", "seed", "order", "global_batch_size", "drop_last"]
+    checks = ["dataset_id", "subset", "seq_len", "order_algo", "seed", "order", "drop_last"]
     if saved["order"] == "quasi_random":
-        checks.insert(checks.index("global_batch_size"), "window_pages")
+        checks.insert(checks.index("drop_last"), "window_pages")
     absent = {"subset": "", "seq_len": 0}  # optional keys: their value when missing
     for name in checks:
         a, b = saved.get(name, absent.get(name)), current.get(name, absent.get(name))
@@ -216,7 +243,7 @@ def refused_field(saved: dict, current: dict, world_size: int) -> str | None:
             continue
         if a != b:
             return name
-    if saved["global_batch_size"] % world_size:
+    if current["global_batch_size"] % world_size:  # the loader's G; the saved one may differ (section 5.1)
         return "global_batch_size"
     return None
 
@@ -326,10 +353,14 @@ class MixtureModel:
                            "sources": list(source_ids)}, sort_keys=True)
         return "mixture:" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
-    def state_dict(self, source_ids, epoch, cursor, seq_len=0) -> dict:
+    def state_dict(self, source_ids, epoch, cursor, seq_len=0, origin=None) -> dict:
+        """origin: the global position of the epoch's first sample (default epoch * L; mixture.md 2.4, 2.5)."""
+        first = epoch * self.length if origin is None else origin
         d = state_dict(self.dataset_id(source_ids), self.seed, epoch, cursor, self.g, self.order, self.m,
                        self.drop_last, seq_len=seq_len)
         d["mixture"] = {"mixture_algo": 1, "quotas": list(self.q), "samples_per_epoch": self.spe,
                         "sources": [{"dataset_id": sid, "epoch": e, "cursor": c}
-                                    for sid, (e, c) in zip(source_ids, self.cursors(epoch * self.length + cursor))]}
+                                    for sid, (e, c) in zip(source_ids, self.cursors(first + cursor))]}
+        if first != epoch * self.length:
+            d["mixture"]["origin"] = first
         return d

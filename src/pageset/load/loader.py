@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..format import arguments as check
-from ..order import ORDERS, enable_kernel_cache, rank_positions, resolve_rank, sample_keys
+from ..order import ORDERS, enable_kernel_cache, resolve_rank, sample_keys
 from ..order.keys import MASK64
 from ..order.plan import Member, OrderParams, PlanSpec
 from ..order.subset import OneFile
@@ -219,6 +219,10 @@ class Loader:
                 ds.close()
             raise
         self._epoch, self._cursor = 0, 0
+        # positions where this run's epochs start in a plan's stream across epochs (a Mixture), less epoch * L:
+        # 0 unless the global batch changed (load_state_dict from a state of another global batch)
+        self._shift = 0
+        self._base = 0  # the epoch position of step 0 of the epoch being iterated (cursor % G: 0 unless G changed)
         self._active = None  # the running epoch generator, if any
         # the threads' scratch, sized here for the stages that know it (token windows: a slice's bytes), so that
         # threads started mid-epoch (inline fills handing over) allocate nothing either
@@ -371,8 +375,9 @@ class Loader:
     @property
     def steps_remaining(self) -> int:
         """Batches the next ``iter()`` yields on this rank: the rest of the current epoch (after a partial epoch
-        or ``load_state_dict``), or a whole epoch once the current one has been handed out completely."""
-        left = self.steps_per_epoch - self._cursor // self.global_batch_size
+        or ``load_state_dict``, also from a state of another global batch), or a whole epoch once the current one
+        has been handed out completely."""
+        left = (self._plan.epoch_end(self._cursor) - self._cursor) // self.global_batch_size
         return left if left > 0 else self.steps_per_epoch
 
     def state_dict(self) -> dict:
@@ -380,27 +385,33 @@ class Loader:
 
         A mixture's state also holds ``"mixture"``: the weights' quotas, samples_per_epoch and every source's
         ``dataset_id``, ``epoch`` and ``cursor`` (its own stream's position)."""
-        return self._plan.state(self._epoch, self._cursor)
+        return self._plan.state(self._epoch, self._cursor, self._shift)
 
     def _seq_len(self) -> int:
         """The TokenWindows length of a token file (of a mixture's token files), 0 for record files."""
         return next((int(st.seq_len) for st in self._stages if hasattr(st, "seq_len")), 0)
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state`` (possibly saved with another world size or thread count).
+        """Continue from ``state`` (possibly saved with another world size, thread count or global batch).
 
-        Raises StateError / StateMismatchError naming the field (another dataset, seed, order, global batch,
-        ...). The next batch is step ``cursor / G``; skipped samples are never read.
+        Raises StateError / StateMismatchError naming the field (another dataset, seed, order, drop_last, ...).
+        The next batch covers the epoch positions ``[cursor, cursor + G)`` of the saved epoch, G this loader's
+        global batch: with another global batch than the saved one the rest of the epoch is cut into steps of the
+        new G from there (``drop_last=True``: a tail of fewer than G positions is dropped, as any epoch's; False:
+        the last step is padded), and the next epoch starts at position 0 (README "Changing the batch size").
+        Skipped samples are never read.
         """
-        epoch, cursor = self._plan.resume(state, self.dist.world_size)
+        epoch, cursor, shift = self._plan.resume(state, self.dist.world_size)
         self._stop_active()
-        self._epoch, self._cursor = epoch, cursor
+        self._epoch, self._cursor, self._shift = epoch, cursor, shift
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` (an int >= 0) from its beginning at the next ``iter()``; TypeError / ValueError
         naming ``epoch`` otherwise."""
         epoch = check.integer("epoch", epoch, minimum=0)
         self._stop_active()
+        if epoch > self._epoch:  # a stream across epochs (a Mixture) continues after the whole current epoch
+            self._shift += self._plan.epoch_end(self._cursor) - self.epoch_length
         self._epoch, self._cursor = int(epoch), 0
 
     # ---- iteration -------------------------------------------------------------------------------------
@@ -443,13 +454,22 @@ class Loader:
         if gen is not None:
             gen.close()
 
+    def _next_epoch(self, end: int) -> None:
+        """The epoch ended at position ``end`` (L, or another end when the global batch changed in it)."""
+        self._epoch, self._cursor, self._shift = self._epoch + 1, 0, self._shift + end - self.epoch_length
+
     def _epoch_batches(self):
-        if self._cursor >= self.epoch_length:  # the last batch was handed out but the epoch not closed yet
-            self._epoch, self._cursor = self._epoch + 1, 0
+        end = self._plan.epoch_end(self._cursor)
+        if self._cursor >= end:  # the last batch was handed out but the epoch not closed yet
+            self._next_epoch(end)
+            end = self.epoch_length
         G, epoch = self.global_batch_size, self._epoch
-        steps = self.steps_per_epoch
+        # step s covers positions base + s*G + [0, G): base = 0, unless the epoch was resumed from a state of
+        # another global batch (then the steps continue from the saved cursor)
+        self._base = base = self._cursor % G
+        steps = (end - base) // G
         first = self._cursor // G
-        order = self._plan.epoch(epoch)
+        order = self._plan.epoch(epoch, self._shift)
         if self._inline:
             first = yield from self._inline_batches(order, epoch, first, steps)
             if first is None:  # the epoch is done
@@ -458,7 +478,7 @@ class Loader:
         nxt = first
         # remote pages: fetch the next steps' pages ahead (unless only index columns are loaded: no page reads),
         # each remote file the pages of its own samples in each step
-        planned = [(src.pages, functools.partial(self._step_pages, order, k))
+        planned = [(src.pages, functools.partial(self._step_pages, order, k, base))
                    for k, src in enumerate(self._sources)
                    if hasattr(src.pages, "advance") and any(hasattr(s, "pages") for s in src.stages)]
         for pages, pages_of_step in planned:
@@ -474,10 +494,10 @@ class Loader:
                 slot = scheduled.pop(0)
                 self._wait(slot)
                 batch = self._handout(slot)
-                self._cursor = (step + 1) * G
+                self._cursor = base + (step + 1) * G
                 self._prefetch_to_device(scheduled[0] if scheduled else None)
                 yield batch
-            self._epoch, self._cursor = epoch + 1, 0
+            self._next_epoch(end)
         finally:
             self._pool.cancel()
             for slot in scheduled if os.getpid() == self._pid else ():  # (in a forked child: no thread runs them)
@@ -490,7 +510,7 @@ class Loader:
         ``_INLINE_CHECK`` fills above ``_INLINE_SLOW_S``: reads waiting on a disk or a network file system): the
         threads are then started and the caller prepares the rest of the epoch ahead with them.
         """
-        G, B = self.global_batch_size, self.batch_size
+        G, B, base = self.global_batch_size, self.batch_size, self._base
         times = self._fill_times
         for step in range(first, steps):
             self._check_process()
@@ -501,7 +521,7 @@ class Loader:
             self._run_slice(slot, 0, B, self._ctx)
             times.append(time.perf_counter() - t0)
             batch = self._handout(slot, owned=True)
-            self._cursor = (step + 1) * G
+            self._cursor = base + (step + 1) * G
             if len(times) >= self._INLINE_CHECK:
                 slow = sorted(times)[len(times) // 2] > self._INLINE_SLOW_S
                 times.clear()
@@ -510,7 +530,7 @@ class Loader:
                     yield batch
                     return step + 1
             yield batch
-        self._epoch, self._cursor = epoch + 1, 0
+        self._next_epoch(base + steps * G)
         return None
 
     def _leave_inline(self) -> None:
@@ -520,15 +540,14 @@ class Loader:
         self._turn = 2
         self._pool.start(self.num_threads)
 
-    def _step_pages(self, order, k: int, step: int) -> np.ndarray:
+    def _step_pages(self, order, k: int, base: int, step: int) -> np.ndarray:
         """Sorted unique pages of file ``k`` that this rank reads at ``step`` (its remote page source prefetches
-        them)."""
+        them): positions ``base + step*G + rank*B + [0, B)``, those :meth:`_prepare` reads."""
         from .remote_pages import span_pages
 
-        positions, _ = rank_positions(step, self.dist.rank, self.dist.world_size, self.global_batch_size,
-                                      self.n_records, self.drop_last)
+        start = base + step * self.global_batch_size + self.dist.rank * self.batch_size
         src = self._sources[k]
-        starts, lens = src.spans(order.file_ids(k, int(positions[0]), int(positions[-1]) + 1))
+        starts, lens = src.spans(order.file_ids(k, start, start + self.batch_size))
         ds = src.ds
         return span_pages(np.asarray(starts, np.int64), np.asarray(lens, np.int64), ds.data_offset, ds.page_size,
                           ds.page_count)
@@ -574,9 +593,9 @@ class Loader:
     def _prepare(self, slot: Slot, order, epoch: int, step: int) -> None:
         """Set the slot up for ``step``: each row's file and record id, padding, ``_index``, augmentation keys."""
         # rank_positions(step, rank, world_size, G, N, drop_last) without re-validating what __init__ checked
-        # (step is in [0, steps_per_epoch) here): positions step*G + rank*B + j; the plan flags padding
+        # (step is in [0, steps of the epoch) here): positions base + step*G + rank*B + j; the plan flags padding
         B = self.batch_size
-        start = step * self.global_batch_size + self.dist.rank * B
+        start = self._base + step * self.global_batch_size + self.dist.rank * B
         slot.step, slot.generation, slot.error, slot.prefetched = step, self._pool.generation, None, None
         slot.sources, slot.read_ids, slot.padding, slot.ids = order.batch(start, start + B)
         slot.keys = (sample_keys(self.seed, epoch, np.arange(start, start + B, dtype=np.int64))

@@ -8,7 +8,7 @@ positions, ``state`` is the resume record, ``keys`` the counter-based randomness
 import functools
 
 from .keys import key, key_py, sample_keys
-from .sharding import epoch_length, local_batch, rank_positions, rank_span, resolve_rank, steps_per_epoch
+from .sharding import epoch_end, epoch_length, local_batch, rank_positions, rank_span, resolve_rank, steps_per_epoch
 from .shuffle import (
     ORDERS,
     EpochOrder,
@@ -27,6 +27,7 @@ from .state import (
     StateMismatchError,
     check_compatible,
     normalize_cursor,
+    resume_cursor,
     resume_point,
 )
 
@@ -39,6 +40,7 @@ __all__ = [
     "StateError",
     "StateMismatchError",
     "check_compatible",
+    "epoch_end",
     "epoch_length",
     "epoch_permutation",
     "key",
@@ -51,6 +53,7 @@ __all__ = [
     "rank_positions",
     "rank_span",
     "resolve_rank",
+    "resume_cursor",
     "resume_point",
     "sample_keys",
     "sequential_range",

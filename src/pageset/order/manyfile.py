@@ -111,6 +111,6 @@ class ManyFilePlan(FilePlan):
         self.starts.flags.writeable = False
         super().__init__(np.concatenate(sizes), dataset_id, params, path)
 
-    def epoch(self, epoch: int) -> PlanEpoch:
+    def epoch(self, epoch: int, shift: int = 0) -> PlanEpoch:
         p = self.params
         return ManyFileEpoch(EpochOrder(self.page_sizes, p.seed, epoch, p.order, p.window_pages), self.starts)

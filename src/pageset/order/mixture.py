@@ -43,7 +43,7 @@ from .plan import (  # noqa: F401 (refuse_mixture_state: re-exported, its home w
     refuse_mixture_state,
 )
 from .shuffle import EpochOrder
-from .state import OrderState, StateError, StateMismatchError, check_compatible, normalize_cursor
+from .state import OrderState, StateError, StateMismatchError, check_compatible, resume_cursor, saved_end
 
 MIXTURE_ALGO = 1  # quotas + EDF schedule + per-source order rules; a new algorithm gets a new number
 RESOLUTION = 10**6  # float weights are resolved to integer quotas summing to (a divisor of) this
@@ -411,11 +411,14 @@ def mixture_id(dataset_ids, quota_values, samples_per_epoch: int) -> str:
     return "mixture:" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def mixture_state(order: MixtureOrder, dataset_ids, samples_per_epoch: int, state: OrderState, g: int) -> dict:
+def mixture_state(order: MixtureOrder, dataset_ids, samples_per_epoch: int, state: OrderState, g: int,
+                  origin: int | None = None) -> dict:
     """The state dict of a mixture loader: ``state`` (order v1 fields; its dataset_id is replaced by
     :func:`mixture_id`) plus ``"mixture"``: ``{"mixture_algo", "quotas", "samples_per_epoch", "sources":
     [{"dataset_id", "epoch", "cursor"}, ...]}``, each source's own epoch and samples taken in it after global
-    position ``g`` (informative and cross-checked on resume: the positions follow from epoch and cursor)."""
+    position ``g`` (informative and cross-checked on resume: the positions follow from epoch and cursor), and
+    ``"origin"`` (the global position of the epoch's first sample) when ``origin`` is given: only when it is not
+    ``epoch * L``, after a change of the global batch (formats/mixture.md section 2.5)."""
     quota_values = order.schedule.quotas
     d = state.replace(dataset_id=mixture_id(dataset_ids, quota_values, samples_per_epoch)).to_dict()
     d["mixture"] = {
@@ -425,16 +428,20 @@ def mixture_state(order: MixtureOrder, dataset_ids, samples_per_epoch: int, stat
         "sources": [{"dataset_id": i, "epoch": e, "cursor": c}
                     for i, (e, c) in zip(dataset_ids, order.cursors(g))],
     }
+    if origin is not None:
+        d["mixture"]["origin"] = int(origin)
     return d
 
 
-def resume_mixture(state, current: dict, order: MixtureOrder, epoch_length: int) -> OrderState:
+def resume_mixture(state, current: dict, order: MixtureOrder) -> tuple[OrderState, int]:
     """Validate a saved mixture state against the ``current`` loader's (:func:`mixture_state` at 0); returns
-    the saved OrderState (for ``check_compatible``).
+    the saved OrderState (for ``check_compatible``) and the global position of its epoch's first sample (the
+    saved ``mixture.origin``, else ``epoch * L`` with the saved global batch's L).
 
     StateError / StateMismatchError naming the field: not a mixture state, another mixture_algo, another number
     of sources, a source that is another file (``mixture.sources[i].dataset_id``), other weights
-    (``mixture.quotas``), another samples_per_epoch, or source cursors that disagree with the schedule.
+    (``mixture.quotas``), another samples_per_epoch, a bad ``mixture.origin``, or source cursors that disagree
+    with the schedule.
     """
     if not isinstance(state, Mapping):
         raise StateError("version", f"a state must be a mapping, got {type(state).__name__}")
@@ -466,14 +473,21 @@ def resume_mixture(state, current: dict, order: MixtureOrder, epoch_length: int)
     if saved_mix["samples_per_epoch"] != cur["samples_per_epoch"]:
         raise StateMismatchError("mixture.samples_per_epoch", saved_mix["samples_per_epoch"],
                                  cur["samples_per_epoch"], "Construct the Mixture with the saved samples_per_epoch.")
-    g = saved.epoch * int(epoch_length) + saved.cursor
+    if "origin" in saved_mix:
+        origin = saved_mix["origin"]
+        if type(origin) is not int or origin < 0:
+            raise StateError("mixture.origin", f"must be an int >= 0 (the global position of the epoch's first "
+                             f"sample), got {origin!r}")
+    else:
+        origin = saved.epoch * saved_end(saved.replace(batch_offset=0, cursor=0), saved_mix["samples_per_epoch"])
+    g = origin + saved.cursor
     expected = order.cursors(g)
     got = [(a.get("epoch"), a.get("cursor")) for a in sources]
     if got != [tuple(e) for e in expected]:
         raise StateError("mixture.sources", f"the saved source positions {got} disagree with the schedule at "
                          f"epoch {saved.epoch}, cursor {saved.cursor} ({expected}): the state was edited or "
                          f"damaged")
-    return saved
+    return saved, origin
 
 
 class Mixture(PlanSpec):
@@ -575,14 +589,19 @@ class MixturePlan(Plan):
         self.dataset_id = mixture_id(self.source_ids, self.order.schedule.quotas, self.n_records)
         self.epoch_length = self._epoch_length()
 
-    def epoch(self, epoch: int) -> PlanEpoch:
-        return MixturePlanEpoch(self.order.epoch(epoch, self.epoch_length))
+    def epoch(self, epoch: int, shift: int = 0) -> PlanEpoch:
+        """Mixture epoch ``epoch``: global positions from ``epoch * L + shift`` on."""
+        return MixturePlanEpoch(MixtureEpoch(self.order, epoch * self.epoch_length + shift, self.epoch_length))
 
-    def state(self, epoch: int, cursor: int) -> dict:
+    def state(self, epoch: int, cursor: int, shift: int = 0) -> dict:
+        origin = epoch * self.epoch_length + shift
         return mixture_state(self.order, self.source_ids, self.n_records, self._order_state(epoch, cursor),
-                             epoch * self.epoch_length + cursor)
+                             origin + cursor, origin if shift else None)
 
-    def resume(self, state, world_size: int) -> tuple[int, int]:
-        saved = resume_mixture(state, self.state(0, 0), self.order, self.epoch_length)
+    def resume(self, state, world_size: int) -> tuple[int, int, int]:
+        """As :meth:`Plan.resume`; the shift places this loader's epochs so that its stream continues at the
+        saved global position (another global batch gives another L, so ``epoch * L`` alone would not)."""
+        saved, origin = resume_mixture(state, self.state(0, 0), self.order)
         check_compatible(saved, self._order_state(0, 0), world_size, self.n_records)
-        return normalize_cursor(saved.epoch, saved.cursor, self.epoch_length)
+        epoch, cursor, passed = resume_cursor(saved, self.n_records, self.params.global_batch_size)
+        return epoch, cursor, origin + passed - epoch * self.epoch_length

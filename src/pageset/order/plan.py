@@ -25,8 +25,8 @@ How a new kind plugs in (one new module, no change to the Loader):
    ``plan(members, params) -> Plan``, which gets one :class:`Member` per opened file (its path, dataset id
    and records per page) and the loader's :class:`OrderParams`;
 2. a plan, a subclass of :class:`Plan` (or of :class:`FilePlan` when its order is order v1 over some page
-   layout): ``path``, ``dataset_id``, ``n_records``, ``epoch_length``, ``hands_sources``, ``epoch(e)``,
-   ``state(epoch, cursor)`` and ``resume(state, world_size)``;
+   layout): ``path``, ``dataset_id``, ``n_records``, ``epoch_length``, ``hands_sources``, ``epoch(e, shift)``,
+   ``state(epoch, cursor, shift)`` and ``resume(state, world_size)`` (``shift``: see :class:`Plan`);
 3. its epoch view, a subclass of :class:`PlanEpoch`: ``batch(start, stop)`` -> :class:`PlanBatch` (the
    per-batch hot path: keep it to a few numpy calls) and ``file_ids(k, start, stop)``;
 4. ``Loader(path=<the spec>)`` accepts any PlanSpec; a row whose ``sources`` entry is k is read from
@@ -44,9 +44,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .sharding import epoch_length
+from .sharding import epoch_end, epoch_length
 from .shuffle import EpochOrder, _as_page_sizes
-from .state import OrderState, StateMismatchError, check_compatible, normalize_cursor
+from .state import OrderState, StateMismatchError, check_compatible, resume_cursor
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,14 @@ class Plan(ABC):
 
     Attributes: ``path`` (str, names the data in messages and ``Loader.path``), ``dataset_id`` (str, the
     state's), ``n_records`` (N, samples of one epoch before rounding to whole steps), ``epoch_length`` (L,
-    positions per epoch: formats/order.md section 5), ``hands_sources`` (batches carry ``"_source"``).
+    positions per epoch at the loader's global batch: formats/order.md section 5), ``hands_sources`` (batches
+    carry ``"_source"``).
+
+    Epochs, cursors and shifts: an epoch's steps start at position 0, or, in the epoch in which the loader
+    resumed from a state of another global batch, at the saved cursor (``cursor % G`` is then not 0); the epoch
+    ends at :meth:`epoch_end` (L when the steps start at 0). ``shift`` (int) places the epochs of a plan whose
+    epochs are parts of one stream (a mixture: epoch e starts at stream position ``e*L + shift``): 0 unless the
+    global batch changed during the run; plans whose epochs are independent (a file) ignore it.
     """
 
     hands_sources = False
@@ -124,24 +131,35 @@ class Plan(ABC):
         self.params = params
 
     @abstractmethod
-    def epoch(self, epoch: int) -> PlanEpoch:
-        """The view of epoch ``epoch`` (an int >= 0)."""
+    def epoch(self, epoch: int, shift: int = 0) -> PlanEpoch:
+        """The view of epoch ``epoch`` (an int >= 0) placed by ``shift`` (see the class docstring)."""
 
     @abstractmethod
-    def state(self, epoch: int, cursor: int) -> dict:
+    def state(self, epoch: int, cursor: int, shift: int = 0) -> dict:
         """The state dict at ``(epoch, cursor)`` (formats/order.md section 8; key order fixed)."""
 
     @abstractmethod
-    def resume(self, state, world_size: int) -> tuple[int, int]:
-        """``(epoch, cursor)`` to continue from a saved ``state`` on ``world_size`` ranks (an epoch end rolled
+    def resume(self, state, world_size: int) -> tuple[int, int, int]:
+        """``(epoch, cursor, shift)`` to continue from a saved ``state`` on ``world_size`` ranks at this plan's
+        global batch (the saved one or another: :func:`~pageset.order.state.resume_cursor`; an epoch end rolled
         over to the next epoch). StateError / StateMismatchError naming the field when the state is malformed or
         belongs to other data or parameters."""
+
+    def epoch_end(self, cursor: int) -> int:
+        """The position at which the current epoch ends when its next step starts at ``cursor`` (int >= 0):
+        :func:`~pageset.order.sharding.epoch_end` of N, G and drop_last; ``epoch_length`` for a cursor that is a
+        multiple of G."""
+        p = self.params
+        if cursor % p.global_batch_size == 0:
+            return self.epoch_length
+        return epoch_end(self.n_records, p.global_batch_size, p.drop_last, cursor)
 
     def _order_state(self, epoch: int, cursor: int, subset: str = "") -> OrderState:
         p = self.params
         return OrderState(dataset_id=self.dataset_id, seed=p.seed, epoch=epoch, cursor=cursor,
                           global_batch_size=p.global_batch_size, order=p.order, window_pages=p.window_pages,
-                          drop_last=p.drop_last, subset=subset, seq_len=p.seq_len)
+                          drop_last=p.drop_last, subset=subset, seq_len=p.seq_len,
+                          batch_offset=cursor % p.global_batch_size)
 
     def _epoch_length(self) -> int:
         """epoch_length(N, G, drop_last); its ValueError (no full step) names ``path``, and for token files says
@@ -229,7 +247,7 @@ class FilePlan(Plan):
         self.n_records = int(self.page_sizes.sum())
         self.epoch_length = self._epoch_length()
 
-    def epoch(self, epoch: int) -> PlanEpoch:
+    def epoch(self, epoch: int, shift: int = 0) -> PlanEpoch:
         p = self.params
         return FileEpoch(EpochOrder(self.page_sizes, p.seed, epoch, p.order, p.window_pages))
 
@@ -237,11 +255,12 @@ class FilePlan(Plan):
         """The state's ``subset`` key ("" for a whole file)."""
         return ""
 
-    def state(self, epoch: int, cursor: int) -> dict:
+    def state(self, epoch: int, cursor: int, shift: int = 0) -> dict:
         return self._order_state(epoch, cursor, self._subset()).to_dict()
 
-    def resume(self, state, world_size: int) -> tuple[int, int]:
+    def resume(self, state, world_size: int) -> tuple[int, int, int]:
         refuse_mixture_state(state, self.path)
         saved = OrderState.from_dict(state)
         check_compatible(saved, self._order_state(0, 0, self._subset()), world_size, self.n_records)
-        return normalize_cursor(saved.epoch, saved.cursor, self.epoch_length)
+        epoch, cursor, _ = resume_cursor(saved, self.n_records, self.params.global_batch_size)
+        return epoch, cursor, 0

@@ -71,6 +71,28 @@ def epoch_length(n_records: int, global_batch: int, drop_last: bool) -> int:
     return -(-n // g) * g
 
 
+def epoch_end(n_records: int, global_batch: int, drop_last: bool, cursor: int = 0) -> int:
+    """The epoch position at which an epoch ends whose next step starts at ``cursor``: int.
+
+    The steps cover ``[cursor + k*G, cursor + (k+1)*G)``, ``k = 0, 1, ...``, for as long as positions remain:
+    ``drop_last=True``: while a whole step fits in ``[0, N)`` (the tail of fewer than G positions is dropped);
+    ``drop_last=False``: until the positions reach N (the last step padded, positions >= N). So the end is
+    ``cursor + floor((N - cursor) / G) * G`` or ``cursor + ceil((N - cursor) / G) * G``, never below ``cursor``.
+    ``cursor = 0`` gives :func:`epoch_length` (and its errors); a cursor that is not a multiple of G comes from a
+    resume with another global batch (formats/order.md section 8). ValueError on a negative cursor.
+    """
+    c = _as_int("cursor", cursor)
+    if c == 0:
+        return epoch_length(n_records, global_batch, drop_last)
+    if c < 0:
+        raise ValueError(f"cursor must be >= 0, got {c}")
+    n, g = _as_int("n_records", n_records), _as_int("global_batch", global_batch)
+    if g < 1:
+        raise ValueError(f"global_batch must be >= 1, got {g}")
+    steps = (n - c) // g if drop_last else -(-(n - c) // g)
+    return c + max(steps, 0) * g
+
+
 def steps_per_epoch(n_records: int, global_batch: int, drop_last: bool) -> int:
     """L // G, the steps (batches per rank) in one epoch; errors as :func:`epoch_length`."""
     return epoch_length(n_records, global_batch, drop_last) // _as_int("global_batch", global_batch)

@@ -1,10 +1,12 @@
 """The loader's resume state (order v1): a small frozen record, its JSON form and the resume checks.
 
 The state counts batches handed to the caller by ``next()`` (never batches decoded, queued or in flight) as
-``cursor``: global samples consumed in the current epoch, a multiple of the global batch G. Nothing in it is
-per rank or per thread, so a run saved on W ranks resumes on any W' that divides G: every rank recomputes
-its slice from ``(epoch, cursor // G)`` with the pure functions of ``shuffle.py`` and ``sharding.py``.
-``cursor == L`` (saved right after the last batch of an epoch) means the next epoch starts at step 0.
+``cursor``: global samples (epoch positions) consumed in the current epoch, a multiple of the global batch G
+unless G changed during the epoch (then ``batch_offset = cursor % G`` says so). Nothing in it is per rank or per
+thread, so a run saved on W ranks resumes on any W', and with any global batch G' (a multiple of W'): the
+remaining steps of the epoch cover positions ``[cursor + k*G', cursor + (k+1)*G')`` (:func:`resume_cursor`),
+recomputed with the pure functions of ``shuffle.py`` and ``sharding.py``. A state saved right after the last
+batch of an epoch (``cursor`` at the epoch's end) means the next epoch starts at position 0.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .keys import MASK64
-from .sharding import epoch_length, local_batch
+from .sharding import epoch_end, epoch_length, local_batch
 from .shuffle import ORDERS
 
 STATE_VERSION = 1  # layout of the state dict
@@ -35,7 +37,9 @@ FIELDS = (
 )
 # Keys present only when they differ from their default (so whole-file states keep the layout above).
 # seq_len: the TokenWindows length of a token file's loader (0: a record file); the cursor counts its windows.
-OPTIONAL_FIELDS = {"subset": "", "seq_len": 0}
+# batch_offset: cursor % global_batch_size, not 0 only in an epoch in which the global batch changed (the steps
+# of the rest of that epoch start at positions batch_offset + k*G).
+OPTIONAL_FIELDS = {"subset": "", "seq_len": 0, "batch_offset": 0}
 
 
 class StateError(ValueError):
@@ -62,11 +66,14 @@ class OrderState:
     """Where a loader is in its sample stream; enough to recompute every later batch on any world size.
 
     version: int, STATE_VERSION. order_algo: int, ORDER_ALGO. dataset_id: str, the file's content hash.
-    seed: int in [0, 2**64). epoch: int >= 0. cursor: int >= 0, global samples consumed in this epoch
-    (a multiple of global_batch_size). global_batch_size: int >= 1, G. order: one of ORDERS. window_pages:
+    seed: int in [0, 2**64). epoch: int >= 0. cursor: int >= 0, global samples (epoch positions) consumed in
+    this epoch (``cursor % global_batch_size == batch_offset``). global_batch_size: int >= 1, G, the global
+    batch of the loader that saved the state. order: one of ORDERS. window_pages:
     int >= 1, M. drop_last: bool. subset: str, ``""`` for a whole file, else the subset's digest
     (``"<n>:<sha256>"``, see ``subset.py``). seq_len: int >= 0, the window length of a token file's loader
     (0 for a record file): windows are the records, so the cursor means nothing under another seq_len.
+    batch_offset: int in ``[0, G)``, ``cursor % G``: 0 unless the global batch changed in this epoch (a state
+    saved by a loader that resumed mid-epoch from a state of another global batch).
     Construction validates each field (StateError naming it).
     """
 
@@ -82,6 +89,7 @@ class OrderState:
     drop_last: bool
     subset: str = ""
     seq_len: int = 0
+    batch_offset: int = 0
 
     def __post_init__(self) -> None:
         _expect(
@@ -103,6 +111,7 @@ class OrderState:
             ("global_batch_size", 1),
             ("window_pages", 1),
             ("seq_len", 0),
+            ("batch_offset", 0),
         ):
             value = getattr(self, name)
             _expect(type(value) is int, name, f"must be an int, got {type(value).__name__} ({value!r})")
@@ -112,16 +121,29 @@ class OrderState:
         _expect(type(self.drop_last) is bool, "drop_last", f"must be a bool, got {self.drop_last!r}")
         _expect(isinstance(self.subset, str), "subset", f"must be a str, got {self.subset!r}")
         _expect(
-            self.cursor % self.global_batch_size == 0,
-            "cursor",
-            f"cursor={self.cursor} is not a multiple of global_batch_size={self.global_batch_size}: "
-            f"states are taken between steps",
+            self.batch_offset < self.global_batch_size,
+            "batch_offset",
+            f"must be < global_batch_size={self.global_batch_size}, got {self.batch_offset}",
         )
+        if self.batch_offset == 0:
+            _expect(
+                self.cursor % self.global_batch_size == 0,
+                "cursor",
+                f"cursor={self.cursor} is not a multiple of global_batch_size={self.global_batch_size}: "
+                f"states are taken between steps",
+            )
+        else:  # the global batch changed in this epoch: the steps started at batch_offset
+            _expect(
+                self.cursor % self.global_batch_size == self.batch_offset,
+                "cursor",
+                f"cursor={self.cursor} is not batch_offset={self.batch_offset} plus a multiple of "
+                f"global_batch_size={self.global_batch_size}: states are taken between steps",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """A plain JSON-serialisable dict (str, int, bool values) with the keys of FIELDS, in that order, then
         the OPTIONAL_FIELDS that differ from their defaults (``subset`` for a loader on a subset, ``seq_len``
-        for one on a token file)."""
+        for one on a token file, ``batch_offset`` in an epoch in which the global batch changed)."""
         d = {name: getattr(self, name) for name in FIELDS}
         d.update({name: getattr(self, name) for name, default in OPTIONAL_FIELDS.items()
                   if getattr(self, name) != default})
@@ -167,7 +189,6 @@ _HINTS = {
     "seed": "Construct the loader with the saved seed, or start fresh instead of loading the state.",
     "order": "Construct the loader with the saved order, or start fresh instead of loading the state.",
     "window_pages": "Construct the loader with the saved window_pages, or start fresh.",
-    "global_batch_size": "Keep the global batch (change the per-rank batch with the world size instead).",
     "drop_last": "Construct the loader with the saved drop_last: it changes the epoch length.",
     "subset": "The state was saved on another subset of records (indices=, '' = the whole file): construct "
               "the loader with the same indices, in the same order.",
@@ -181,15 +202,18 @@ def check_compatible(
 ) -> None:
     """Raise unless the loader described by ``current`` can resume ``saved`` on ``world_size`` ranks.
 
-    Compares dataset_id, subset, seq_len (when the saved one is not 0), order_algo, seed, order, window_pages (only for ``"quasi_random"``, the one
-    order it changes), global_batch_size and drop_last: StateMismatchError naming the first differing field with both
-    values. ``current.epoch`` and ``current.cursor`` are ignored (the saved ones win). Then requires
-    ``G % world_size == 0`` (StateError on ``global_batch_size``) and, when ``n_records`` is given,
-    ``cursor <= L`` (StateError on ``cursor``). ``cursor % G == 0`` holds by construction of OrderState.
+    Compares dataset_id, subset, seq_len (when the saved one is not 0), order_algo, seed, order, window_pages
+    (only for ``"quasi_random"``, the one order it changes) and drop_last: StateMismatchError naming the first
+    differing field with both values. ``global_batch_size`` may differ (the epoch continues at the saved position
+    in steps of the current G: :func:`resume_cursor`); ``current.epoch`` and ``current.cursor`` are ignored (the
+    saved ones win). Then requires ``current.global_batch_size % world_size == 0`` (StateError on
+    ``global_batch_size``) and, when ``n_records`` is given, that the cursor is not past the end of the saved
+    epoch (``L`` of the saved G, or :func:`~pageset.order.sharding.epoch_end` from the saved ``batch_offset``;
+    StateError on ``cursor``). ``cursor % G == batch_offset`` holds by construction of OrderState.
     """
-    fields = ["dataset_id", "subset", "seq_len", "order_algo", "seed", "order", "global_batch_size", "drop_last"]
+    fields = ["dataset_id", "subset", "seq_len", "order_algo", "seed", "order", "drop_last"]
     if saved.order == "quasi_random":
-        fields.insert(fields.index("global_batch_size"), "window_pages")
+        fields.insert(fields.index("drop_last"), "window_pages")
     for name in fields:
         a, b = getattr(saved, name), getattr(current, name)
         if name == "seq_len" and a == 0:
@@ -197,17 +221,31 @@ def check_compatible(
         if a != b:
             raise StateMismatchError(name, a, b, _HINTS[name])
     try:
-        local_batch(saved.global_batch_size, world_size)
+        local_batch(current.global_batch_size, world_size)
     except ValueError as exc:
         raise StateError("global_batch_size", str(exc)) from None
     if n_records is not None:
-        length = epoch_length(n_records, saved.global_batch_size, saved.drop_last)
+        end = saved_end(saved, n_records)
+        where = (f"the epoch length L={end}" if saved.batch_offset == 0 else
+                 f"the end of the epoch at position {end} (steps from batch_offset={saved.batch_offset})")
         _expect(
-            saved.cursor <= length,
+            saved.cursor <= end,
             "cursor",
-            f"cursor={saved.cursor} is past the epoch length L={length} (N={n_records}, "
+            f"cursor={saved.cursor} is past {where} (N={n_records}, "
             f"global_batch_size={saved.global_batch_size}, drop_last={saved.drop_last})",
         )
+
+
+def saved_end(saved: OrderState, n_records: int) -> int:
+    """Where the saved epoch ends with the saved G (``n_records`` N): L, or, when the global batch changed in
+    it, :func:`~pageset.order.sharding.epoch_end` from ``batch_offset``. StateError on ``global_batch_size``
+    when the saved G leaves no step (``drop_last=True`` and N < G: no loader saved that)."""
+    try:
+        if saved.batch_offset == 0:
+            return epoch_length(n_records, saved.global_batch_size, saved.drop_last)
+        return epoch_end(n_records, saved.global_batch_size, saved.drop_last, saved.batch_offset)
+    except ValueError as exc:
+        raise StateError("global_batch_size", f"the saved global batch gives no epoch: {exc}") from None
 
 
 def normalize_cursor(epoch: int, cursor: int, epoch_length: int) -> tuple[int, int]:
@@ -222,12 +260,33 @@ def normalize_cursor(epoch: int, cursor: int, epoch_length: int) -> tuple[int, i
     return epoch, cursor
 
 
+def resume_cursor(saved: OrderState, n_records: int, global_batch: int) -> tuple[int, int, int]:
+    """``(epoch, cursor, passed)``: where a loader of global batch ``global_batch`` (G', any value) continues
+    from ``saved`` (checked with :func:`check_compatible`), and ``passed``, the positions of ``saved.epoch`` that
+    were rolled over (its length when the loader continues at the next epoch, else 0).
+
+    The next step covers epoch positions ``[cursor, cursor + G')``, the ones after it follow at ``+ G'``, so the
+    positions handed out before and after a change of the global batch are the epoch's, each once, in order.
+    The saved epoch is over (``(epoch + 1, 0)``) when the cursor is at its end with the saved G, or when the
+    positions left cannot make a step of G' (``drop_last=True``: fewer than G' left, dropped like any epoch's
+    tail; ``drop_last=False`` never leaves a step out: the last is padded). StateError on a cursor past the end.
+    """
+    end = saved_end(saved, n_records)
+    epoch, cursor = normalize_cursor(saved.epoch, saved.cursor, end)
+    if cursor == 0:
+        return epoch, 0, end if epoch != saved.epoch else 0
+    end = epoch_end(n_records, global_batch, saved.drop_last, cursor)
+    if end == cursor:  # no step of G' left in this epoch (drop_last=True): its tail is dropped
+        return epoch + 1, 0, cursor
+    return epoch, cursor, 0
+
+
 def resume_point(state: OrderState, n_records: int) -> tuple[int, int]:
     """``(epoch, step)`` at which a loader restarted from ``state`` continues.
 
-    Its next batch is step ``step`` of epoch ``epoch`` (``step = cursor // G`` after
-    :func:`normalize_cursor`); no sample is read to get there. Errors as :func:`epoch_length`.
+    Its next batch is step ``step`` of epoch ``epoch`` with the saved G (``step = cursor // G`` after
+    :func:`normalize_cursor`; its positions start at ``batch_offset + step * G``); no sample is read to get there.
+    Errors as :func:`epoch_length`.
     """
-    length = epoch_length(n_records, state.global_batch_size, state.drop_last)
-    epoch, cursor = normalize_cursor(state.epoch, state.cursor, length)
+    epoch, cursor = normalize_cursor(state.epoch, state.cursor, saved_end(state, n_records))
     return epoch, cursor // state.global_batch_size

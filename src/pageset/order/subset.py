@@ -157,7 +157,7 @@ class SubsetPlan(FilePlan):
         self.layout = SubsetLayout(sizes, ids, params.order)
         super().__init__(self.layout.page_sizes, dataset_id, params, path)
 
-    def epoch(self, epoch: int) -> PlanEpoch:
+    def epoch(self, epoch: int, shift: int = 0) -> PlanEpoch:
         p = self.params
         return FileEpoch(EpochOrder(self.layout.page_sizes, p.seed, epoch, p.order, p.window_pages),
                          self.layout.members)
