@@ -35,7 +35,9 @@ FIELDS = (
 )
 # Keys present only when they differ from their default (so whole-file states keep the layout above).
 # seq_len: the TokenWindows length of a token file's loader (0: a record file); the cursor counts its windows.
-OPTIONAL_FIELDS = {"subset": "", "seq_len": 0}
+# packing: "" for stride windows (and record files), else the packing of a token file's rows (formats/packing.md
+# section 7): the rows are the records, so the cursor means nothing under another packing.
+OPTIONAL_FIELDS = {"subset": "", "seq_len": 0, "packing": ""}
 
 
 class StateError(ValueError):
@@ -67,6 +69,7 @@ class OrderState:
     int >= 1, M. drop_last: bool. subset: str, ``""`` for a whole file, else the subset's digest
     (``"<n>:<sha256>"``, see ``subset.py``). seq_len: int >= 0, the window length of a token file's loader
     (0 for a record file): windows are the records, so the cursor means nothing under another seq_len.
+    packing: str, ``""`` for stride windows, else the packing of packed rows (``"best_fit:pages=<P>"``).
     Construction validates each field (StateError naming it).
     """
 
@@ -82,6 +85,7 @@ class OrderState:
     drop_last: bool
     subset: str = ""
     seq_len: int = 0
+    packing: str = ""
 
     def __post_init__(self) -> None:
         _expect(
@@ -111,6 +115,7 @@ class OrderState:
         _expect(self.order in ORDERS, "order", f"must be one of {ORDERS}, got {self.order!r}")
         _expect(type(self.drop_last) is bool, "drop_last", f"must be a bool, got {self.drop_last!r}")
         _expect(isinstance(self.subset, str), "subset", f"must be a str, got {self.subset!r}")
+        _expect(isinstance(self.packing, str), "packing", f"must be a str, got {self.packing!r}")
         _expect(
             self.cursor % self.global_batch_size == 0,
             "cursor",
@@ -171,6 +176,9 @@ _HINTS = {
     "drop_last": "Construct the loader with the saved drop_last: it changes the epoch length.",
     "subset": "The state was saved on another subset of records (indices=, '' = the whole file): construct "
               "the loader with the same indices, in the same order.",
+    "packing": "The cursor counts rows of the saved packing ('' = stride windows): construct TokenWindows with "
+               "the same packing and pack_pages to resume (formats/packing.md section 7); another one needs a fresh "
+               "start (set_epoch instead of the state).",
     "seq_len": "The cursor counts windows of the saved seq_len (0: a record file): construct TokenWindows with "
                "the saved seq_len to resume; a new seq_len needs a fresh start (set_epoch instead of the state).",
 }
@@ -181,13 +189,13 @@ def check_compatible(
 ) -> None:
     """Raise unless the loader described by ``current`` can resume ``saved`` on ``world_size`` ranks.
 
-    Compares dataset_id, subset, seq_len (when the saved one is not 0), order_algo, seed, order, window_pages (only for ``"quasi_random"``, the one
+    Compares dataset_id, subset, seq_len (when the saved one is not 0), packing, order_algo, seed, order, window_pages (only for ``"quasi_random"``, the one
     order it changes), global_batch_size and drop_last: StateMismatchError naming the first differing field with both
     values. ``current.epoch`` and ``current.cursor`` are ignored (the saved ones win). Then requires
     ``G % world_size == 0`` (StateError on ``global_batch_size``) and, when ``n_records`` is given,
     ``cursor <= L`` (StateError on ``cursor``). ``cursor % G == 0`` holds by construction of OrderState.
     """
-    fields = ["dataset_id", "subset", "seq_len", "order_algo", "seed", "order", "global_batch_size", "drop_last"]
+    fields = ["dataset_id", "subset", "seq_len", "packing", "order_algo", "seed", "order", "global_batch_size", "drop_last"]
     if saved.order == "quasi_random":
         fields.insert(fields.index("global_batch_size"), "window_pages")
     for name in fields:
