@@ -33,20 +33,22 @@ def rows(doc_offsets, seq_len: int, itemsize: int, page_size: int, pack_pages) -
     bins = []  # every bin: [remaining, last_placed_time, pieces]
     clock = 0
     for g in sorted(groups):
-        mine = []
+        open_bins = []  # this group's bins with room left (a full bin takes no more pieces: weights are >= 1)
         for s, m in sorted(groups[g], key=lambda p: (-(p[1] - 1), p[0])):
             w = m - 1
-            fits = [b for b in mine if b[0] >= w]
+            fits = [b for b in open_bins if b[0] >= w]
             if fits:
                 best = min(fits, key=lambda b: (b[0], -b[1]))
             else:
                 best = [seq_len, 0, []]
-                mine.append(best)
+                open_bins.append(best)
+                bins.append(best)
             best[0] -= w
             clock += 1
             best[1] = clock
             best[2].append((s, m))
-        bins.extend(mine)
+            if best[0] == 0:
+                open_bins.remove(best)
     return sorted((b[2] for b in bins), key=lambda ps: ps[0][0])
 
 
