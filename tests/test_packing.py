@@ -199,3 +199,13 @@ def test_loss_mask_hook_labels():
         exp = ref.row_contents(tokens, row, 16, 999, bits.tolist())
         assert out["lab"][r].tolist() == exp["labels"] and out["inp"][r].tolist() == exp["input"]
         assert out["doc"][r].tolist() == exp["doc_ids"] and out["pos"][r].tolist() == exp["position_ids"]
+
+
+def test_readme_packing_example_runs(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", readme[readme.index("### Packing"):], re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md (Packing)", "exec"), {})
