@@ -190,13 +190,15 @@ def window_page_sizes(count: int, seq_len: int, itemsize: int, page_size: int, p
 # --- 8. state -------------------------------------------------------------------------------------------------
 
 def state_dict(dataset_id, seed, epoch, cursor, global_batch, order, window_pages, drop_last, subset=None,
-               seq_len=0) -> dict:
+               seq_len=0, packing="") -> dict:
     d = {"version": 1, "order_algo": 1, "dataset_id": dataset_id, "seed": seed, "epoch": epoch, "cursor": cursor,
          "global_batch_size": global_batch, "order": order, "window_pages": window_pages, "drop_last": drop_last}
     if subset is not None:
         d["subset"] = subset_digest(subset)
     if seq_len:
         d["seq_len"] = seq_len
+    if packing:  # formats/packing.md section 7
+        d["packing"] = packing
     if cursor % global_batch:  # inside an epoch in which the global batch changed (section 5.1)
         d["batch_offset"] = cursor % global_batch
     return d
@@ -233,10 +235,10 @@ def refused_field(saved: dict, current: dict, world_size: int) -> str | None:
     for name in ("version", "order_algo"):
         if saved.get(name) != 1:
             return name
-    checks = ["dataset_id", "subset", "seq_len", "order_algo", "seed", "order", "drop_last"]
+    checks = ["dataset_id", "subset", "seq_len", "packing", "order_algo", "seed", "order", "drop_last"]
     if saved["order"] == "quasi_random":
         checks.insert(checks.index("drop_last"), "window_pages")
-    absent = {"subset": "", "seq_len": 0}  # optional keys: their value when missing
+    absent = {"subset": "", "seq_len": 0, "packing": ""}  # optional keys: their value when missing
     for name in checks:
         a, b = saved.get(name, absent.get(name)), current.get(name, absent.get(name))
         if name == "seq_len" and not a:

@@ -442,6 +442,10 @@ def build_stage(name, field, ops, ds, pages, array_type: str = "torch") -> Stage
         if isinstance(op, type):
             raise PipelineError(f"field {name!r}: {op.__name__} is a class; pass an instance, e.g. {op.__name__}()")
     if isinstance(field, Tokens):
+        if any(isinstance(op, TokenWindows) and op.packing for op in ops):
+            from .packed import PackedTokenStage  # packed rows (formats/packing.md); packed.py builds on this module
+
+            return PackedTokenStage(name, ops, ds, pages, array_type)
         return TokenStage(name, ops, ds, pages, array_type)
     if isinstance(field, RGBImage):
         return ImageStage(name, ops, ds, pages, array_type)

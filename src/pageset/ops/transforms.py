@@ -181,11 +181,23 @@ class TokenWindows:
     "int32" halves the input copy). With ``document_outputs=True`` the batch also holds ``position_ids``
     (int64[B, L], 0 at each row start and after each EOS), ``doc_ids`` (int32[B, L]), ``labels`` (int64[B, L],
     target with -100 where the input is EOS), ``cu_seqlens`` (int32[S + 1] over the flattened batch) and
-    ``max_seqlen`` (int); see ``pageset.ops.tokens`` for the exact segment rules."""
+    ``max_seqlen`` (int); see ``pageset.ops.tokens`` for the exact segment rules.
+
+    ``packing="best_fit"``: rows of packed documents instead of stride windows (formats/packing.md): each
+    document (cut into pieces of ``seq_len + 1`` tokens overlapping by one when longer, or ValueError naming the
+    file and document with ``split_documents=False``) is packed by best-fit decreasing into rows of ``seq_len``
+    columns, within groups of ``pack_pages`` consecutive pages (None: the whole file); the rows are the records
+    (``len``, order, ``indices=``, resume). The batch then always holds the document outputs: ``position_ids``
+    (restarting in every piece), ``doc_ids`` (int32, -1 on padding), ``labels`` and ``target`` (-100 on padding,
+    labels also where a loss mask is 0), ``cu_seqlens`` (int32, over the flattened batch: every piece and each
+    row's padding a segment) and ``max_seqlen``."""
 
     seq_len: int
     document_outputs: bool = False
     input_dtype: str = "int64"
+    packing: str | None = None
+    pack_pages: int | None = 1
+    split_documents: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "seq_len", check.integer("TokenWindows.seq_len", self.seq_len, minimum=1))
@@ -193,3 +205,9 @@ class TokenWindows:
                            check.boolean("TokenWindows.document_outputs", self.document_outputs))
         object.__setattr__(self, "input_dtype",
                            check.dtype_name("TokenWindows.input_dtype", self.input_dtype, ("int64", "int32")))
+        object.__setattr__(self, "packing", None if self.packing is None else
+                           check.choice("TokenWindows.packing", self.packing, ("best_fit",)))
+        object.__setattr__(self, "pack_pages",
+                           check.integer("TokenWindows.pack_pages", self.pack_pages, minimum=1, optional=True))
+        object.__setattr__(self, "split_documents",
+                           check.boolean("TokenWindows.split_documents", self.split_documents))

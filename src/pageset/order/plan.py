@@ -61,6 +61,7 @@ class OrderParams:
     global_batch_size: int
     drop_last: bool
     seq_len: int = 0
+    packing: str = ""  # "" for stride windows and record files, else a token file's packing (formats/packing.md)
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ class Plan(ABC):
         return OrderState(dataset_id=self.dataset_id, seed=p.seed, epoch=epoch, cursor=cursor,
                           global_batch_size=p.global_batch_size, order=p.order, window_pages=p.window_pages,
                           drop_last=p.drop_last, subset=subset, seq_len=p.seq_len,
-                          batch_offset=cursor % p.global_batch_size)
+                          packing=p.packing, batch_offset=cursor % p.global_batch_size)
 
     def _epoch_length(self) -> int:
         """epoch_length(N, G, drop_last); its ValueError (no full step) names ``path``, and for token files says
@@ -168,7 +169,8 @@ class Plan(ABC):
         try:
             return epoch_length(self.n_records, p.global_batch_size, p.drop_last)
         except ValueError as exc:
-            what = ("" if not p.seq_len else f" (the records of a token file are its windows: {self.n_records} of "
+            unit = "packed rows" if p.packing else "windows"
+            what = ("" if not p.seq_len else f" (the records of a token file are its {unit}: {self.n_records} of "
                     f"seq_len={p.seq_len} here; a smaller seq_len gives more)")
             raise ValueError(f"{self.path}: {exc}{what}") from None
 

@@ -37,9 +37,11 @@ FIELDS = (
 )
 # Keys present only when they differ from their default (so whole-file states keep the layout above).
 # seq_len: the TokenWindows length of a token file's loader (0: a record file); the cursor counts its windows.
+# packing: "" for stride windows (and record files), else the packing of a token file's rows (formats/packing.md
+# section 7): the rows are the records, so the cursor means nothing under another packing.
 # batch_offset: cursor % global_batch_size, not 0 only in an epoch in which the global batch changed (the steps
 # of the rest of that epoch start at positions batch_offset + k*G).
-OPTIONAL_FIELDS = {"subset": "", "seq_len": 0, "batch_offset": 0}
+OPTIONAL_FIELDS = {"subset": "", "seq_len": 0, "packing": "", "batch_offset": 0}
 
 
 class StateError(ValueError):
@@ -72,6 +74,7 @@ class OrderState:
     int >= 1, M. drop_last: bool. subset: str, ``""`` for a whole file, else the subset's digest
     (``"<n>:<sha256>"``, see ``subset.py``). seq_len: int >= 0, the window length of a token file's loader
     (0 for a record file): windows are the records, so the cursor means nothing under another seq_len.
+    packing: str, ``""`` for stride windows, else the packing of packed rows (``"best_fit:pages=<P>"``).
     batch_offset: int in ``[0, G)``, ``cursor % G``: 0 unless the global batch changed in this epoch (a state
     saved by a loader that resumed mid-epoch from a state of another global batch).
     Construction validates each field (StateError naming it).
@@ -89,6 +92,7 @@ class OrderState:
     drop_last: bool
     subset: str = ""
     seq_len: int = 0
+    packing: str = ""
     batch_offset: int = 0
 
     def __post_init__(self) -> None:
@@ -120,6 +124,7 @@ class OrderState:
         _expect(self.order in ORDERS, "order", f"must be one of {ORDERS}, got {self.order!r}")
         _expect(type(self.drop_last) is bool, "drop_last", f"must be a bool, got {self.drop_last!r}")
         _expect(isinstance(self.subset, str), "subset", f"must be a str, got {self.subset!r}")
+        _expect(isinstance(self.packing, str), "packing", f"must be a str, got {self.packing!r}")
         _expect(
             self.batch_offset < self.global_batch_size,
             "batch_offset",
@@ -192,6 +197,9 @@ _HINTS = {
     "drop_last": "Construct the loader with the saved drop_last: it changes the epoch length.",
     "subset": "The state was saved on another subset of records (indices=, '' = the whole file): construct "
               "the loader with the same indices, in the same order.",
+    "packing": "The cursor counts rows of the saved packing ('' = stride windows): construct TokenWindows with "
+               "the same packing and pack_pages to resume (formats/packing.md section 7); another one needs a fresh "
+               "start (set_epoch instead of the state).",
     "seq_len": "The cursor counts windows of the saved seq_len (0: a record file): construct TokenWindows with "
                "the saved seq_len to resume; a new seq_len needs a fresh start (set_epoch instead of the state).",
 }
@@ -202,7 +210,7 @@ def check_compatible(
 ) -> None:
     """Raise unless the loader described by ``current`` can resume ``saved`` on ``world_size`` ranks.
 
-    Compares dataset_id, subset, seq_len (when the saved one is not 0), order_algo, seed, order, window_pages
+    Compares dataset_id, subset, seq_len (when the saved one is not 0), packing, order_algo, seed, order, window_pages
     (only for ``"quasi_random"``, the one order it changes) and drop_last: StateMismatchError naming the first
     differing field with both values. ``global_batch_size`` may differ (the epoch continues at the saved position
     in steps of the current G: :func:`resume_cursor`); ``current.epoch`` and ``current.cursor`` are ignored (the
@@ -211,7 +219,7 @@ def check_compatible(
     epoch (``L`` of the saved G, or :func:`~pageset.order.sharding.epoch_end` from the saved ``batch_offset``;
     StateError on ``cursor``). ``cursor % G == batch_offset`` holds by construction of OrderState.
     """
-    fields = ["dataset_id", "subset", "seq_len", "order_algo", "seed", "order", "drop_last"]
+    fields = ["dataset_id", "subset", "seq_len", "packing", "order_algo", "seed", "order", "drop_last"]
     if saved.order == "quasi_random":
         fields.insert(fields.index("drop_last"), "window_pages")
     for name in fields:
