@@ -8,15 +8,57 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..format.fields import JSON, Bytes, Float, Int, NDArray, RGBImage, Tokens
 from ..ops import tokens as token_ops
+from ..ops.transforms import FloatDecoder, IntDecoder, TokenWindows
 from .pages import PageVerifier, PreadPages, ProcessPageCache
-from .stages import BytesStage, PipelineError, TokenStage, build_stage
+from .packed import PackedTokenStage
+from .stages import (
+    ArrayStage,
+    BytesStage,
+    ImageStage,
+    JSONStage,
+    PipelineError,
+    ScalarStage,
+    Stage,
+    TokenStage,
+)
 
 # Rows of a mixture slice that come from one file but are not contiguous are filled in place, one call per run of
 # rows, when a row's outputs are at least this large (images: the copy would cost more than the call), else in
 # one call into scratch buffers and copied to their rows (token windows, scalars: the call costs more). A
 # 224x224 float32 image is 602 KB a row, a 1024-token window 16 KB.
 IN_PLACE_ROW_BYTES = 1 << 18
+
+
+
+def build_stage(name, field, ops, ds, pages, array_type: str = "torch") -> Stage:
+    """The stage for one field and its pipeline (``None``/missing ops: the field's default decoder); its arrays
+    are handed out as ``array_type`` ("torch" tensors or "numpy" arrays)."""
+    if ops is not None and not isinstance(ops, (list, tuple)):
+        raise PipelineError(f"field {name!r}: a pipeline is a list of ops, e.g. [RandomResizedCrop(224)], "
+                            f"got {ops!r}")
+    ops = list(ops or [])
+    for op in ops:
+        if isinstance(op, type):
+            raise PipelineError(f"field {name!r}: {op.__name__} is a class; pass an instance, e.g. {op.__name__}()")
+    if isinstance(field, Tokens):
+        if any(isinstance(op, TokenWindows) and op.packing for op in ops):
+            return PackedTokenStage(name, ops, ds, pages, array_type)
+        return TokenStage(name, ops, ds, pages, array_type)
+    if isinstance(field, RGBImage):
+        return ImageStage(name, ops, ds, pages, array_type)
+    if isinstance(field, Int):
+        return ScalarStage(name, ops, ds, IntDecoder(), array_type)
+    if isinstance(field, Float):
+        return ScalarStage(name, ops, ds, FloatDecoder(), array_type)
+    if isinstance(field, NDArray):
+        return ArrayStage(name, ops, ds, field, pages, array_type)
+    if isinstance(field, Bytes):
+        return BytesStage(name, ops, ds, pages, array_type)
+    if isinstance(field, JSON):
+        return JSONStage(name, ops, ds, pages)
+    raise PipelineError(f"field {name!r}: the loader does not handle {type(field).__name__} fields")
 
 
 class FileSource:

@@ -9,15 +9,13 @@ import numpy as np
 import torch
 
 from ..format.errors import plural
-from ..format.fields import JSON, Bytes, Float, Int, NDArray, RGBImage, Tokens
+from ..format.fields import NDArray
 from ..ops import image as image_ops
 from ..ops import image_batch, jpeg
 from ..ops import tokens as token_ops
 from ..ops.transforms import (
     BytesDecoder,
     CenterCrop,
-    FloatDecoder,
-    IntDecoder,
     JSONDecoder,
     NDArrayDecoder,
     Normalize,
@@ -429,34 +427,3 @@ class TokenStage(Stage):
         if self.docs:
             vals["max_seqlen"] = max_len
         return vals
-
-
-def build_stage(name, field, ops, ds, pages, array_type: str = "torch") -> Stage:
-    """The stage for one field and its pipeline (``None``/missing ops: the field's default decoder); its arrays
-    are handed out as ``array_type`` ("torch" tensors or "numpy" arrays)."""
-    if ops is not None and not isinstance(ops, (list, tuple)):
-        raise PipelineError(f"field {name!r}: a pipeline is a list of ops, e.g. [RandomResizedCrop(224)], "
-                            f"got {ops!r}")
-    ops = list(ops or [])
-    for op in ops:
-        if isinstance(op, type):
-            raise PipelineError(f"field {name!r}: {op.__name__} is a class; pass an instance, e.g. {op.__name__}()")
-    if isinstance(field, Tokens):
-        if any(isinstance(op, TokenWindows) and op.packing for op in ops):
-            from .packed import PackedTokenStage  # packed rows (formats/packing.md); packed.py builds on this module
-
-            return PackedTokenStage(name, ops, ds, pages, array_type)
-        return TokenStage(name, ops, ds, pages, array_type)
-    if isinstance(field, RGBImage):
-        return ImageStage(name, ops, ds, pages, array_type)
-    if isinstance(field, Int):
-        return ScalarStage(name, ops, ds, IntDecoder(), array_type)
-    if isinstance(field, Float):
-        return ScalarStage(name, ops, ds, FloatDecoder(), array_type)
-    if isinstance(field, NDArray):
-        return ArrayStage(name, ops, ds, field, pages, array_type)
-    if isinstance(field, Bytes):
-        return BytesStage(name, ops, ds, pages, array_type)
-    if isinstance(field, JSON):
-        return JSONStage(name, ops, ds, pages)
-    raise PipelineError(f"field {name!r}: the loader does not handle {type(field).__name__} fields")
