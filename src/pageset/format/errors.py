@@ -59,6 +59,12 @@ class IndexBoundsError(FormatError):
     """An index row points outside the file or the page area, or breaks a required ordering."""
 
 
+class MemberMismatchError(FormatError):
+    """A member file of a many-file dataset is not the file its manifest lists (another dataset id, size, page
+    or record count): it was replaced or rewritten after the manifest was written. Names the member and what
+    differs."""
+
+
 class RemoteReadError(OSError):
     """A range request to a URL failed after every retry (timeouts, resets, 5xx, 429/SlowDown, short bodies);
     the message names the URL, the byte range and the number of attempts."""

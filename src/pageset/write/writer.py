@@ -52,7 +52,9 @@ ON_ERROR_HINT = ("To leave bad samples out instead, pass on_error='skip': their 
 @dataclass(frozen=True)
 class WriteResult:
     """What ``write_dataset`` wrote: ``path``, ``records`` written, ``skipped`` sample indices, ``dataset_id``
-    (hex SHA-256), ``bytes`` (file size), ``seconds`` (wall time)."""
+    (hex SHA-256), ``bytes`` (file size), ``seconds`` (wall time); for a many-file dataset ``path`` is the folder,
+    ``records``, ``dataset_id`` and ``bytes`` are the whole set's and ``members`` names the member files this
+    call wrote (empty for one file)."""
 
     path: str
     records: int
@@ -60,6 +62,7 @@ class WriteResult:
     dataset_id: str
     bytes: int
     seconds: float
+    members: tuple = ()
 
 
 def write_dataset(
@@ -79,6 +82,8 @@ def write_dataset(
     storage_options: dict | None = None,
     request_timeout: float = 30.0,
     request_attempts: int = 5,
+    records_per_member: int | None = None,
+    append: bool = False,
 ) -> WriteResult:
     """Convert ``source`` into one pageset file at ``path``.
 
@@ -117,6 +122,17 @@ def write_dataset(
         request_timeout, request_attempts: URL ``path`` only: seconds per request to the store and attempts per
             request (as for reading, :func:`~pageset.open_dataset`); a store that never answers fails after about
             ``request_attempts * request_timeout`` seconds with TimeoutError naming the URL.
+        records_per_member: write a many-file dataset (``formats/manyfile.md``) instead of one file: ``path`` is
+            a folder (created; or an fsspec URL prefix) that receives member files of this many samples each
+            (``m<generation>-<k>.pageset``, the last one shorter), each encoded and written by its own task
+            (``num_workers`` processes or ``executor`` tasks; nothing passes through this process), then
+            ``pageset.manifest.json``, written last and atomically. Members depend on the source and settings
+            only: byte-identical for any executor, worker count or retry with ``lineage=False``. A folder that
+            holds a set already gets a new set (its old members are removed once the new manifest is in
+            place), or with ``append=True`` more members. Read it with :func:`~pageset.open_dataset`.
+        append: with ``records_per_member``: add the source's samples as new members after those of the set at
+            ``path`` (old members are not rewritten; the set's dataset id changes). The fields and settings
+            must be those of the set (ValueError naming the field otherwise).
 
     Returns:
         :class:`WriteResult`.
@@ -136,7 +152,14 @@ def write_dataset(
         raises ValueError naming the limit, before its bytes past 5 TiB are uploaded.
     """
     t0 = time.perf_counter()
-    path = check_output_path(path)
+    records_per_member = check.integer("records_per_member", records_per_member, minimum=1, optional=True)
+    append = check.boolean("append", append)
+    if append and records_per_member is None:
+        raise ValueError("append=True adds members to a many-file dataset: give records_per_member= too")
+    if records_per_member is not None:
+        path = check_folder_path(path)
+    else:
+        path = check_output_path(path)
     fields = check.mapping("fields", fields, optional=True, example="{'image': RGBImage(), 'label': Int()}")
     num_workers = check.integer("num_workers", num_workers, minimum=0, optional=True)
     _check_page_size(page_size)
@@ -168,6 +191,10 @@ def write_dataset(
         check_not_input(path, src.data)
     if isinstance(src.data, ImageList):
         check_not_input(path, [src.data.path] + [row[0] for row in src.data.rows])
+    if records_per_member is not None:
+        return _write_many(path, src, fields, schema, row_dtype, page_size, records_per_member, append,
+                           num_workers, chunk_size, on_error, executor, storage_options, policy, lineage,
+                           metadata, progress, t0)
     # after check_not_input: its message is sharper
     check_replaceable(path, "write_dataset(path, source, fields)", storage_options, policy)
     ranges = cut(len(src), chunk_size)
@@ -200,6 +227,81 @@ def write_dataset(
         raise
     return WriteResult(out.path, stats["records"], tuple(stats["skipped"]), stats["dataset_id"], stats["bytes"],
                        time.perf_counter() - t0)
+
+
+def check_folder_path(path) -> str:
+    """The output folder of a many-file dataset as a str (its parent must exist; checked at the write)."""
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be the output folder's path or URL (str or os.PathLike), got {path!r} "
+                        f"({type(path).__name__})")
+    path = os.fspath(path)
+    if not path:
+        raise ValueError("path must name a folder, got ''")
+    if path.lower().startswith(("http://", "https://")):
+        raise ValueError(f"cannot write {path}: http(s) URLs are read-only; write to a local folder or an object "
+                         "store URL (s3://, gs://, az://, ...)")
+    return path.rstrip("/") or "/"
+
+
+def _write_many(folder, src, fields, schema, row_dtype, page_size, per_member, append, num_workers, chunk_size,
+                on_error, executor, storage_options, policy, lineage, metadata, progress, t0) -> WriteResult:
+    """write_dataset(records_per_member=...): one task per member writes it whole; then the manifest."""
+    from . import members as M
+
+    call = "write_dataset(path, source, fields, records_per_member=...)"
+    previous, generation, kept = M.prepare_folder(folder, storage_options, "records", schema, append, call)
+    cuts = cut(len(src), per_member)
+    meta, user = (lineage_info() if lineage else {}), (metadata or {})
+    chunk = chunk_size or 1024
+    if executor is not None and cuts:
+        check_picklable(src.part(*cuts[0]).data, "source", executor)
+        check_picklable(fields, "fields", executor)
+    names = [M.member_name(generation, k) for k in range(len(cuts))]
+    if executor is None and num_workers > 0:
+        fn = M.record_member_in_worker
+        tasks = ((schema, page_size, a, b, chunk, on_error, folder, n, storage_options, meta, user, policy)
+                 for (a, b), n in zip(cuts, names))
+    else:
+        fn = M.write_record_member
+        tasks = ((src if executor is None else src.part(a, b), fields, row_dtype, schema, page_size, a, b, chunk,
+                  on_error, folder, n, storage_options, meta, user, policy, executor is None)
+                 for (a, b), n in zip(cuts, names))
+    died = (f"{src.description}: a writer worker process died (killed or crashed, e.g. out of memory or a "
+            "segfault in a decoder); no manifest was written. Retry with num_workers=0 to see the error in this "
+            "process.")
+    results = M.run_tasks(fn, tasks, num_workers, executor, M.init_record_worker, (src, fields, row_dtype), died)
+    done, skipped = [], []
+    bar = tqdm(total=len(src), disable=not progress, desc="pageset write", unit="sample", leave=False)
+    try:
+        try:
+            for (a, b), s in zip(cuts, results):
+                if "error" in s:
+                    i, name, detail, tb, *where = s["error"]
+                    from .sources import WorkerTraceback
+
+                    cause = WorkerTraceback(tb) if tb else None
+                    raise SampleError(where[0] if where else src.description, i, name, detail,
+                                      ON_ERROR_HINT) from cause
+                skipped += [e["index"] for e in s["skipped"]]
+                if not s.get("empty"):
+                    done.append(s)
+                bar.update(b - a)
+        finally:
+            bar.close()
+            results.close()  # cancels and waits for tasks still in flight
+        manifest = M.finish(folder, "records", schema, page_size, previous, generation, kept, done,
+                            storage_options, policy)
+    except SampleError as exc:
+        M.abandon(folder, storage_options, previous)
+        if exc.hint:
+            raise
+        raise SampleError(exc.source, exc.index, exc.field, exc.detail, ON_ERROR_HINT) from exc.__cause__
+    except BaseException:
+        M.abandon(folder, storage_options, previous)
+        raise
+    return WriteResult(folder, manifest.records, tuple(skipped), manifest.dataset_id,
+                       sum(m.bytes for m in manifest.members), time.perf_counter() - t0,
+                       tuple(s["name"] for s in done))
 
 
 def _check_page_size(page_size: int) -> None:

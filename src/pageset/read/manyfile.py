@@ -1,0 +1,442 @@
+"""Reading a many-file dataset (``formats/manyfile.md``): a folder or URL prefix of member pageset files and
+``pageset.manifest.json``, read as one dataset.
+
+The manifest is read and validated at open (:func:`~pageset.format.manifest.parse_manifest`); members are
+opened lazily, when a record of theirs is first read, and at most ``max_open`` of them stay open (least
+recently used closed first). A member is checked against the manifest when it is opened, before any record of
+it is returned: its schema (naming the first differing field), dataset id, size, page and record counts; a
+member that is missing, truncated or replaced raises an error naming it and what differs. Global record ids
+run through the members in manifest order: member k holds ids ``[sum(records[:k]), sum(records[:k+1]))``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..format.errors import FormatError, MemberMismatchError, SchemaError, plural
+from ..format.manifest import MANIFEST_NAME, Manifest, parse_manifest, schema_difference, set_dataset_id
+from .remote import local_path, url_scheme
+
+MAX_OPEN = 16  # members open at once, by default
+
+
+def _join(folder: str, name: str) -> str:
+    return f"{folder.rstrip('/')}/{name}" if url_scheme(folder) else os.path.join(folder, name)
+
+
+def split_path(path) -> tuple[str, str] | None:
+    """``(folder, manifest path)`` when ``path`` names a many-file dataset by its form (a local folder, a path or
+    URL ending in ``pageset.manifest.json`` or ``/``), else None (it may still be a URL prefix: see
+    :func:`manifest_exists`)."""
+    path = local_path(os.fspath(path))
+    if not isinstance(path, str):
+        return None
+    if path.rstrip("/").endswith("/" + MANIFEST_NAME) or path == MANIFEST_NAME:
+        folder = path.rstrip("/")[: -len(MANIFEST_NAME)].rstrip("/") or "."
+        return folder, _join(folder, MANIFEST_NAME)
+    if url_scheme(path) is not None:
+        if path.endswith("/"):
+            return path.rstrip("/"), _join(path.rstrip("/"), MANIFEST_NAME)
+        return None
+    if os.path.isdir(path):
+        return path, os.path.join(path, MANIFEST_NAME)
+    return None
+
+
+def manifest_exists(url: str, storage_options: dict | None) -> bool:
+    """Whether ``<url>/pageset.manifest.json`` exists (for a URL prefix opened without its trailing ``/``)."""
+    try:
+        from fsspec.core import url_to_fs
+
+        fs, path = url_to_fs(_join(url, MANIFEST_NAME), **dict(storage_options or {}))
+        return bool(fs.exists(path))
+    except Exception:  # the caller raises its own FileNotFoundError
+        return False
+
+
+def read_manifest(manifest_path: str, storage_options: dict | None = None) -> Manifest:
+    """Read and validate the manifest at ``manifest_path``. FileNotFoundError names the folder and says that
+    its write may not have finished; FormatError subclasses name the manifest."""
+    try:
+        if url_scheme(manifest_path) is not None:
+            from fsspec.core import url_to_fs
+
+            fs, target = url_to_fs(manifest_path, **dict(storage_options or {}))
+            raw = fs.cat_file(target)
+        else:
+            if storage_options:
+                raise ValueError(f"{manifest_path}: storage_options apply to URLs (s3://, http://, ...), not to "
+                                 "local paths")
+            with open(manifest_path, "rb") as f:
+                raw = f.read()
+    except FileNotFoundError:
+        folder = manifest_path[: -len(MANIFEST_NAME)].rstrip("/") or "."
+        raise FileNotFoundError(f"{folder}: no {MANIFEST_NAME}: not a many-file pageset dataset, or its write has "
+                                "not finished (the manifest is written last); open a pageset file by its path, or "
+                                f"run `pageset clean {folder}` after a killed write") from None
+    return parse_manifest(raw, manifest_path)
+
+
+@dataclass(frozen=True)
+class ManyFileSet:
+    """What a loader needs of a many-file dataset, from its manifest alone (no member is opened):
+    ``folder``, ``manifest_path``, ``dataset_id`` (hex: the set's id), ``kind`` (``"records"`` / ``"tokens"``),
+    ``page_size``, ``paths`` (each member's path or URL, in order), ``member_ids`` (hex), ``records``,
+    ``pages``, ``bytes``, ``tokens`` and ``documents`` (tuples of ints, one per member; 0 where the kind has
+    none), ``records_per_page`` (record sets: a tuple of int64[max(pages, 1)] arrays, records whose first byte
+    lies in each page of that member; token sets: None), ``manifest`` (the parsed
+    :class:`~pageset.format.manifest.Manifest`)."""
+
+    folder: str
+    manifest_path: str
+    dataset_id: str
+    kind: str
+    page_size: int
+    paths: tuple
+    member_ids: tuple
+    records: tuple
+    pages: tuple
+    bytes: tuple
+    tokens: tuple
+    documents: tuple
+    records_per_page: tuple | None
+    manifest: Manifest
+
+
+def many_file_members(path, storage_options: dict | None = None) -> ManyFileSet:
+    """The member files of the many-file dataset at ``path`` (its folder, its manifest, or a URL prefix), read
+    from the validated manifest: see :class:`ManyFileSet`. Raises FileNotFoundError (no manifest) and
+    FormatError subclasses naming the manifest."""
+    where = split_path(path)
+    if where is None:
+        p = os.fspath(path)
+        if url_scheme(p) is None:
+            raise FileNotFoundError(f"{p}: not a folder holding a many-file dataset (no such folder)")
+        where = (p.rstrip("/"), _join(p.rstrip("/"), MANIFEST_NAME))
+    folder, manifest_path = where
+    m = read_manifest(manifest_path, storage_options)
+    ms = m.members
+    return ManyFileSet(folder, manifest_path, m.dataset_id, m.kind, m.page_size,
+                       tuple(_join(folder, x.name) for x in ms), tuple(x.dataset_id for x in ms),
+                       tuple(x.records for x in ms), tuple(x.pages for x in ms), tuple(x.bytes for x in ms),
+                       tuple(x.tokens for x in ms), tuple(x.documents for x in ms),
+                       tuple(x.records_per_page for x in ms) if m.kind == "records" else None, m)
+
+
+class _Members:
+    """Members opened on demand, checked against the manifest, at most ``max_open`` open (LRU)."""
+
+    def __init__(self, info: ManyFileSet, opener, storage_options, max_open: int):
+        self.info, self.opener, self.storage_options, self.max_open = info, opener, storage_options, max_open
+        self.open: collections.OrderedDict = collections.OrderedDict()
+        self.lock = threading.Lock()
+        self.first_schema = None
+
+    def get(self, k: int):
+        with self.lock:
+            ds = self.open.get(k)
+            if ds is not None:
+                self.open.move_to_end(k)
+                return ds
+            ds = self._open(k)
+            self.open[k] = ds
+            while len(self.open) > self.max_open:
+                _, old = self.open.popitem(last=False)
+                old.close()
+            return ds
+
+    def _context(self, k: int) -> str:
+        m = self.info.manifest.members[k]
+        return (f"member {k} of the many-file dataset {self.info.folder} (its manifest lists {m.name} with "
+                f"{m.bytes:,} bytes and dataset id {m.dataset_id[:16]}...)")
+
+    def _open(self, k: int):
+        path, m = self.info.paths[k], self.info.manifest.members[k]
+        try:
+            ds = self.opener(path)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{path}: missing: {self._context(k)}; the set is incomplete: restore the file "
+                                    f"or rewrite the set ({exc})") from None
+        except FormatError as exc:
+            try:
+                err = type(exc)(exc.path, exc.section, exc.offset, f"{exc.detail}; {self._context(k)}")
+            except TypeError:
+                raise exc from None
+            raise err from exc
+        try:
+            self.check(k, ds, path, m)
+        except BaseException:
+            ds.close()
+            raise
+        return ds
+
+    def check(self, k: int, ds, path: str, m) -> None:
+        base = getattr(ds, "dataset", ds)  # a TokenDataset holds its Dataset
+        diff = schema_difference(self.info.manifest.schema, base.schema)
+        if diff is not None:
+            raise SchemaError(path, "schema", None, f"the member's schema differs from the set's: {diff}; "
+                              f"{self._context(k)}; members of one set need the same fields and settings")
+        checks = [("dataset id", base.dataset_id, m.dataset_id), ("size in bytes", base.file_size, m.bytes),
+                  ("page count", base.page_count, m.pages)]
+        if self.info.kind == "records":
+            checks.append(("record count", base.record_count, m.records))
+        else:
+            checks += [("token count", len(ds), m.tokens), ("document count", ds.documents, m.documents)]
+        for what, found, want in checks:
+            if found != want:
+                raise MemberMismatchError(path, "header", None, f"its {what} is {found}, the manifest lists {want}: "
+                                          f"the file was replaced or rewritten after the manifest was written; "
+                                          f"{self._context(k)}; restore the member or rewrite the set")
+
+    def close(self) -> None:
+        with self.lock:
+            while self.open:
+                _, ds = self.open.popitem()
+                ds.close()
+
+
+def _check_max_open(max_open) -> int:
+    from ..format import arguments as check
+
+    return check.integer("max_open", max_open, minimum=1)
+
+
+class ManyFileDataset:
+    """A many-file dataset of records, read as one (see the module docstring and ``formats/manyfile.md``).
+
+    ``len(ds)`` records; ``ds[i]`` -> ``{field: value}`` and ``ds.read(i, field)`` as for
+    :class:`~pageset.read.reader.Dataset` (global ids through the members in manifest order), iteration,
+    ``verify()``; ``fields``, ``schema`` (the common schema), ``dataset_id`` (hex, the set's), ``page_size``,
+    ``members`` (the manifest's :class:`~pageset.format.manifest.Member` entries), ``paths`` (member paths),
+    ``info`` (:class:`ManyFileSet`), ``member(k)`` (member k's open :class:`Dataset`), ``member_of(i)`` ->
+    ``(k, id within member k)``, ``records_per_page()``. At most ``max_open`` members are open at once.
+    Use as a context manager or call ``close()``. Reading one record from several threads is safe as long as
+    at most ``max_open`` members are in use at once.
+    """
+
+    def __init__(self, path, storage_options: dict | None = None, *, request_timeout: float = 30.0,
+                 request_attempts: int = 5, max_open: int = MAX_OPEN):
+        from .reader import Dataset
+
+        self.info = many_file_members(path, storage_options)
+        self.max_open = _check_max_open(max_open)
+        if self.info.kind != "records":
+            raise ValueError(f"{self.info.folder} is a many-file set of token files ({plural(self.info.manifest.tokens, 'token')}): "
+                             "open it with pageset.open_tokens(folder)")
+        self.path, self.manifest = self.info.folder, self.info.manifest
+        self.dataset_id, self.page_size = self.info.dataset_id, self.info.page_size
+        self.members, self.paths = self.manifest.members, self.info.paths
+        self.schema = self.manifest.schema
+        self._starts = np.concatenate([[0], np.cumsum(self.info.records, dtype=np.int64)])
+        remote = {"request_timeout": request_timeout, "request_attempts": request_attempts}
+
+        def opener(p):
+            return Dataset(p, storage_options if url_scheme(p) else None, **remote)
+
+        self._members = _Members(self.info, opener, storage_options, self.max_open)
+
+    @property
+    def fields(self) -> dict:
+        from ..format.schema import parse_schema
+
+        return parse_schema(self.schema)[0]
+
+    def member(self, k: int):
+        """Member ``k``'s open, checked :class:`~pageset.read.reader.Dataset` (opened now if it is not)."""
+        if not 0 <= k < len(self.members):
+            raise IndexError(f"{self.path}: member {k} is out of range for {plural(len(self.members), 'member')}")
+        return self._members.get(int(k))
+
+    def member_of(self, i: int) -> tuple[int, int]:
+        """``(member index, record index within it)`` of global record ``i``; IndexError / TypeError."""
+        if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
+            raise TypeError(f"record indices are ints, got {type(i).__name__}")
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"{self.path}: record {i} is out of range for {n} records")
+        i = int(i) % n
+        k = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return k, i - int(self._starts[k])
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __getitem__(self, i: int) -> dict:
+        k, j = self.member_of(i)
+        return self.member(k)[j]
+
+    def read(self, i: int, name: str):
+        """Field ``name`` of global record ``i`` (see :meth:`Dataset.read`); KeyError / IndexError."""
+        if name not in self.fields:
+            raise KeyError(f"{self.path}: no field {name!r}; fields are {list(self.fields)}")
+        k, j = self.member_of(i)
+        return self.member(k).read(j, name)
+
+    def __iter__(self):
+        for k in range(len(self.members)):
+            ds = self.member(k)
+            for j in range(len(ds)):
+                yield ds[j]
+
+    def records_per_page(self) -> np.ndarray:
+        """int64: the members' records-per-page arrays concatenated, in manifest order (from the manifest)."""
+        return np.concatenate(self.info.records_per_page)
+
+    def verify(self) -> None:
+        """Check the manifest's set id, then open and :meth:`~Dataset.verify` every member (page CRCs, dataset
+        id), one at a time. Raises what :meth:`Dataset.verify` raises, naming the member, and the member
+        errors of opening (missing, truncated, replaced)."""
+        _verify(self)
+
+    def close(self) -> None:
+        self._members.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{n}: {f.kind}" for n, f in self.fields.items())
+        return (f"ManyFileDataset({self.path!r}, members={len(self.members)}, records={len(self)}, "
+                f"fields={{{fields}}}, id={self.dataset_id[:12]})")
+
+
+def _verify(ds) -> None:
+    want = set_dataset_id([m.dataset_id for m in ds.members])
+    if want != ds.dataset_id:  # parse_manifest checks it too; this is the end-to-end check
+        raise FormatError(ds.info.manifest_path, "manifest", None, "the set's dataset id is not the digest of its "
+                          "members' ids")
+    for k in range(len(ds.members)):
+        member = ds.member(k)
+        try:
+            member.verify()
+        except FormatError as exc:
+            raise type(exc)(exc.path, exc.section, exc.offset,
+                            f"{exc.detail}; {ds._members._context(k)}") from exc
+
+
+class ManyFileTokens:
+    """A many-file dataset of token files, read as one stream of documents (``formats/manyfile.md`` section 7).
+
+    ``len(td)`` tokens (all members); ``documents``; ``document(i)`` (global document ids through the members in
+    manifest order); ``read(start, stop)`` (global token positions: the members' streams concatenated);
+    ``num_windows(seq_len)`` (windows never cross members: the sum of each member's ``(T_k - 1) // seq_len``);
+    ``window(w, seq_len)`` -> int array of ``seq_len + 1`` ids; ``eos_id``, ``bos_id``, ``dtype``, ``dataset_id``,
+    ``members``, ``paths``, ``info``, ``member(k)`` (an open :class:`~pageset.read.tokens.TokenDataset`),
+    ``verify()``, ``close()``. At most ``max_open`` members open at once."""
+
+    def __init__(self, path, storage_options: dict | None = None, *, request_timeout: float = 30.0,
+                 request_attempts: int = 5, max_open: int = MAX_OPEN):
+        from .tokens import TokenDataset
+
+        self.info = many_file_members(path, storage_options)
+        self.max_open = _check_max_open(max_open)
+        if self.info.kind != "tokens":
+            raise ValueError(f"{self.info.folder} is a many-file set of record files: open it with "
+                             "pageset.open_dataset(folder)")
+        self.path, self.manifest = self.info.folder, self.info.manifest
+        self.dataset_id, self.page_size = self.info.dataset_id, self.info.page_size
+        self.members, self.paths = self.manifest.members, self.info.paths
+        tok = self.manifest.schema.get("tokens", {})
+        self.dtype = np.dtype(tok.get("dtype", "uint16")).newbyteorder("<")
+        self.eos_id, self.bos_id = tok.get("eos_id"), tok.get("bos_id")
+        self.documents = self.manifest.documents
+        self._tok = np.concatenate([[0], np.cumsum(self.info.tokens, dtype=np.int64)])
+        self._docs = np.concatenate([[0], np.cumsum(self.info.documents, dtype=np.int64)])
+        remote = {"request_timeout": request_timeout, "request_attempts": request_attempts}
+
+        def opener(p):
+            return TokenDataset(p, storage_options if url_scheme(p) else None, **remote)
+
+        self._members = _Members(self.info, opener, storage_options, self.max_open)
+
+    def member(self, k: int):
+        if not 0 <= k < len(self.members):
+            raise IndexError(f"{self.path}: member {k} is out of range for {plural(len(self.members), 'member')}")
+        return self._members.get(int(k))
+
+    def __len__(self) -> int:
+        return int(self._tok[-1])
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Token ids ``[start, stop)`` of the concatenated stream (clipped to ``[0, T]``), a new array."""
+        start, stop = max(0, int(start)), min(len(self), int(stop))
+        if stop <= start:
+            return np.empty(0, self.dtype)
+        parts = []
+        k = int(np.searchsorted(self._tok, start, side="right")) - 1
+        while start < stop:
+            a, b = int(self._tok[k]), int(self._tok[k + 1])
+            take = min(stop, b)
+            if take > start:
+                parts.append(self.member(k).read(start - a, take - a))
+            start = max(start, take)
+            k += 1
+        return np.concatenate(parts)
+
+    def document(self, i: int) -> np.ndarray:
+        """Token ids of global document ``i`` (BOS/EOS included); IndexError / TypeError."""
+        if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
+            raise TypeError(f"document indices are ints, got {type(i).__name__}")
+        d = self.documents
+        if not -d <= i < d:
+            raise IndexError(f"{self.path}: document {i} is out of range for {plural(d, 'document')}")
+        i = int(i) % d
+        k = int(np.searchsorted(self._docs, i, side="right")) - 1
+        return self.member(k).document(i - int(self._docs[k]))
+
+    def _windows(self, seq_len: int) -> np.ndarray:
+        if not isinstance(seq_len, (int, np.integer)) or isinstance(seq_len, bool) or seq_len < 1:
+            raise ValueError(f"seq_len must be an int >= 1, got {seq_len!r}")
+        return np.maximum(np.asarray(self.info.tokens, np.int64) - 1, 0) // int(seq_len)
+
+    def num_windows(self, seq_len: int) -> int:
+        """Windows of ``seq_len + 1`` tokens at stride ``seq_len`` within each member, summed over members."""
+        n = int(self._windows(seq_len).sum())
+        if n == 0:
+            raise ValueError(f"{self.path}: no member holds seq_len + 1 = {seq_len + 1} tokens: no window fits")
+        return n
+
+    def window(self, w: int, seq_len: int) -> np.ndarray:
+        """Global window ``w``: ``seq_len + 1`` ids of the member holding it (windows run through the members
+        in manifest order, member k's windows ``(T_k - 1) // seq_len`` of them)."""
+        per = self._windows(seq_len)
+        starts = np.concatenate([[0], np.cumsum(per)])
+        if not 0 <= w < int(starts[-1]):
+            raise IndexError(f"{self.path}: window {w} is out of range for {int(starts[-1])} windows")
+        k = int(np.searchsorted(starts, w, side="right")) - 1
+        local = int(w) - int(starts[k])
+        return self.member(k).read(local * seq_len, local * seq_len + seq_len + 1)
+
+    def verify(self) -> None:
+        """As :meth:`ManyFileDataset.verify`."""
+        _verify(self)
+
+    def close(self) -> None:
+        self._members.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"ManyFileTokens({self.path!r}, members={len(self.members)}, tokens={len(self)}, "
+                f"documents={self.documents}, dtype={self.dtype.name}, id={self.dataset_id[:12]})")
+
+
+def is_many_file(path, storage_options: dict | None = None) -> bool:
+    """Whether ``path`` names a many-file dataset: a local folder, a manifest path, a URL ending in ``/`` or
+    ``pageset.manifest.json`` (a URL prefix without a trailing ``/`` is found when no object has its name)."""
+    return split_path(path) is not None
+
+
+__all__ = ["ManyFileDataset", "ManyFileSet", "ManyFileTokens", "is_many_file", "many_file_members"]

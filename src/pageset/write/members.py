@@ -1,0 +1,307 @@
+"""Writing a many-file dataset (``formats/manyfile.md``): member files written by the tasks themselves, then
+one manifest, written last and atomically.
+
+Each task encodes one member's range of the source into a complete pageset v1 file and makes it visible itself
+(local: temp file + fsync + rename; an fsspec URL: one upload completed at its end), returning only a small
+summary (:func:`summary`). Nothing of the data passes through the calling process. The caller then writes the
+manifest (:func:`commit_manifest`): local, a temp file fsynced and renamed over ``pageset.manifest.json``; on
+an object store one PUT, after every member exists. A reader therefore sees the old set or the new one.
+
+Member cuts are a pure function of the source and the settings (``records_per_member`` samples, or groups of
+whole input files / documents of ``member_bytes``), and member names a function of the manifest generation and
+the member's position, so any executor, worker count or retry writes the same members.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import numpy as np
+
+from ..format import constants as C
+from ..format.errors import FormatError
+from ..format.manifest import (
+    MANIFEST_NAME,
+    MEMBER_RE,
+    Member,
+    build_manifest,
+    common_schema,
+    member_name,
+    parse_manifest,
+    schema_difference,
+    schema_digest,
+)
+from ..format.schema import canonical_json
+from ..format.store_errors import one_try_options
+from .filewriter import Output, fsync_dir, is_url, local_path, temp_file
+
+TMP_MARK = ".tmp-"  # temp files of members and of the manifest: "<name>.tmp-<host>-<pid>-<random>"
+
+
+def join(folder: str, name: str) -> str:
+    return f"{folder.rstrip('/')}/{name}" if is_url(folder) else os.path.join(local_path(folder), name)
+
+
+def _fs(url: str, storage_options: dict | None):
+    from fsspec.core import url_to_fs
+
+    return url_to_fs(url, **one_try_options(url, storage_options))
+
+
+# ---- the folder ---------------------------------------------------------------------------------------------
+
+def list_names(folder: str, storage_options: dict | None) -> list[str]:
+    """The file names directly in ``folder`` (an empty list when it does not exist)."""
+    if is_url(folder):
+        fs, path = _fs(folder, storage_options)
+        fs.invalidate_cache()
+        try:
+            return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False))
+        except FileNotFoundError:
+            return []
+    try:
+        return sorted(os.listdir(local_path(folder)))
+    except FileNotFoundError:
+        return []
+
+
+def read_manifest(folder: str, storage_options: dict | None = None):
+    """The folder's current :class:`~pageset.format.manifest.Manifest`, or None when it has none. Raises
+    FormatError naming the manifest when it is damaged."""
+    url = join(folder, MANIFEST_NAME)
+    try:
+        if is_url(folder):
+            fs, path = _fs(url, storage_options)
+            fs.invalidate_cache()
+            raw = fs.cat_file(path)
+        else:
+            with open(url, "rb") as f:
+                raw = f.read()
+    except FileNotFoundError:
+        return None
+    return parse_manifest(raw, url)
+
+
+def is_stray(name: str) -> bool:
+    """A name a writer of many-file sets makes (a member or a temp file of one, a manifest temp file)."""
+    base = name.split(TMP_MARK, 1)[0]
+    return bool(MEMBER_RE.match(base)) or (base == MANIFEST_NAME and TMP_MARK in name)
+
+
+def clean_folder(folder: str, storage_options: dict | None = None, manifest=None) -> list[str]:
+    """Remove what killed or failed writes left in ``folder``: member files (``m<generation>-<k>.pageset``) that
+    the current manifest does not list, and temp files of members and of the manifest. ``manifest``: the
+    current one when the caller has it (else it is read). Returns the paths removed. Only one write at a time
+    may use a folder: this also removes the temp files of a write still running."""
+    if manifest is None:
+        manifest = read_manifest(folder, storage_options)
+    keep = {m.name for m in manifest.members} if manifest is not None else set()
+    removed = []
+    for name in list_names(folder, storage_options):
+        if name in keep or not is_stray(name):
+            continue
+        url = join(folder, name)
+        try:
+            if is_url(folder):
+                fs, path = _fs(url, storage_options)
+                fs.rm(path)
+            else:
+                os.unlink(url)
+            removed.append(url)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def prepare_folder(folder: str, storage_options: dict | None, kind: str, schema: dict, append: bool,
+                   call: str):
+    """Check the output folder before any work and clean what killed writes left there. Returns ``(current
+    manifest or None, generation of the new manifest, members kept from the current one)``.
+
+    Raises ValueError: ``folder`` is a file, or a folder holding other files and no manifest (a source, or
+    arguments swapped: ``call`` shows the order), or (``append=True``) a set of the other kind or with another
+    schema (naming the field); FormatError for a damaged manifest."""
+    if not is_url(folder):
+        local = local_path(folder)
+        if os.path.isfile(local):
+            raise ValueError(f"the output {folder} is a file; a many-file dataset (records_per_member= / "
+                             "member_bytes=) is written to a folder: give a folder path (it is created)")
+        parent = os.path.dirname(os.path.abspath(local))
+        if not os.path.isdir(parent):
+            raise FileNotFoundError(f"cannot write {folder}: its parent folder {parent} does not exist; create it "
+                                    f"first (e.g. os.makedirs({parent!r}, exist_ok=True))")
+        os.makedirs(local, exist_ok=True)
+    current = read_manifest(folder, storage_options)
+    if current is None:
+        other = [n for n in list_names(folder, storage_options) if not is_stray(n)]
+        if other:
+            shown = ", ".join(other[:5]) + (" ..." if len(other) > 5 else "")
+            raise ValueError(f"the output folder {folder} holds files that are not a pageset set ({shown}) and no "
+                             f"{MANIFEST_NAME}: refusing to write there (are the arguments swapped? the order is "
+                             f"{call}); choose a new or empty folder")
+    clean_folder(folder, storage_options, current)
+    if current is None:
+        return None, 1, ()
+    if append:
+        if current.kind != kind:
+            raise ValueError(f"{join(folder, MANIFEST_NAME)}: cannot append {kind} to a set of {current.kind}")
+        diff = schema_difference(current.schema, schema)
+        if diff is not None:
+            raise ValueError(f"{join(folder, MANIFEST_NAME)}: cannot append: the new members' schema differs from "
+                             f"the set's: {diff}; append members written with the same fields= and settings")
+        return current, current.generation + 1, current.members
+    return current, current.generation + 1, ()
+
+
+def commit_manifest(folder: str, manifest, storage_options: dict | None, policy=None) -> None:
+    """Make ``manifest`` the folder's current one, atomically: local, a temp file next to it, fsynced, renamed
+    over ``pageset.manifest.json`` and the folder fsynced; on an object store one PUT of the whole object."""
+    data = manifest.to_json()
+    url = join(folder, MANIFEST_NAME)
+    if is_url(folder):
+        from .upload import pipe_bounded
+
+        fs, path = _fs(url, storage_options)
+        pipe_bounded(fs, path, data, url, "writing the manifest", policy)
+        fs.invalidate_cache()
+        return
+    fd, tmp = temp_file(url)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, url)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(local_path(folder))
+
+
+def finish(folder: str, kind: str, schema: dict, page_size: int, previous, generation: int, kept, summaries,
+           storage_options: dict | None, policy=None):
+    """Check the new members' summaries, write the manifest over ``kept + new`` members, remove the members the
+    new manifest does not list (those of a replaced set). Returns the manifest."""
+    digest = schema_digest(schema)
+    new = []
+    for s in summaries:
+        if s["schema_digest"] != digest:  # a task ran with other settings: never list it
+            raise FormatError(join(folder, s["name"]), "schema", None, "the member's schema differs from the "
+                              f"set's: {schema_difference(schema, s['schema'])}")
+        rpp = np.asarray(s["records_per_page"], np.int64) if s.get("records_per_page") is not None else None
+        new.append(Member(s["name"], s["dataset_id"], s["bytes"], s["pages"], digest, records=s.get("records", 0),
+                          records_per_page=rpp, tokens=s.get("tokens", 0), documents=s.get("documents", 0)))
+    if not new and not kept:
+        raise ValueError(f"{folder}: no member was written (every sample was skipped, or the source is empty)")
+    appended = ({"generation": previous.generation, "dataset_id": previous.dataset_id, "members": len(kept)}
+                if kept else None)
+    manifest = build_manifest(kind, generation, schema, page_size, list(kept) + new, appended)
+    commit_manifest(folder, manifest, storage_options, policy)
+    clean_folder(folder, storage_options, manifest)
+    return manifest
+
+
+def abandon(folder: str, storage_options: dict | None, previous) -> None:
+    """After a failed write: remove the members it wrote (the previous manifest, if any, stays current)."""
+    try:
+        clean_folder(folder, storage_options, previous)
+    except Exception:  # the write's own error is what the caller raises
+        pass
+
+
+# ---- one member, written by its task ------------------------------------------------------------------------
+
+def member_output(url: str, storage_options: dict | None, policy=None) -> Output:
+    """The member file's :class:`~pageset.write.filewriter.Output` (temp + rename, or one upload)."""
+    return Output(url, storage_options, policy=policy)
+
+
+def summary(name: str, schema: dict, dataset_id: str, size: int, pages: int, **counts) -> dict:
+    """What a member task returns to the caller (small: counts and ids, never the data)."""
+    return dict(counts, name=name, schema=common_schema(schema), schema_digest=schema_digest(schema),
+                dataset_id=dataset_id, bytes=size, pages=pages, host=socket.gethostname())
+
+
+def write_record_member(src, fields, row_dtype, schema, page_size: int, start: int, stop: int, chunk: int,
+                        on_error: str, folder: str, name: str, storage_options: dict | None, meta: dict,
+                        user: dict, policy=None, in_process: bool = False) -> dict:
+    """Task: encode samples ``[start, stop)`` of ``src`` (in sub-ranges of ``chunk``) into the member file
+    ``folder/name``, made visible by rename or a completed upload. Returns :func:`summary` with ``records``,
+    ``records_per_page`` (list), ``skipped`` (``{"index", "field", "error"}``, indices of the whole source),
+    or ``{"error": (index, field, detail, traceback, source)}`` for a bad sample with on_error="raise", or
+    ``{"empty": True, "skipped": [...]}`` when every sample was skipped (no file)."""
+    from .assemble import Assembly
+    from .ranges import encode_range
+
+    span_names = [n for n, f in fields.items() if not f.inline]
+    parts, skipped = [], []
+    out = None
+    try:
+        for a in range(start, stop, chunk):
+            part = encode_range(src, fields, row_dtype, a, min(stop, a + chunk), on_error, in_process=in_process)
+            if part.error is not None:
+                if out is not None:
+                    out.abort()
+                return {"error": part.error, "name": name}
+            skipped += part.skipped
+            if not len(part.rows):
+                continue
+            if out is None:
+                out = member_output(join(folder, name), storage_options, policy)
+                asm = Assembly(out.f, schema, row_dtype, span_names, page_size, src.description)
+            part.skipped = [dict(e, index=e["index"] - start) for e in part.skipped]  # a member counts from 0
+            asm.add(part)
+            parts.append(len(part.rows))
+        if out is None:
+            return {"empty": True, "skipped": skipped, "name": name}
+        stats = asm.finish(stop - start, meta, user)
+        pages = -(-asm.pages.pos // page_size)
+        index = np.concatenate(asm.rows)
+        first = np.minimum((index["_offset"].astype(np.int64) - C.DATA_OFFSET) // page_size, max(pages - 1, 0))
+        rpp = np.bincount(first, minlength=max(pages, 1))
+        out.commit()
+    except BaseException:
+        if out is not None:
+            out.abort()
+        raise
+    return summary(name, schema, stats["dataset_id"], stats["bytes"], pages, records=stats["records"],
+                   records_per_page=rpp.tolist(), skipped=skipped)
+
+
+_WORKER: dict = {}
+
+
+def init_record_worker(src, fields, row_dtype) -> None:
+    _WORKER["src"], _WORKER["fields"], _WORKER["row_dtype"] = src, fields, row_dtype
+
+
+def record_member_in_worker(*args) -> dict:
+    """:func:`write_record_member` in a forked worker, with the source set by :func:`init_record_worker`."""
+    return write_record_member(_WORKER["src"], _WORKER["fields"], _WORKER["row_dtype"], *args)
+
+
+def run_tasks(fn, tasks, num_workers: int, executor, initializer, initargs, died: str):
+    """Yield ``fn(*task)`` in task order: in this process (``num_workers=0``), in forked workers, or on
+    ``executor``. Leaving early cancels what has not started and waits for what runs."""
+    from .filewriter import executor_map, ordered_map
+
+    if executor is not None:
+        yield from executor_map(executor, fn, tasks, ahead=64)
+    elif num_workers == 0:
+        for task in tasks:
+            yield fn(*task)
+    else:
+        yield from ordered_map(fn, tasks, num_workers, initializer, initargs, 2 * num_workers, died)
+
+
+def elapsed(t0: float) -> float:
+    return time.perf_counter() - t0
+
+
+__all__ = ["MANIFEST_NAME", "clean_folder", "commit_manifest", "finish", "member_name", "prepare_folder",
+           "read_manifest", "write_record_member"]
