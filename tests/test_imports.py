@@ -134,7 +134,8 @@ REMOTE_PACKAGES = {"fsspec", "s3fs", "aiohttp", "gcsfs", "adlfs", "botocore", "a
 # the modules that talk to fsspec (reading URLs; writing to and sharding through URLs; checking a URL output;
 # WebDataset shards and text sources at URLs), only inside functions
 REMOTE_MODULES = {"read/remote.py", "write/filewriter.py", "write/ranges.py", "write/external.py",
-                  "write/upload.py", "write/tokens.py"}
+                  "write/upload.py", "write/tokens.py", "write/members.py", "read/manyfile.py",
+                  "write/documents.py"}
 
 
 def test_fsspec_only_lazily_in_the_url_modules():

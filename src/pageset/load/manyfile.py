@@ -36,7 +36,9 @@ from ..read.remote import local_path, url_scheme
 from .source import FileSource, RowReader
 from .stages import BytesStage
 
-MAX_OPEN = 32  # members open at once: a quasi-random window of 8 pages reads up to 8 members, a few windows in flight
+# members open at once (file descriptors, and each member's index in memory): a quasi-random window of 8 pages reads
+# up to 8 members, a few windows are in flight; a set of at most this many members is never re-opened
+MAX_OPEN = 128
 PREFETCH_SHARE = 8  # a URL member prefetches prefetch_bytes / PREFETCH_SHARE (the members of a default window)
 
 
