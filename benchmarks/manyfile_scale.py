@@ -12,7 +12,8 @@ read through the Loader against one file of the same records, and conversion int
    rank 0 and of the last rank, and a resume: ``plan.resume(state)`` of a state saved mid-epoch on another world
    size + that rank's first batch. ``random`` is not run at this size: its epoch order is a Fisher-Yates of all
    N ids (int64[N]: 8 GB for 10^9 records); it is measured at ``--random-records`` to show the O(N) growth.
-2. Reading: sets of ``--set-members`` members (``--total-records`` records each set) (records of an int label + a float32[64] array: the Loader's
+2. Reading: sets of ``--set-members`` members (``--total-records`` records each; records of an int label + a
+   float32[64] array: the Loader's
    per-batch cost, not decoding, dominates) against one file of the same records (``merge_datasets``), both
    ``quasi_random``, alternated ``--repeats`` times, one epoch each; the rate ratio (goal >= 0.95) and the
    construction time of ``Loader(folder)`` (lazy: one member opened) against ``Loader(FileSet(paths, id))``
@@ -163,7 +164,8 @@ def simulate(args) -> tuple[list, list]:
         if phase == "resume":
             targets.append({"name": f"resume of a {label} set: load_state_dict + first batch plan",
                             "measured": secs, "target": 1.0, "unit": "s", "met": secs < 1.0,
-                            "detail": f"order v1 quasi_random, {r['pages']:,} pages; peak RSS {r['rss_peak_mb']:.0f} MB "
+                            "detail": f"order v1 quasi_random, {r['pages']:,} pages; "
+                                      f"peak RSS {r['rss_peak_mb']:.0f} MB "
                                       "(the page tables and one epoch's page order: O(pages), not O(records))"})
     for n in args.random_records:
         r = _child(SIM, n, max(1, args.members * n // args.records), args.per_page, "random", "order", 1024)

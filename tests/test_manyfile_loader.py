@@ -27,7 +27,7 @@ from resume_contract import model_layout
 
 from pageset import Bytes, Int, Loader, Mixture, TokenWindows, merge_datasets, open_dataset, write_dataset, write_tokens
 from pageset.format.errors import MemberMismatchError
-from pageset.format.manifest import Member, build_manifest, common_schema
+from pageset.format.manifest import Member, build_manifest, common_schema, schema_digest
 from pageset.load import manyfile as load_manyfile
 from pageset.order import StateMismatchError
 from pageset.read import Dataset
@@ -127,7 +127,8 @@ def test_members_open_lazily_and_a_bounded_number_stay_open(record_set, monkeypa
 def test_a_token_set_reads_each_members_windows(tmp_path):
     folder = tmp_path / "tokens"
     folder.mkdir()
-    docs = [np.arange(k * 1000, k * 1000 + n, dtype=np.uint16) for k, n in enumerate([3000, 10, 970, 2110])]
+    # member 2 holds 1600 tokens with its EOS: 100 * seq_len, so (T - 1) // seq_len = 99 windows, not 100
+    docs = [np.arange(k * 1000, k * 1000 + n, dtype=np.uint16) for k, n in enumerate([3000, 10, 1599, 2110])]
     entries = []
     for k, doc in enumerate(docs):  # a hand-made set: token members + a manifest (formats/manyfile.md)
         name = f"m0001-{k:06d}.pageset"
@@ -135,10 +136,8 @@ def test_a_token_set_reads_each_members_windows(tmp_path):
         with Dataset(folder / name) as ds:
             entries.append((name, ds.dataset_id, ds.file_size, ds.page_count, ds.schema,
                             int(ds.tokens_info["count"]), int(ds.tokens_info["documents"])))
-    schema = common_schema(entries[0][4])
-    from pageset.format.manifest import schema_digest
-
     members = [Member(n, i, b, p, schema_digest(s), tokens=t, documents=d) for n, i, b, p, s, t, d in entries]
+    assert {m.schema_digest for m in members} == {schema_digest(common_schema(entries[0][4]))}
     commit_manifest(str(folder), build_manifest("tokens", 1, entries[0][4], 4096, members), None)
     streams = [np.append(doc, np.uint16(60001)) for doc in docs]
     seq = 16
