@@ -20,7 +20,7 @@ Sections (``--only`` picks some):
   tree), ``--runs`` times, rows
   interleaved run by run, after one untimed pageset row that fills the Numba kernel cache; the table gives
   the median (min-max).
-- ``images``, ``tokens``, ``write``, ``mixture``, ``producer_consumer``, ``remote``, ``cold_start``: ``python -m
+- ``images``, ``tokens``, ``write``, ``mixture``, ``producer_consumer``, ``manyfile_scale``, ``remote``, ``cold_start``: ``python -m
   benchmarks.<name>`` in a subprocess with ``--json <out>/<name>.json`` (and its small settings with --quick,
   its ``--runs``/``--repeats`` set to ``--runs``). Its peak RSS is the process's (``wait4``); the markdown
   tables it prints and the ``"targets"`` list of its JSON are collected.
@@ -67,6 +67,7 @@ BENCHES = {
                 "full": [("--repeats", "9")], "timeout": 3600},
     "producer_consumer": {"quick": [("--images", "320"), ("--steps", "12"), ("--target-step-ms", "10", "50")],
                           "full": [], "timeout": 1800},
+    "manyfile_scale": {"quick": [], "full": [], "timeout": 3600},
     "remote": {"quick": [("--images", "640"), ("--latencies", "0,50"), ("--orders", "quasi_random"),
                          ("--au-probes", "0"), ("--no-tokens",), ("--peers", "")],
                "full": [], "timeout": 7200, "chart": "--chart"},

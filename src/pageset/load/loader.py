@@ -28,8 +28,8 @@ from ..order import ORDERS, enable_kernel_cache, resolve_rank, sample_keys
 from ..order.keys import MASK64
 from ..order.plan import Member, OrderParams, PlanSpec
 from ..order.subset import OneFile
-from ..read import Dataset
 from ..read.remote import url_scheme
+from .manyfile import ManyFileInput, ManyFileSource, open_input
 from .source import FileSource, RowReader, check_same_fields, split_cache_pages
 from .stages import PipelineError
 from .compile_notice import announce_compiles
@@ -207,8 +207,8 @@ class Loader:
             any_url = any(url_scheme(p) is not None for p in spec.paths)
             for p in spec.paths:
                 opts = storage_options if url_scheme(p) is not None or not any_url else None
-                self._datasets.append(Dataset(p, opts, request_timeout=request_timeout,
-                                              request_attempts=request_attempts))  # records or a token file
+                # records or a token file, or a many-file set's manifest (load/manyfile.py)
+                self._datasets.append(open_input(p, opts, request_timeout, request_attempts))
             self._ds = self._datasets[0]
             self._setup(spec, page_cache, cache_pages, pipelines, verify_pages)
             self._setup_buffers()
@@ -248,9 +248,11 @@ class Loader:
         else:  # not used
             per_file = [cache_pages] * n
         for ds, cache_pages in zip(self._datasets, per_file):
-            self._sources.append(FileSource(ds, pipelines, page_cache, cache_pages, verify_pages,
-                                            in_mixture=spec.optional_fields,
-                                            remote_options=self._remote_options, array_type=self.array_type))
+            # a many-file set is read as one file whose members are opened when first read (load/manyfile.py)
+            make = ManyFileSource if isinstance(ds, ManyFileInput) else FileSource
+            self._sources.append(make(ds, pipelines, page_cache, cache_pages, verify_pages,
+                                      in_mixture=spec.optional_fields,
+                                      remote_options=self._remote_options, array_type=self.array_type))
         src = self._sources[0]
         self._pages, self._verifier, self._page_sizes = src.pages, src.verifier, src.page_sizes
         self._stages = check_same_fields(self._sources)  # the files of a Mixture or FileSet must agree

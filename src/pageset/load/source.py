@@ -213,7 +213,8 @@ class RowReader:
         self.sources = sources
         self._windows = None  # the token stage whose conversion serves every file, or None
         firsts = [s.stages[0] if len(s.stages) == 1 else None for s in sources]
-        if all(type(st) is TokenStage for st in firsts) and len({st.dtype for st in firsts}) == 1:  # windows
+        if (all(type(st) is TokenStage for st in firsts) and len({st.dtype for st in firsts}) == 1
+                and all(isinstance(s, FileSource) for s in sources)):  # windows (a many-file set fills its own rows)
             self._windows = stages[0]
             self._row_bytes = (self._windows.seq_len + 1) * self._windows.itemsize
             self._base = np.array([st.data_offset for st in firsts], dtype=np.int64)

@@ -189,7 +189,9 @@ def _expect(ok: bool, field: str, message: str) -> None:
 
 
 _HINTS = {
-    "dataset_id": "The state belongs to another dataset file: open the file it was saved with.",
+    "dataset_id": ("The state belongs to another dataset: open the file it was saved with (a many-file set gets a "
+                   "new dataset id whenever its members change, an append included: resume on the set as it was, "
+                   "or start the grown set fresh)."),
     "order_algo": "The order algorithm changed: resume with the pageset version that wrote the state.",
     "seed": "Construct the loader with the saved seed, or start fresh instead of loading the state.",
     "order": "Construct the loader with the saved order, or start fresh instead of loading the state.",

@@ -1,0 +1,481 @@
+"""A many-file dataset (``formats/manyfile.md``) as the Loader reads it: ``Loader("folder/")``.
+
+The Loader reads a set as ONE file (:class:`ManyFileSource`, in place of a :class:`~pageset.load.source.FileSource`)
+whose records are the set's global record ids (token sets: global window ids, windows cut per member,
+``formats/manyfile.md`` section 2) and whose page list is the members' records per page concatenated in manifest
+order, computed from the manifest alone (``formats/order.md`` section 6). The plan over it is the one of a file
+(``FilePlan``, ``SubsetPlan`` with ``indices=``, or a ``Mixture``'s source): order v1 over that page list, the
+state of one file with the set's dataset id, ``_index`` global ids. It equals ``Loader(FileSet(member paths,
+set id))`` batch for batch, without opening every member at construction.
+
+Members are opened when they are first needed, and checked against the manifest before any record of theirs is
+read (``read/manyfile.py``: schema, dataset id, size, page and record counts; here also the records per page):
+
+- local members: by the thread filling the batch that first reads one of their records;
+- URL members: by the thread calling ``next()``, for the steps the decode threads are about to fill (then their
+  pages are prefetched like a single URL's, through the member's own page source and the shared ``cache_dir``).
+
+At most ``max_open`` members stay open (least recently used closed first; a member a batch in flight reads is
+never closed, so the bound can be passed while more are in use at once). A missing member raises
+FileNotFoundError naming it, a replaced one MemberMismatchError, from the ``next()`` of the first batch that
+needs it, before any batch with its records.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..read.manyfile import ManyFileSet, _Members, is_many_file, manifest_exists, many_file_members
+from ..read.reader import Dataset
+from ..read.remote import local_path, url_scheme
+from .source import FileSource, RowReader
+from .stages import BytesStage
+
+# members open at once (file descriptors, and each member's index in memory): a quasi-random window of 8 pages reads
+# up to 8 members, a few windows are in flight; a set of at most this many members is never re-opened
+MAX_OPEN = 128
+PREFETCH_SHARE = 8  # a URL member prefetches prefetch_bytes / PREFETCH_SHARE (the members of a default window)
+
+
+def open_input(path, storage_options, request_timeout: float, request_attempts: int):
+    """What ``Loader`` opens for one path of its spec: a :class:`~pageset.read.reader.Dataset`, or for a many-file
+    set (a folder, its manifest, a URL prefix) a :class:`ManyFileInput` (only the manifest is read). Raises what
+    Dataset and ``many_file_members`` raise (FileNotFoundError naming the path, FormatError)."""
+    remote = {"request_timeout": request_timeout, "request_attempts": request_attempts}
+    if not isinstance(path, (str, os.PathLike)):
+        return Dataset(path, storage_options, **remote)  # its TypeError
+    if is_many_file(path):
+        return ManyFileInput(many_file_members(path, storage_options), storage_options, remote)
+    try:
+        return Dataset(path, storage_options, **remote)
+    except FileNotFoundError:
+        p = os.fspath(path)  # a URL prefix without its trailing "/"
+        if url_scheme(local_path(p)) is not None and manifest_exists(p, storage_options):
+            return ManyFileInput(many_file_members(p + "/", storage_options), storage_options, remote)
+        raise
+
+
+class _TokenMember:
+    """A token member as ``read/manyfile.py``'s checks see it (``len``: tokens, ``documents``) over its Dataset."""
+
+    def __init__(self, ds: Dataset):
+        self.dataset = ds
+        self.documents = int(ds.tokens_info["documents"]) if ds.tokens_info is not None else -1
+
+    def __len__(self) -> int:
+        return int(self.dataset.tokens_info["count"]) if self.dataset.tokens_info is not None else -1
+
+    def close(self) -> None:
+        self.dataset.close()
+
+
+class ManyFileInput:
+    """A many-file set opened by the Loader: its manifest (``info``, a ManyFileSet), nothing else open.
+
+    ``path`` (the folder), ``dataset_id`` (the set's), ``remote`` (True when the members are URLs, else None),
+    ``open_member(k)`` -> member k's Dataset, checked against the manifest (FileNotFoundError,
+    MemberMismatchError, SchemaError naming the member), ``close()`` (nothing to release: the members belong to
+    the :class:`ManyFileSource`)."""
+
+    def __init__(self, info: ManyFileSet, storage_options, remote: dict):
+        self.info, self.path, self.dataset_id = info, info.folder, info.dataset_id
+        self.remote = True if url_scheme(local_path(info.folder)) is not None else None
+        tokens = info.kind == "tokens"
+
+        def opener(p):
+            ds = Dataset(p, storage_options if url_scheme(p) else None, **remote)
+            return _TokenMember(ds) if tokens else ds
+
+        self._checked = _Members(info, opener, storage_options, 1)
+
+    def open_member(self, k: int) -> Dataset:
+        ds = self._checked._open(k)  # opened and compared with the manifest's entry (read/manyfile.py)
+        return getattr(ds, "dataset", ds)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class SetView:
+    """What the Loader asks of a source's ``ds``: a virtual file whose page k is the set's k-th member page
+    (``data_offset`` 0, ``page_size``, ``page_count`` all members' pages), its ``fields``, ``remote``."""
+
+    path: str
+    dataset_id: str
+    fields: dict
+    page_size: int
+    page_count: int
+    data_offset: int
+    remote: object
+
+    def close(self) -> None:
+        pass
+
+
+class ManyFileSource:
+    """A many-file set read as one file (see the module docstring); built by the Loader like a FileSource.
+
+    ``ManyFileSource(inp, pipelines, page_cache, cache_pages, verify_pages, in_mixture, remote_options,
+    array_type, max_open=None)``: ``inp`` a :class:`ManyFileInput`; the rest as for FileSource, applied to
+    every member (``cache_pages`` an int: the set's share, split over ``max_open`` members; ``max_open`` default
+    MAX_OPEN).
+
+    Attributes as FileSource: ``path`` (the folder), ``dataset_id`` (the set's), ``stages`` (of the first member
+    opened: they size and hand out the batch buffers), ``n_records`` (global ids), ``page_sizes`` (the members'
+    concatenated), ``spans(ids)`` (virtual byte spans, for the remote prefetch), ``pages``, ``verifier`` (None:
+    each member checks its own pages), ``ds`` (a :class:`SetView`); ``starts`` int64[members + 1] the global id
+    of each member's first record; ``open_members()`` the indices open now.
+
+    Raises PipelineError / ValueError as FileSource for the first member, and, when a later member is opened, the
+    errors of ``open_member`` and ValueError naming the member when it does not fit the batch buffers (a Bytes
+    field longer than the first member's longest value) or its records per page differ from the manifest's.
+    """
+
+    def __init__(self, inp: ManyFileInput, pipelines: dict, page_cache: str, cache_pages, verify_pages: bool,
+                 in_mixture: bool = False, remote_options: dict | None = None, array_type: str = "torch",
+                 max_open: int | None = None):
+        info = self.info = inp.info
+        self.input, self.path, self.dataset_id = inp, info.folder, info.dataset_id
+        self.max_open = int(MAX_OPEN if max_open is None else max_open)
+        if isinstance(cache_pages, int):
+            cache_pages = max(1, cache_pages // min(self.max_open, len(info.paths)))
+        opts = dict(remote_options or {})
+        if inp.remote:
+            prefetch = opts.get("prefetch_bytes")
+            opts["prefetch_bytes"] = (64 << 20 if prefetch is None else prefetch) // PREFETCH_SHARE
+        self._args = (pipelines, page_cache, cache_pages, verify_pages, in_mixture, opts, array_type)
+        self._lock = threading.RLock()
+        self._open: collections.OrderedDict[int, FileSource] = collections.OrderedDict()
+        self._users: collections.Counter = collections.Counter()
+        self._closed_stats: dict = {}
+        self._closed = False
+        self.opened_count = 1  # members opened so far (the first one below)
+        # the first member opened: the largest (a token set's shortest members may hold no window at all)
+        k0 = int(np.argmax(info.tokens)) if info.kind == "tokens" else self._widest(pipelines)
+        first = self._build(k0)
+        try:
+            self.stages, self.row_bytes, self.verifier = first.stages, first.row_bytes, None
+            self._token = info.kind == "tokens"
+            pages = np.asarray(info.pages, np.int64)
+            if self._token:
+                st = first.stages[0]
+                self._stride, self._window_bytes = st.seq_len * st.itemsize, (st.seq_len + 1) * st.itemsize
+                per = [_windows_per_page(t, p, info.page_size, st.seq_len, st.itemsize)
+                       for t, p in zip(info.tokens, info.pages)]
+            else:
+                per = [np.asarray(r, np.int64) for r in info.records_per_page]
+            counts = np.array([int(p.sum()) for p in per], dtype=np.int64)
+            self.starts = np.zeros(len(per) + 1, np.int64)
+            np.cumsum(counts, out=self.starts[1:])
+            self._rpp_base = np.zeros(len(per) + 1, np.int64)  # where member k's entries start in page_sizes
+            np.cumsum([p.shape[0] for p in per], out=self._rpp_base[1:])
+            self._page_base = np.zeros(len(per) + 1, np.int64)  # member k's first page in the virtual file
+            np.cumsum(pages, out=self._page_base[1:])
+            self.page_sizes = np.concatenate(per)
+            self._page_ends = np.cumsum(self.page_sizes)
+            self.n_records = int(self.starts[-1])
+            self._members_pages = pages
+            self._check_layout(k0, first)
+            with self._lock:
+                self._open[k0] = first
+            self.ds = SetView(self.path, self.dataset_id, first.ds.fields, info.page_size, int(self._page_base[-1]), 0,
+                              inp.remote)
+            self.pages = _RemoteSetPages(self) if inp.remote else _LocalSetPages()
+        except BaseException:
+            first.close()
+            first.ds.close()
+            raise
+
+    # ---- members ------------------------------------------------------------------------------------------
+    def _build(self, k: int) -> FileSource:
+        ds = self.input.open_member(k)
+        try:
+            return FileSource(ds, *self._args)
+        except BaseException:
+            ds.close()
+            raise
+
+    def _widest(self, pipelines: dict) -> int:
+        """The member whose Bytes values are the longest (it sizes the batch buffers), found by opening each
+        member once, one at a time; member 0 when no Bytes field is loaded (nothing else depends on the data)."""
+        names = [f["name"] for f in self.info.manifest.schema.get("fields", [])
+                 if f.get("kind") == "bytes" and not (f["name"] in pipelines and pipelines[f["name"]] is None)]
+        if not names:
+            return 0
+        widths = []
+        for k in range(len(self.info.paths)):
+            ds = self.input.open_member(k)
+            try:
+                widths.append(max(int(ds.index[f"{n}.length"].max(initial=0)) for n in names))
+            finally:
+                ds.close()
+        return int(np.argmax(widths))
+
+    def _check_layout(self, k: int, src: FileSource) -> None:
+        want = self.page_sizes[self._rpp_base[k] : self._rpp_base[k + 1]]
+        if not np.array_equal(np.asarray(src.page_sizes, np.int64), want):
+            raise ValueError(f"{src.path}: member {k} of the many-file dataset {self.path}: its records per page "
+                             "differ from the manifest's; the file was replaced or rewritten after the manifest was "
+                             "written: restore the member or rewrite the set")
+
+    def _fits(self, k: int, src: FileSource) -> None:
+        for a, b in zip(self.stages, src.stages):
+            if isinstance(a, BytesStage) and b.max_len > a.max_len:
+                raise ValueError(f"{src.path}: member {k} of the many-file dataset {self.path}: field {b.name!r} has "
+                                 f"a value of {b.max_len} bytes, longer than the {a.max_len} bytes the batch buffers "
+                                 "were sized for (the first member's longest); load the set with Loader(FileSet("
+                                 "member paths, dataset_id)), which opens every member first, or pad the values")
+
+    def acquire(self, ks) -> list[FileSource]:
+        """The open sources of members ``ks`` (opened now if needed), held until :meth:`release`."""
+        out = []
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self.path}: the loader was closed")
+            try:
+                for k in ks:
+                    k = int(k)
+                    src = self._open.get(k)
+                    if src is None:
+                        src = self._build(k)
+                        try:
+                            self._check_layout(k, src)
+                            self._fits(k, src)
+                        except BaseException:
+                            src.close()
+                            src.ds.close()
+                            raise
+                        self._open[k] = src
+                        self.opened_count += 1
+                        self.pages.opened(k, src)
+                    else:
+                        self._open.move_to_end(k)
+                    self._users[k] += 1
+                    out.append(src)
+            except BaseException:
+                self.release(ks[: len(out)])
+                raise
+            self._evict()
+        return out
+
+    def release(self, ks) -> None:
+        with self._lock:
+            for k in ks:
+                self._users[int(k)] -= 1
+            self._users = +self._users
+            self._evict()
+
+    def _evict(self) -> None:
+        if len(self._open) <= self.max_open:
+            return
+        for k in [k for k in self._open if not self._users.get(k)]:
+            if len(self._open) <= self.max_open:
+                break
+            src = self._open.pop(k)
+            stats = getattr(src.pages, "stats", None)
+            if stats is not None:  # a closed member's counters stay in remote_stats()
+                for key, value in stats().items():
+                    self._closed_stats[key] = self._closed_stats.get(key, 0) + value
+            src.close()
+            src.ds.close()
+
+    def open_members(self) -> list[int]:
+        with self._lock:
+            return list(self._open)
+
+    def members_of(self, ids: np.ndarray) -> np.ndarray:
+        """int64 member index of each global id."""
+        return np.searchsorted(self.starts, ids, side="right") - 1
+
+    # ---- reading ------------------------------------------------------------------------------------------
+    def fill(self, arrays: list, lo: int, hi: int, ids: np.ndarray, keys, ctx: dict, stages=None) -> None:
+        """Fill rows ``[lo, hi)`` with global records ``ids``: one member's call when they all lie in one member,
+        else each row from its member, token windows in one read call (the Loader's RowReader over the members)."""
+        member = self.members_of(ids)
+        k = int(member[0])
+        if k == int(member[-1]) and (member == k).all():
+            (src,) = self.acquire([k])
+            try:
+                src.fill(arrays, lo, hi, ids - self.starts[k], keys, ctx)
+            finally:
+                self.release([k])
+            return
+        ks = np.unique(member)
+        srcs = self.acquire(ks.tolist())
+        reader = None
+        try:
+            reader = RowReader(srcs, self.stages)
+            rows = np.zeros(hi, np.int16)  # RowReader reads rows [lo, hi) of batch-long arrays
+            rows[lo:] = np.searchsorted(ks, member)
+            local = np.zeros(hi, np.int64)
+            local[lo:] = ids - self.starts[member]
+            full_keys = None
+            if keys is not None:
+                full_keys = np.zeros(hi, keys.dtype)
+                full_keys[lo:] = keys
+            reader.fill(arrays, lo, hi, rows, local, full_keys, ctx)
+        finally:
+            ctx.pop(reader, None)  # the reader's scratch (it is made for this call)
+            for s in srcs:
+                ctx.pop(("rows", id(s)), None)  # the member's scratch dies with it
+            self.release(ks.tolist())
+
+    def fill_rows(self, arrays: list, rows: np.ndarray, ids: np.ndarray, keys, ctx: dict) -> None:
+        """Fill the sorted rows ``rows`` with global records ``ids`` (a Mixture's rows of this set)."""
+        member = self.members_of(ids)
+        for k in np.unique(member).tolist():
+            sel = np.flatnonzero(member == k)
+            (src,) = self.acquire([k])
+            try:
+                src.fill_rows(arrays, rows[sel], ids[sel] - self.starts[k], None if keys is None else keys[sel], ctx)
+            finally:
+                ctx.pop(("rows", id(src)), None)
+                self.release([k])
+
+    def spans(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Byte spans of global records ``ids`` in the virtual file of all member pages (``ds``): exact for token
+        windows and for records of open members, else the page of the record's first byte (a record running on
+        into the next page fetches it when read)."""
+        member = self.members_of(ids)
+        ps = self.info.page_size
+        base = self._page_base[member] * ps
+        if self._token:
+            return base + (ids - self.starts[member]) * self._stride, np.full(ids.shape[0], self._window_bytes,
+                                                                              np.int64)
+        page = np.searchsorted(self._page_ends, ids, side="right") - self._rpp_base[member]  # member page
+        page = np.minimum(page, np.maximum(self._members_pages[member] - 1, 0))
+        starts = base + page * ps
+        lens = (self._members_pages[member] > 0).astype(np.int64)
+        with self._lock:
+            open_now = {k: src for k, src in self._open.items()}
+        for k in np.unique(member).tolist():
+            src = open_now.get(k)
+            if src is not None:
+                sel = np.flatnonzero(member == k)
+                s, n = src.spans(ids[sel] - self.starts[k])
+                starts[sel] = base[sel] + (np.asarray(s, np.int64) - src.ds.data_offset)
+                lens[sel] = n
+        return starts, lens
+
+    def close(self) -> None:
+        self.pages.close()
+        with self._lock:
+            self._closed = True
+            while self._open:
+                _, src = self._open.popitem()
+                src.close()
+                src.ds.close()
+
+
+def _windows_per_page(tokens: int, pages: int, page_size: int, seq_len: int, itemsize: int) -> np.ndarray:
+    """int64[max(pages, 1)]: windows of a token member starting in each page (TokenStage.records_per_page, from
+    the manifest's token and page counts)."""
+    n = max(int(tokens) - 1, 0) // seq_len
+    bounds = np.arange(max(int(pages), 1) + 1, dtype=np.int64) * page_size
+    return np.diff(np.minimum(-(-bounds // (seq_len * itemsize)), n))
+
+
+class _LocalSetPages:
+    """A local set's ``pages``: members read their own pages (nothing is prefetched)."""
+
+    def opened(self, k: int, src) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _RemoteSetPages:
+    """A URL set's ``pages``: the Loader's prefetch plan (``plan`` / ``advance``, pages of the virtual file)
+    split over the members: the members of the next ``min_ahead`` steps are opened (and held) by the thread
+    calling ``next()``, and each open member's RemotePages prefetches its share of the coming steps."""
+
+    def __init__(self, owner: ManyFileSource):
+        self.owner = owner
+        self._lock = threading.Lock()
+        self._pages_of_step = None
+        self._cache: dict = {}
+        self._held: collections.deque = collections.deque()  # (step, members held for it)
+        self._steps = self._first = self._next_hold = 0
+        self._min_ahead = 1
+
+    def _virtual(self, step: int) -> np.ndarray:
+        with self._lock:
+            got = self._cache.get(step)
+        if got is None:
+            got = self._pages_of_step(step)
+            with self._lock:
+                self._cache[step] = got
+        return got
+
+    def _member_pages(self, k: int):
+        lo, hi = int(self.owner._page_base[k]), int(self.owner._page_base[k + 1])
+
+        def pages_of_step(step: int) -> np.ndarray:
+            v = self._virtual(step)
+            return v[(v >= lo) & (v < hi)] - lo
+
+        return pages_of_step
+
+    def opened(self, k: int, src) -> None:
+        if self._pages_of_step is not None and hasattr(src.pages, "plan"):
+            src.pages.plan(self._member_pages(k), self._first, self._steps, min_ahead=self._min_ahead)
+
+    def plan(self, pages_of_step, first: int, steps: int, min_ahead: int = 1) -> None:
+        self._release_held(None)
+        with self._lock:
+            self._cache.clear()
+        self._pages_of_step, self._first, self._steps = pages_of_step, first, steps
+        self._min_ahead, self._next_hold = max(1, int(min_ahead)), first
+        for k in self.owner.open_members():
+            src = self.owner._open.get(k)
+            if src is not None and hasattr(src.pages, "plan"):
+                src.pages.plan(self._member_pages(k), first, steps, min_ahead=self._min_ahead)
+        self.advance(first)
+
+    def _release_held(self, step) -> None:
+        while self._held and (step is None or self._held[0][0] < step):
+            _, ks = self._held.popleft()
+            self.owner.release(ks)
+
+    def advance(self, step: int) -> None:
+        if self._pages_of_step is None:
+            return
+        self._release_held(step)
+        with self._lock:
+            for s in [s for s in self._cache if s < step]:
+                del self._cache[s]
+        self._first = step
+        owner = self.owner
+        stop = min(step + self._min_ahead + 1, self._steps)
+        while self._next_hold < stop:  # open (and hold) the members of the steps the threads work on next
+            s = max(self._next_hold, step)
+            v = self._virtual(s)
+            ks = np.unique(np.searchsorted(owner._page_base, v, side="right") - 1).tolist() if v.size else []
+            owner.acquire(ks)
+            self._held.append((s, ks))
+            self._next_hold = s + 1
+        for k in owner.open_members():
+            src = owner._open.get(k)
+            if src is not None and hasattr(src.pages, "advance"):
+                src.pages.advance(step)
+
+    def stats(self) -> dict:
+        owner = self.owner
+        total = dict(owner._closed_stats)
+        for k in owner.open_members():
+            src = owner._open.get(k)
+            if src is not None and hasattr(src.pages, "stats"):
+                for key, value in src.pages.stats().items():
+                    total[key] = total.get(key, 0) + value
+        total["members_opened"] = owner.opened_count
+        return total
+
+    def close(self) -> None:
+        self._release_held(None)

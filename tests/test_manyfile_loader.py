@@ -1,0 +1,306 @@
+"""``Loader(folder)`` on a many-file dataset (formats/manyfile.md; the Loader side: load/manyfile.py).
+
+The set reads as one file whose records are the members' records in manifest order and whose page list is the
+members' page lists concatenated (formats/order.md section 6). Expectations are independent of the Loader: the
+order is the reference model's (``tests/reference/order.py``) over the members' page layouts computed by the
+reference code from each member's index (``model_layout``), the set id the reference manifest reader's, and each
+record's bytes the ones the test wrote (label i, a payload made from i), also checked against ``merge_datasets``
+of the members (same ids and bytes; another page layout, so not the same order).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from reference import manifest as ref_manifest
+from reference import order as model
+from resume_contract import model_layout
+
+from pageset import Bytes, Int, Loader, Mixture, TokenWindows, merge_datasets, open_dataset, write_dataset, write_tokens
+from pageset.format.errors import MemberMismatchError
+from pageset.format.manifest import Member, build_manifest, common_schema, schema_digest
+from pageset.load import manyfile as load_manyfile
+from pageset.order import StateMismatchError
+from pageset.read import Dataset
+from pageset.read.manyfile import many_file_members
+from pageset.write.members import commit_manifest
+
+FIELDS = {"label": Int(), "payload": Bytes()}
+ORDERS = ["sequential", "random", "quasi_random"]
+
+
+def payload(i: int) -> bytes:
+    """Record i's payload: 1..300 bytes (records of varying size: members of varying page layouts)."""
+    return bytes([i % 251, (i // 251) % 251]) * (i * 37 % 150 + 1)
+
+
+def samples(a: int, b: int):
+    return [{"label": i, "payload": payload(i)} for i in range(a, b)]
+
+
+def write_set(folder, n, per_member, append=False, start=0):
+    return write_dataset(folder, samples(start, start + n), FIELDS, records_per_member=per_member, append=append,
+                         num_workers=0, page_size=4096, progress=False, lineage=False)
+
+
+@pytest.fixture(scope="module")
+def record_set(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("rset") / "train"
+    write_set(folder, 700, 90)  # 8 members: 7 of 90 records, one of 70
+    return folder
+
+
+def set_layout(folder, seq_len=None):
+    """The reference model's page list of the set (each member's from its own index, concatenated) and the
+    reference manifest reader's set id."""
+    ref = ref_manifest.read_set(folder)
+    paths = [os.path.join(folder, m["name"]) for m in ref.manifest["members"]]
+    return [s for p in paths for s in model_layout(p, seq_len)[0]], ref.dataset_id, paths
+
+
+def rows(batch):
+    data, lengths = np.asarray(batch["payload"][0]), np.asarray(batch["payload"][1])
+    return [(int(lab), bytes(data[j, : lengths[j]])) for j, lab in enumerate(np.asarray(batch["label"]))]
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_set_loads_its_records_in_the_order_of_the_concatenated_pages(record_set, tmp_path, order, drop_last):
+    sizes, set_id, paths = set_layout(record_set)
+    ref = model.FileOrder(sizes, 7, order, 2, drop_last, 16)
+    merged = tmp_path / "merged.pageset"
+    merge_datasets(merged, paths, progress=False, lineage=False)
+    with open_dataset(merged) as ds:  # merge's records: the same ids and bytes as the set
+        assert [(int(ds[i]["label"]), bytes(ds[i]["payload"])) for i in range(len(ds))] == \
+            [(i, payload(i)) for i in range(700)]
+    assert model_layout(merged)[0] != sizes  # ... but re-packed pages: another quasi_random order
+    loaders = [Loader(record_set, batch_size=8, rank=r, world_size=2, order=order, seed=7, window_pages=2,
+                      drop_last=drop_last, num_threads=2, array_type="numpy") for r in range(2)]
+    try:
+        # lazy: one member open at construction (the one with the longest Bytes value: it sizes the buffers)
+        assert [len(ld._sources[0].open_members()) for ld in loaders] == [1, 1]
+        assert loaders[0].dataset_id == set_id and loaders[0].epoch_length == ref.length and len(paths) == 8
+        for epoch in range(2):
+            got, index, padding = [], [], []
+            for b0, b1 in zip(*loaders):
+                for b in (b0, b1):  # the all-gather, in rank order
+                    got += rows(b)
+                    index += b["_index"].tolist()
+                    padding += b["_is_padding"].tolist()
+            want = ref.global_stream(epoch, 0, ref.steps)
+            assert index == [i for i, _ in want] and padding == [p for _, p in want], epoch
+            assert got == [(i, payload(i)) for i, _ in want], epoch  # global id i is record i of the source
+        assert loaders[0].state_dict() == model.state_dict(set_id, 7, 2, 0, 16, order, 2, drop_last)
+    finally:
+        for ld in loaders:
+            ld.close()
+
+
+def test_members_open_lazily_and_a_bounded_number_stay_open(record_set, monkeypatch):
+    monkeypatch.setattr(load_manyfile, "MAX_OPEN", 2)
+    sizes, set_id, _ = set_layout(record_set)
+    ref = model.FileOrder(sizes, 1, "quasi_random", 1, True, 10)
+    with Loader(record_set, batch_size=10, order="quasi_random", seed=1, window_pages=1, num_threads=2,
+                batches_ahead=2, array_type="numpy") as ld:
+        src = ld._sources[0]
+        peak = 0
+        index = []
+        for b in ld:
+            index += b["_index"].tolist()
+            assert [(i, payload(i)) for i in b["_index"].tolist()] == rows(b)
+            peak = max(peak, len(src.open_members()))
+        assert index == [i for i, _ in ref.global_stream(0, 0, ref.steps)]
+        # batches in flight may hold more than the bound; once they are done it holds again
+        assert len(src.open_members()) <= 2 and peak <= 2 + 3  # (3 batches in flight, one member each)
+        assert src.opened_count > 8  # closed members were opened again
+
+
+def test_a_token_set_reads_each_members_windows(tmp_path):
+    folder = tmp_path / "tokens"
+    folder.mkdir()
+    # member 2 holds 1600 tokens with its EOS: 100 * seq_len, so (T - 1) // seq_len = 99 windows, not 100
+    docs = [np.arange(k * 1000, k * 1000 + n, dtype=np.uint16) for k, n in enumerate([3000, 10, 1599, 2110])]
+    entries = []
+    for k, doc in enumerate(docs):  # a hand-made set: token members + a manifest (formats/manyfile.md)
+        name = f"m0001-{k:06d}.pageset"
+        write_tokens(folder / name, [doc], eos_id=60001, num_workers=0, page_size=4096, progress=False)
+        with Dataset(folder / name) as ds:
+            entries.append((name, ds.dataset_id, ds.file_size, ds.page_count, ds.schema,
+                            int(ds.tokens_info["count"]), int(ds.tokens_info["documents"])))
+    members = [Member(n, i, b, p, schema_digest(s), tokens=t, documents=d) for n, i, b, p, s, t, d in entries]
+    assert {m.schema_digest for m in members} == {schema_digest(common_schema(entries[0][4]))}
+    commit_manifest(str(folder), build_manifest("tokens", 1, entries[0][4], 4096, members), None)
+    streams = [np.append(doc, np.uint16(60001)) for doc in docs]
+    seq = 16
+    counts = [(len(s) - 1) // seq for s in streams]  # member 1 (11 tokens) holds no window
+    starts = np.cumsum([0] + counts)
+    sizes, set_id, _ = set_layout(folder, seq_len=seq)
+    ref = model.FileOrder(sizes, 1, "quasi_random", 2, False, 8)
+    with Loader(folder, batch_size=8, order="quasi_random", seed=1, window_pages=2, drop_last=False,
+                pipelines={"tokens": [TokenWindows(seq)]}, array_type="numpy") as ld:
+        batches = list(ld)
+        assert ld.state_dict() == model.state_dict(set_id, 1, 1, 0, 8, "quasi_random", 2, False, seq_len=seq)
+        assert 1 not in ld._sources[0].open_members()  # a member without windows is never opened
+    got = np.concatenate([b["input"] for b in batches])
+    want = []
+    for gid, _ in ref.global_stream(0, 0, ref.steps):
+        k = int(np.searchsorted(starts, gid, side="right")) - 1
+        local = gid - starts[k]
+        want.append(streams[k][local * seq : local * seq + seq])
+    np.testing.assert_array_equal(got, np.array(want))
+    np.testing.assert_array_equal(np.concatenate([b["_index"] for b in batches]),
+                                  [i for i, _ in ref.global_stream(0, 0, ref.steps)])
+
+
+def test_a_mixture_member_may_be_a_set(record_set, tmp_path):
+    other = tmp_path / "other.pageset"
+    write_dataset(other, samples(5000, 5100), FIELDS, num_workers=0, page_size=4096, progress=False)
+    sizes, set_id, _ = set_layout(record_set)
+    other_sizes, other_id = model_layout(other)
+    mix = model.MixtureModel([3, 1], [sizes, other_sizes], 4, "quasi_random", 2, True, 8, samples_per_epoch=400)
+    with Loader(Mixture([record_set, other], weights=[3, 1], samples_per_epoch=400), batch_size=8,
+                order="quasi_random", seed=4, window_pages=2, num_threads=2, array_type="numpy") as ld:
+        got = [(int(s), int(i), r) for b in ld for s, i, r in zip(b["_source"].tolist(), b["_index"].tolist(),
+                                                                   rows(b))]
+        state = ld.state_dict()
+    want = [x for step in range(mix.steps) for x in zip(*mix.batch(0, step, 0, 1))]
+    assert [(s, i) for s, i, _ in got] == want
+    assert [r for _, _, r in got] == [(i if s == 0 else 5000 + i, payload(i if s == 0 else 5000 + i))
+                                      for s, i, _ in got]
+    assert [src["dataset_id"] for src in state["mixture"]["sources"]] == [set_id, other_id]
+
+
+def test_a_state_saved_before_an_append_is_refused(tmp_path):
+    folder = tmp_path / "grow"
+    write_set(folder, 100, 40)
+    with Loader(folder, batch_size=10, order="quasi_random", seed=2, array_type="numpy") as ld:
+        next(iter(ld))
+        state = ld.state_dict()
+    write_set(folder, 30, 40, append=True, start=100)
+    with Loader(folder, batch_size=10, order="quasi_random", seed=2, array_type="numpy") as ld:
+        assert ld.n_records == 130 and ld.dataset_id == ref_manifest.read_set(folder).dataset_id != state["dataset_id"]
+        with pytest.raises(StateMismatchError, match=r"dataset_id.*many-file set gets a new dataset id whenever its "
+                                                     r"members change, an append included"):
+            ld.load_state_dict(state)
+
+
+@pytest.mark.parametrize("damage", ["missing", "replaced"])
+def test_a_member_missing_or_replaced_while_loading_is_named_before_any_batch_from_it(tmp_path, damage):
+    folder = tmp_path / "set"
+    write_set(folder, 100, 20)  # 5 members of 20 records
+    info = many_file_members(folder)
+    with Loader(folder, batch_size=10, order="sequential", num_threads=2, pipelines={"payload": None},
+                array_type="numpy") as ld:
+        assert ld._sources[0].open_members() == [0]
+        victim = info.paths[3]
+        if damage == "missing":
+            os.unlink(victim)
+            error, match = FileNotFoundError, r"m0001-000003\.pageset: missing: member 3 of the many-file dataset"
+        else:
+            shutil.copyfile(info.paths[2], victim + ".new")  # another member's file under its name
+            os.replace(victim + ".new", victim)
+            error, match = MemberMismatchError, r"m0001-000003\.pageset: header: its dataset id is"
+        seen = []
+        with pytest.raises(error, match=match):
+            for b in ld:
+                seen += b["_index"].tolist()
+        # sequential, batch 10: members 0, 1 and 2 came out whole, nothing of member 3
+        assert seen == list(range(60))
+
+
+def test_s3_set_through_the_loader_with_cache_dir(tmp_path, moto_s3):  # noqa: F811
+    url = "s3://pageset-test/sets/loader"
+    write_dataset(url, samples(0, 300), FIELDS, records_per_member=70, num_workers=0, page_size=4096,
+                  storage_options=moto_s3, progress=False, lineage=False)
+    local = tmp_path / "local"
+    write_set(local, 300, 70)  # the same members, byte for byte (lineage off)
+    sizes, set_id, _ = set_layout(local)
+    ref = model.FileOrder(sizes, 9, "quasi_random", 2, True, 16)
+    cache = tmp_path / "cache"
+    runs = []
+    for _ in range(2):
+        with Loader(url, batch_size=16, order="quasi_random", seed=9, window_pages=2, storage_options=moto_s3,
+                    cache_dir=cache, num_threads=2, array_type="numpy") as ld:
+            assert ld.dataset_id == set_id
+            got = [r for b in ld for r in zip(b["_index"].tolist(), rows(b))]
+            runs.append(ld.remote_stats())
+        assert [i for i, _ in got] == [i for i, _ in ref.global_stream(0, 0, ref.steps)]
+        assert [r for _, r in got] == [(i, payload(i)) for i, _ in got]
+    assert runs[0]["requests"] > 0 and runs[0]["members_opened"] >= 5
+    assert runs[1]["requests"] == 0 and runs[1]["disk_hits"] > 0  # the second run read every page from cache_dir
+
+
+RUN_SCRIPT = textwrap.dedent(
+    """
+    import hashlib, json, sys, time
+    from pageset import Loader
+    path, rank, world, batch, state_in, log, save_at = sys.argv[1:8]
+    rank, world, batch, save_at = int(rank), int(world), int(batch), int(save_at)
+    loader = Loader(path, batch_size=batch, order="quasi_random", seed=21, window_pages=2, rank=rank,
+                    world_size=world, num_threads=2, batches_ahead=3, array_type="numpy")
+    if state_in != "-":
+        loader.load_state_dict(json.load(open(state_in)))
+    with open(log, "a") as f:
+        for step, b in enumerate(loader):
+            data, lengths = b["payload"]
+            for j, rid in enumerate(b["_index"].tolist()):
+                h = hashlib.sha256(bytes(data[j, : lengths[j]]) + bytes([int(b["label"][j]) % 256])).hexdigest()
+                f.write(f"{rid} {h[:16]}\\n")
+            f.flush()
+            if step == save_at:
+                json.dump(loader.state_dict(), open(log + ".state", "w"))
+                open(log + ".ready", "w").close()
+                time.sleep(600)
+    """
+)
+
+
+def _log(path):
+    return [tuple(line.split()) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_epoch_then_resume_on_another_world_size(record_set, tmp_path):
+    import hashlib
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    sizes, _, _ = set_layout(record_set)
+    ref = model.FileOrder(sizes, 21, "quasi_random", 2, True, 12)
+    expected = [(str(i), hashlib.sha256(payload(i) + bytes([i % 256])).hexdigest()[:16])
+                for i, _ in ref.global_stream(0, 0, ref.steps)]
+    logs = [tmp_path / f"r{r}.log" for r in range(3)]  # three ranks of batch 4 (global batch 12)
+    procs = [subprocess.Popen([sys.executable, "-c", RUN_SCRIPT, str(record_set), str(r), "3", "4", "-",
+                               str(logs[r]), "5"], env=env, start_new_session=True) for r in range(3)]
+    try:
+        deadline = time.monotonic() + 300
+        while not all(os.path.exists(str(lg) + ".ready") for lg in logs):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
+    states = [json.loads(open(str(lg) + ".state").read()) for lg in logs]
+    assert states[0] == states[1] == states[2] and states[0]["cursor"] == 72  # 6 steps of 12
+    before = [_log(lg) for lg in logs]
+    assert [x for s in range(6) for r in range(3) for x in before[r][4 * s : 4 * s + 4]] == expected[:72]
+    # resume on two ranks of batch 6, each its own process
+    resumed = [tmp_path / f"resumed{r}.log" for r in range(2)]
+    for r in range(2):
+        subprocess.run([sys.executable, "-c", RUN_SCRIPT, str(record_set), str(r), "2", "6", str(logs[0]) + ".state",
+                        str(resumed[r]), "-1"], check=True, env=env, timeout=300)
+    after = [_log(lg) for lg in resumed]
+    steps = ref.steps - 6
+    assert [x for s in range(steps) for r in range(2) for x in after[r][6 * s : 6 * s + 6]] == expected[72:]
+
+
+from test_object_store import moto_s3  # noqa: E402,F401  (the S3 server fixture, shared)
