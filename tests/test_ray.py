@@ -223,3 +223,21 @@ def test_datasink_bad_row_fails_and_leaves_the_previous_set(tmp_path, photos, ra
     with pytest.raises(Exception, match=r"sample 1\b.*image"):  # row 1 of the task holding rows 3-5
         _ray_dataset(bad, 2).write_datasink(PagesetDatasink(tmp_path / "set", fields, append=True))
     assert sorted(os.listdir(tmp_path / "set")) == before
+
+
+def test_many_file_write_on_ray_is_byte_identical(tmp_path, photos, ray_cluster):
+    """write_dataset(records_per_member=..., executor=RayExecutor()): every member and the manifest are the bytes
+    of num_workers=0 (formats/manyfile.md section 6: cuts depend on the input and settings only), and the set read
+    by the reference manifest reader holds the source's labels in order."""
+    from reference.manifest import read_set
+
+    src = [(p, 3 * k) for k, p in enumerate(photos[:9])]
+    fields = {"image": RGBImage(max_resolution=48), "label": Int()}
+    kw = {"progress": False, "lineage": False, "page_size": 1 << 13, "records_per_member": 4}
+    write_dataset(tmp_path / "ref", src, fields, num_workers=0, **kw)
+    write_dataset(tmp_path / "ray", src, fields, executor=RayExecutor(), **kw)
+    names = sorted(os.listdir(tmp_path / "ref"))
+    assert names == sorted(os.listdir(tmp_path / "ray")) and len(names) == 4  # 3 members + the manifest
+    for name in names:
+        assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "ref" / name).read_bytes(), name
+    assert [r["label"] for r in read_set(tmp_path / "ray").records] == [3 * k for k in range(9)]
