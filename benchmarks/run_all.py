@@ -20,7 +20,7 @@ Sections (``--only`` picks some):
   tree), ``--runs`` times, rows
   interleaved run by run, after one untimed pageset row that fills the Numba kernel cache; the table gives
   the median (min-max).
-- ``images``, ``tokens``, ``write``, ``mixture``, ``producer_consumer``, ``remote``: ``python -m
+- ``images``, ``tokens``, ``write``, ``mixture``, ``producer_consumer``, ``remote``, ``trainer_cost``: ``python -m
   benchmarks.<name>`` in a subprocess with ``--json <out>/<name>.json`` (and its small settings with --quick,
   its ``--runs``/``--repeats`` set to ``--runs``). Its peak RSS is the process's (``wait4``); the markdown
   tables it prints and the ``"targets"`` list of its JSON are collected.
@@ -70,6 +70,7 @@ BENCHES = {
     "remote": {"quick": [("--images", "640"), ("--latencies", "0,50"), ("--orders", "quasi_random"),
                          ("--au-probes", "0"), ("--no-tokens",), ("--peers", "")],
                "full": [], "timeout": 7200, "chart": "--chart"},
+    "trainer_cost": {"quick": [], "full": [], "timeout": 1800},
 }
 SECTIONS = ["loaders", *BENCHES]
 

@@ -136,6 +136,11 @@ def test_times_add_up_on_a_slow_pipeline(images):
             stepped += time.perf_counter() - ts
         loop = time.perf_counter() - t0
         s = ld.stats()
+        r = ld.bottleneck()
+    timed = [t for t in s["threads"] if t.get("cpu_s") is not None]
+    if timed:  # the decode thread's CPU clock against its filling time (CPU <= wall, up to clock granularity)
+        share = sum(t["cpu_s"] for t in timed) / sum(t["fill_s"] for t in timed)
+        assert r["thread_cpu_share"] == pytest.approx(share, rel=0.2) and 0 < r["thread_cpu_share"] <= 1.2
     # tolerance: the loop's own bookkeeping between the test's clock reads and the loader's (2% + 20 ms)
     tol = 0.02 * loop + 0.02
     assert abs((s["next_s"] + s["step_s"]) - loop) <= tol, (s["next_s"], s["step_s"], loop)

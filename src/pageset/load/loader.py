@@ -584,11 +584,14 @@ class Loader:
         """Is the training loop waiting on the loader? From :meth:`stats` (since construction or its last reset).
 
         Returns ``{"verdict", "text", "wait_share", "work_s_per_batch", "step_s", "num_threads", "inline",
-        "recommended_num_threads"}``: ``wait_share`` = ``next_s / (next_s + step_s)``, the share of the consumer's
+        "recommended_num_threads", "thread_cpu_share"}``: ``wait_share`` = ``next_s / (next_s + step_s)``, the share of the consumer's
         loop spent in ``next()``; ``verdict`` ``"loader-bound"`` when it exceeds 5%, else ``"step-bound"``
         (``"unknown"`` before two batches of one loop); ``work_s_per_batch`` = ``fill_s / batches`` (wall
         seconds of filling per batch, all threads together); ``recommended_num_threads`` = ``ceil(work / step)``
-        (at least 1): the threads that keep up with a step of ``step_s`` seconds, cores permitting.
+        (at least 1): the threads that keep up with a step of ``step_s`` seconds, cores permitting;
+        ``thread_cpu_share``: the decode threads' CPU seconds (their CPU clocks) per second of filling, None
+        without threads: well under 1 when they wait for a core or the GIL, then the text says so (loader-bound
+        although ``num_threads`` would suffice: free cores rather than add threads).
         ``step_seconds`` (float > 0, seconds): judge against this step time instead of the measured one (e.g.
         the GPU step a CPU test run stands in for): loader-bound when ``work / num_threads`` exceeds it.
         ``text``: one line, e.g. ``"loader-bound: the step waited 37.0% of its time in next(); ..."``.

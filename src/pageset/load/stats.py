@@ -156,7 +156,8 @@ def bottleneck(stats: dict, num_threads: int, inline: bool, step_seconds: float 
     loop = stats["next_s"] + stats["step_s"]  # the consumer's loops: time in next() + time between batches
     share = stats["next_s"] / loop if steps and loop > 0 else None
     out = {"wait_share": share, "work_s_per_batch": work, "step_s": step, "num_threads": num_threads,
-           "inline": inline, "recommended_num_threads": None, "verdict": None, "text": None}
+           "inline": inline, "recommended_num_threads": None, "thread_cpu_share": None, "verdict": None,
+           "text": None}
     if work is None or step is None:
         out["verdict"] = "unknown"
         out["text"] = ("unknown: no step measured yet (iterate over at least two batches in one loop, or pass "
@@ -166,6 +167,11 @@ def bottleneck(stats: dict, num_threads: int, inline: bool, step_seconds: float 
     need = max(1, math.ceil(work / step)) if step > 0 else None
     out["recommended_num_threads"] = need
     short = need is not None and cores is not None and need > cores  # more threads than cores cannot keep up
+    # the decode threads' CPU seconds per second of filling: well under 1 when they wait for a core (the
+    # machine's cores are busy) or for the GIL (a Python-bound step holding it)
+    timed = [t for t in stats["threads"] if t.get("cpu_s") is not None and t["fill_s"] > 0]
+    cpu_share = (sum(t["cpu_s"] for t in timed) / sum(t["fill_s"] for t in timed)) if timed else None
+    out["thread_cpu_share"] = cpu_share
     if step_seconds is not None:  # from the given step time alone: can num_threads keep up?
         bound = work / num_threads > step if not inline else work > step
     else:
@@ -179,5 +185,9 @@ def bottleneck(stats: dict, num_threads: int, inline: bool, step_seconds: float 
                    + (f" (given)" if step_seconds is not None else "")
                    + (f"; recommended num_threads >= {need}" if need is not None else "")
                    + (f" (more than this machine's {cores} cores: the loader cannot keep up with this step here; "
-                      "use smaller images, a cheaper pipeline or a longer step)" if short else ""))
+                      "use smaller images, a cheaper pipeline or a longer step)" if short else "")
+                   + (f"; the decode threads ran {100 * cpu_share:.0f}% of their filling time (waiting for a core "
+                      "or the GIL): free cores (fewer processes or step threads) rather than add threads"
+                      if bound and cpu_share is not None and cpu_share < 0.7 and need is not None
+                      and need <= num_threads else ""))
     return out
