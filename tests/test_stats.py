@@ -9,6 +9,7 @@ with tolerances that do not depend on the machine's speed or load: no timing is 
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 import numpy as np
@@ -123,7 +124,7 @@ def cpu_step(x: np.ndarray, rounds: int) -> float:
 def test_times_add_up_on_a_slow_pipeline(images):
     """Loader-bound on purpose (96 px crops + normalise on 1 thread, a small step): the relations between the
     counters hold whatever the machine's speed."""
-    x = np.random.default_rng(0).standard_normal((64, 64)) / 8
+    x = np.random.default_rng(0).standard_normal((128, 128)) / 12
     with image_loader(images, num_threads=1) as ld:
         next(iter(ld))  # construction, kernel cache: not in the loop below
         ld.set_epoch(1)
@@ -132,7 +133,7 @@ def test_times_add_up_on_a_slow_pipeline(images):
         t0 = time.perf_counter()
         for b in ld:
             ts = time.perf_counter()
-            cpu_step(x, 3)
+            cpu_step(x, 40)
             stepped += time.perf_counter() - ts
         loop = time.perf_counter() - t0
         s = ld.stats()
@@ -141,8 +142,9 @@ def test_times_add_up_on_a_slow_pipeline(images):
     if timed:  # the decode thread's CPU clock against its filling time (CPU <= wall, up to clock granularity)
         share = sum(t["cpu_s"] for t in timed) / sum(t["fill_s"] for t in timed)
         assert r["thread_cpu_share"] == pytest.approx(share, rel=0.2) and 0 < r["thread_cpu_share"] <= 1.2
-    # tolerance: the loop's own bookkeeping between the test's clock reads and the loader's (2% + 20 ms)
-    tol = 0.02 * loop + 0.02
+    # tolerance: what runs between the test's clock reads and the loader's: the loop's bookkeeping, and a wait
+    # for the GIL held by the decode thread (up to one switch interval per batch)
+    tol = 0.01 * loop + 0.003 + (s["batches"] + 1) * sys.getswitchinterval()
     assert abs((s["next_s"] + s["step_s"]) - loop) <= tol, (s["next_s"], s["step_s"], loop)
     assert stepped <= s["step_s"] <= stepped + tol
     assert s["next_s"] <= loop - stepped + tol
@@ -197,9 +199,9 @@ def test_bottleneck_step_bound_with_a_long_step(tokens):
         it = iter(ld)
         next(it)
         ld.stats(reset=True)
-        for _ in range(8):
+        for _ in range(6):
             next(it)
-            cpu_step(x, 200)
+            cpu_step(x, 800)  # ~50x a token batch's fill, whatever the machine's speed
         it.close()
         r = ld.bottleneck()
     assert r["verdict"] == "step-bound" and r["wait_share"] < 0.05 and r["inline"] is True
