@@ -199,7 +199,7 @@ def main() -> None:
                                "wait_share": rep["wait_share"], "verdict": rep["verdict"],
                                "recommended_num_threads": rep["recommended_num_threads"],
                                "work_s_per_batch": rep["work_s_per_batch"], "inline": rep["inline"]})
-            del pre
+            pre = None  # the preloaded batches: freed before the next configuration
             ratios = [x["ratio"] for x in rounds]
             row = {"data": kind, "step": step_name, "step_n": n, "num_threads": threads, "rounds": rounds,
                    "cost_pct": 100 * (float(np.median(ratios)) - 1),

@@ -206,17 +206,3 @@ def test_bottleneck_step_bound_with_a_long_step(tokens):
         r = ld.bottleneck()
     assert r["verdict"] == "step-bound" and r["wait_share"] < 0.05 and r["inline"] is True
     assert r["recommended_num_threads"] == 1 and r["text"].startswith("step-bound: ")
-
-
-@pytest.mark.parametrize("call, exc, match", [
-    (lambda ld: ld.stats(reset="yes"), TypeError, r"reset must be True or False"),
-    (lambda ld: ld.stats(reset=1), TypeError, r"reset must be True or False"),
-    (lambda ld: ld.bottleneck(step_seconds=0), ValueError, r"step_seconds must be a finite number > 0"),
-    (lambda ld: ld.bottleneck(step_seconds=-1.0), ValueError, r"step_seconds must be a finite number > 0"),
-    (lambda ld: ld.bottleneck(step_seconds="25ms"), TypeError, r"step_seconds must be a number"),
-    (lambda ld: ld.bottleneck(step_seconds=float("nan")), ValueError, r"step_seconds must be a finite number"),
-])
-def test_bad_arguments(tokens, call, exc, match):
-    with Loader(tokens, batch_size=B_TOK, pipelines={"tokens": [TokenWindows(SEQ)]}) as ld:
-        with pytest.raises(exc, match=match):
-            call(ld)

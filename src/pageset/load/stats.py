@@ -182,7 +182,7 @@ def bottleneck(stats: dict, num_threads: int, inline: bool, step_seconds: float 
               "no step measured")
     out["text"] = (f"{out['verdict']}: {waited}; the loader's work is {1e3 * work:.3g} ms per batch ({how}), "
                    f"the step {1e3 * step:.3g} ms"
-                   + (f" (given)" if step_seconds is not None else "")
+                   + (" (given)" if step_seconds is not None else "")
                    + (f"; recommended num_threads >= {need}" if need is not None else "")
                    + (f" (more than this machine's {cores} cores: the loader cannot keep up with this step here; "
                       "use smaller images, a cheaper pipeline or a longer step)" if short else "")
