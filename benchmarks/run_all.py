@@ -20,7 +20,8 @@ Sections (``--only`` picks some):
   tree), ``--runs`` times, rows
   interleaved run by run, after one untimed pageset row that fills the Numba kernel cache; the table gives
   the median (min-max).
-- ``images``, ``tokens``, ``write``, ``mixture``, ``producer_consumer``, ``manyfile_scale``, ``remote``, ``cold_start``: ``python -m
+- ``images``, ``tokens``, ``write``, ``mixture``, ``producer_consumer``, ``manyfile_scale``, ``remote``, ``cold_start``,
+  ``trainer_cost``: ``python -m
   benchmarks.<name>`` in a subprocess with ``--json <out>/<name>.json`` (and its small settings with --quick,
   its ``--runs``/``--repeats`` set to ``--runs``). Its peak RSS is the process's (``wait4``); the markdown
   tables it prints and the ``"targets"`` list of its JSON are collected.
@@ -72,6 +73,7 @@ BENCHES = {
                          ("--au-probes", "0"), ("--no-tokens",), ("--peers", "")],
                "full": [], "timeout": 7200, "chart": "--chart"},
     "cold_start": {"quick": [("--no-warmup",)], "full": [], "timeout": 3600},
+    "trainer_cost": {"quick": [], "full": [], "timeout": 1800},
 }
 SECTIONS = ["loaders", *BENCHES]
 

@@ -427,3 +427,22 @@ def test_every_public_argument_is_in_the_table():
             if param.name not in covered.get(name, set()):
                 missing.append(f"{name}({param.name}=...)")
     assert not missing, f"public arguments without a bad-value row in tests/test_arguments.py: {missing}"
+
+
+LOADER_METHODS = [  # (Loader method, argument, bad value, exception, message)
+    ("stats", "reset", "yes", T, r"reset must be True or False"),
+    ("stats", "reset", 1, T, r"reset must be True or False"),
+    ("bottleneck", "step_seconds", 0, V, r"step_seconds must be a finite number > 0"),
+    ("bottleneck", "step_seconds", -1.0, V, r"step_seconds must be a finite number > 0"),
+    ("bottleneck", "step_seconds", float("nan"), V, r"step_seconds must be a finite number > 0"),
+    ("bottleneck", "step_seconds", "25ms", T, r"step_seconds must be a number"),
+]
+
+
+@pytest.mark.parametrize("method, arg, value, exc, match", LOADER_METHODS,
+                         ids=[f"{r[0]}.{r[1]}={r[2]!r}" for r in LOADER_METHODS])
+def test_loader_method_refuses_bad_argument(files, method, arg, value, exc, match):
+    with Loader(files / "img.pageset", batch_size=2, pipelines={"image": [RandomResizedCrop(16)]},
+                num_threads=1) as ld:
+        with pytest.raises(exc, match=match):
+            getattr(ld, method)(**{arg: value})

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 
 import numpy as np
 
 from ..format.checksum import crc32
 from ..ops import spans
 from ..ops import tokens as token_ops
+from .stats import STATS_KEY
 
 
 def _staging(staging: dict, total: int) -> np.ndarray:
@@ -58,6 +60,7 @@ class PreadPages:
         ``offs``/``lens``: int64[n] absolute byte offsets and lengths. Raises TruncatedFileError /
         FileChangedError when the file was truncated or modified in place since it was opened.
         """
+        t0 = time.perf_counter()
         n = offs.shape[0]
         ends = np.cumsum(lens)
         out_offs = ends - lens
@@ -77,6 +80,10 @@ class PreadPages:
                 bad = spans.pread_spans(self.ds.fileno(), run_offs[rest:], run_lens[rest:], buf, run_dst[rest:])
                 bad = bad + rest if bad >= 0 else -1
         self.ds.check_unchanged()
+        st = staging.get(STATS_KEY)  # Loader.stats(): this thread's read seconds and bytes
+        if st is not None:
+            st.read_s += time.perf_counter() - t0
+            st.read_bytes += int(ends[-1]) if n else 0
         return buf, out_offs
 
     def read_windows(self, base: int, stride: int, ids: np.ndarray, dtype, out_input: np.ndarray,
@@ -98,6 +105,9 @@ class PreadPages:
             token_ops.split_windows(row[None], out_input[j : j + 1], out_target[j : j + 1])
             done = j + 1
         self.ds.check_unchanged()
+        st = ctx.get(STATS_KEY)  # Loader.stats(): bytes read (the time is the token stage's, one kernel)
+        if st is not None:
+            st.read_bytes += ids.shape[0] * row.nbytes
         return True
 
     def close(self) -> None:
@@ -163,6 +173,7 @@ class ProcessPageCache:
         self._free = list(range(self.capacity - 1, -1, -1))
         self._lock = threading.Lock()
         self.hits = self.misses = 0
+        self.bytes_read = 0  # bytes read from the file: pages into the cache, records read around it
         self.peak_resident = 0
         spans.prepare()
 
@@ -232,6 +243,7 @@ class ProcessPageCache:
                 del self._loading[k]
                 if fill.ok:
                     self._page_slot[k] = slot
+                    self.bytes_read += n
                 else:  # forget the page; the slot is free again once its waiters unpin it
                     del self._lru[k]
                     self._slot_page[slot] = -1
@@ -258,6 +270,8 @@ class ProcessPageCache:
             if slots[0] < 0:
                 out = np.empty(n, dtype=np.uint8)
                 self.ds.read_into(self.data_offset + k * self.page_size, out)
+                with self._lock:
+                    self.bytes_read += n
                 return out
             base = int(slots[0]) * self.page_size
             return self._arena[base : base + n].copy()
@@ -273,6 +287,7 @@ class ProcessPageCache:
         page, or on a page no slot could be pinned for, are read with ``pread``. Raises TruncatedFileError /
         FileChangedError as :meth:`PreadPages.gather` does.
         """
+        t0 = time.perf_counter()
         ends = np.cumsum(lens)
         out_offs = ends - lens
         buf = _staging(staging, int(ends[-1]) if lens.shape[0] else 0)
@@ -288,10 +303,18 @@ class ProcessPageCache:
             spans.copy_spans(self._arena, src, lens, buf, out_offs)
         finally:
             self._release(slots)
+        direct = 0
         for j in np.flatnonzero(src < 0).tolist():  # larger than a page, or no slot: not cached
             if lens[j]:
                 self.ds.read_into(int(offs[j]), buf[out_offs[j] : out_offs[j] + lens[j]])
+                direct += int(lens[j])
+        if direct:
+            with self._lock:
+                self.bytes_read += direct
         self.ds.check_unchanged()  # also for cache hits: one rule, whatever is cached
+        st = staging.get(STATS_KEY)  # Loader.stats(): this thread's read seconds (bytes: self.bytes_read)
+        if st is not None:
+            st.read_s += time.perf_counter() - t0
         return buf, out_offs
 
     def read_windows(self, base: int, stride: int, ids: np.ndarray, dtype, out_input: np.ndarray,

@@ -6,6 +6,8 @@ a ``RowReader``; the threads fill batch rows from whichever source a row's sampl
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ..format.fields import JSON, Bytes, Float, Int, NDArray, RGBImage, Tokens
@@ -23,6 +25,7 @@ from .stages import (
     Stage,
     TokenStage,
 )
+from .stats import STATS_KEY, add_stage
 
 # Rows of a mixture slice that come from one file but are not contiguous are filled in place, one call per run of
 # rows, when a row's outputs are at least this large (images: the copy would cost more than the call), else in
@@ -125,8 +128,14 @@ class FileSource:
             if self.verifier is not None:
                 self.verifier.check(*self.spans(ids), ids)
             stages = range(len(self.stages))
-        for k in stages:
+        if len(self.stages) == 1:  # one field: Loader.stats() counts the whole slice as its stage
+            for k in stages:
+                self.stages[k].fill(arrays[k], lo, hi, ids, keys, ctx)
+            return
+        for k in stages:  # several fields: each stage's wall seconds (Loader.stats()["stages"])
+            t0 = time.perf_counter()
             self.stages[k].fill(arrays[k], lo, hi, ids, keys, ctx)
+            add_stage(ctx, self.stages[k].name, time.perf_counter() - t0)
 
     def fill_rows(self, arrays: list, rows: np.ndarray, ids: np.ndarray, keys: np.ndarray, ctx: dict) -> None:
         """Fill the (sorted, possibly scattered) rows ``rows`` of a slot's ``arrays`` with records ``ids``.
@@ -144,7 +153,10 @@ class FileSource:
         rest = []
         for k, stage in enumerate(self.stages):
             if stage.fills_rows:
+                t0 = time.perf_counter()
                 stage.fill_rows(arrays[k], rows, ids, keys, ctx)
+                if len(self.stages) > 1:
+                    add_stage(ctx, stage.name, time.perf_counter() - t0)
             else:
                 rest.append(k)
         if not rest:
@@ -279,6 +291,9 @@ class RowReader:
                                                     row, inp[done:], tgt[done:], touched) if done < hi - lo else -1
             for i in touched.nonzero()[0].tolist():
                 self._checks[i]()
+            st = ctx.get(STATS_KEY)
+            if st is not None:
+                st.read_bytes += (hi - lo) * self._row_bytes
         finally:
             touched.fill(0)
         if stage.docs:
