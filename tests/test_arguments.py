@@ -265,6 +265,8 @@ IMPORTERS = [  # (function, argument, bad value, exception, message)
 
 OTHERS = [  # callables whose arguments are paths (or the inputs of a mixture)
     ("Mixture", "sources", "a.pageset", T, r"sources must be a list of paths"),
+    ("Mixture", "weight_unit", "rows", V, r"weight_unit must be 'samples' or 'tokens', got 'rows'"),
+    ("Mixture", "weight_unit", 1, T, r"weight_unit must be 'samples' or 'tokens'"),
     ("Mixture", "weights", "x", T, r"weights must be a sequence of numbers, one per source"),
     ("Mixture", "weights", [1, -1], V, r"weights\[1\] = -1\.0 is negative"),
     ("Mixture", "samples_per_epoch", 0, V, r"samples_per_epoch must be an int >= 1"),

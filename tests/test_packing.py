@@ -209,3 +209,47 @@ def test_readme_packing_example_runs(tmp_path, monkeypatch):
     code = re.search(r"```python\n(.*?)```", readme[readme.index("### Packing"):], re.S).group(1)
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "README.md (Packing)", "exec"), {})
+
+
+# ---- Mixtures weighted by tokens (issue 21: "Mixing by tokens") ---------------------------------------------
+
+def test_mixture_weighted_by_tokens_gives_equal_token_shares(tmp_path):
+    """Two files of packed rows: A's documents (16 ids + EOS = 17 tokens) fill a seq_len=16 row each (16
+    predictions); B's (9 ids + EOS = 10 tokens, 9 predictions) cannot pair up (18 > 16), so each row holds 9
+    predictions and 7 padding columns. Token weights 1:1 are sample weights 1/16 : 1/9, i.e. quotas 9:16 (worked by
+    hand, formats/mixture.md 2.6): in every 25 rows 9 from A (144 predictions) and 16 from B (144). Sample
+    weights 1:1 keep quotas 1:1. The realised shares, counted on the batches' labels, follow the unit."""
+    from pageset import Mixture
+
+    a = [np.arange(100 + 16 * k, 116 + 16 * k) for k in range(40)]
+    b = [np.arange(2000 + 9 * k, 2009 + 9 * k) for k in range(60)]
+    write_tokens(tmp_path / "a.pageset", a, None, eos_id=1, progress=False, lineage=False, dtype="uint16")
+    write_tokens(tmp_path / "b.pageset", b, None, eos_id=1, progress=False, lineage=False, dtype="uint16")
+    pipes = {"tokens": [TokenWindows(16, packing="best_fit", pack_pages=None)]}
+    files = [tmp_path / "a.pageset", tmp_path / "b.pageset"]
+    for unit, want_quotas in [("tokens", (9, 16)), ("samples", (1, 1))]:
+        mix = Mixture(files, [1, 1], weight_unit=unit, samples_per_epoch=50)
+        with Loader(mix, batch_size=25, pipelines=pipes, array_type="numpy", seed=3) as loader:
+            state = loader.state_dict()
+            assert tuple(state["mixture"]["quotas"]) == want_quotas
+            rows = [0, 0]
+            predictions = [0, 0]
+            for batch in loader:
+                for src, labels in zip(batch["_source"].tolist(), batch["labels"]):
+                    rows[src] += 1
+                    predictions[src] += int((labels != -100).sum())
+        assert rows == [50 * q // sum(want_quotas) for q in want_quotas]  # 50 rows: whole periods of the quotas
+        if unit == "tokens":
+            assert predictions == [288, 288]  # equal token shares
+        else:
+            assert predictions == [25 * 16, 25 * 9]  # equal row shares, unequal tokens
+
+
+def test_mixture_weighted_by_tokens_refuses_record_files(tmp_path, photos):
+    from pageset import Int, Mixture, write_dataset
+
+    write_dataset(tmp_path / "r.pageset", [(k,) for k in range(8)], {"label": Int()}, progress=False)
+    with pytest.raises(ValueError, match=r"r\.pageset: source 0 of the mixture has no token rows"):
+        Loader(Mixture([tmp_path / "r.pageset"], [1], weight_unit="tokens"), batch_size=2)
+    with pytest.raises(ValueError, match=r"weight_unit must be 'samples' or 'tokens'"):
+        Mixture([tmp_path / "r.pageset"], [1], weight_unit="bytes")

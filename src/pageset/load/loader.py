@@ -263,7 +263,8 @@ class Loader:
         self._reader = RowReader(self._sources, self._stages)
         params = OrderParams(self.seed, self.order, self.window_pages, self.global_batch_size, self.drop_last,
                              self._seq_len(), next((s.packing for s in self._stages if hasattr(s, "packing")), ""))
-        self._plan = spec.plan([Member(s.path, s.dataset_id, s.page_sizes) for s in self._sources], params)
+        self._plan = spec.plan([Member(s.path, s.dataset_id, s.page_sizes, getattr(s, "tokens", None))
+                                 for s in self._sources], params)
         plan = self._plan
         self.path, self.dataset_id, self.n_records, self.epoch_length = (
             plan.path, plan.dataset_id, plan.n_records, plan.epoch_length)

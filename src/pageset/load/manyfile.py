@@ -180,6 +180,8 @@ class ManyFileSource:
             self.page_sizes = np.concatenate(per)
             self._page_ends = np.cumsum(self.page_sizes)
             self.n_records = int(self.starts[-1])
+            # stride windows: every column a prediction; packed rows of a set are not supported here (None)
+            self.tokens = self.n_records * int(first.stages[0].seq_len) if self._token else None
             self._members_pages = pages
             self._check_layout(k0, first)
             with self._lock:

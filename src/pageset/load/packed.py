@@ -53,6 +53,11 @@ class PackedTokenStage(Stage):
                         "position_ids": ((L,), np.dtype(np.int64), None), "doc_ids": ((L,), np.dtype(np.int32), None),
                         "labels": ((L,), np.dtype(np.int64), None)}
 
+    def token_count(self) -> int:
+        """Predictions of all rows: the columns that hold a target (a piece of m tokens fills m - 1), padding not
+        counted; a Mixture weighted by tokens (``weight_unit="tokens"``) weighs the file by it."""
+        return int((self.rows.piece_len - 1).sum())
+
     def records_per_page(self, page_count: int) -> np.ndarray:
         """int64[max(page_count, 1)]: rows whose first token lies in each page (formats/packing.md section 4)."""
         k = max(page_count, 1)

@@ -100,7 +100,10 @@ class FileSource:
                 self.n_records = windows[0].n_records
                 self.page_sizes = windows[0].records_per_page(ds.page_count)
                 self.spans = windows[0].spans
+                count = getattr(windows[0], "token_count", None)
+                self.tokens = count() if count is not None else None
             else:
+                self.tokens = None  # records, not token rows
                 self.n_records = len(ds)
                 self.page_sizes = ds.records_per_page()
                 rec_off = ds.index["_offset"].astype(np.int64)

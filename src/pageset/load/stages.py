@@ -357,6 +357,10 @@ class TokenStage(Stage):
         if reserve is not None:
             reserve(ctx, rows * (self.seq_len + 1) * self.itemsize)
 
+    def token_count(self) -> int:
+        """Predictions of all windows: ``n_records * seq_len`` (every column of a window holds a target)."""
+        return int(self.n_records) * int(self.seq_len)
+
     def records_per_page(self, page_count: int) -> np.ndarray:
         """int64[max(page_count, 1)]: windows whose first token lies in each page (O(pages), no per-window array)."""
         stride = self.seq_len * self.itemsize  # bytes between window starts

@@ -493,17 +493,21 @@ def resume_mixture(state, current: dict, order: MixtureOrder) -> tuple[OrderStat
 class Mixture(PlanSpec):
     """Several pageset files read as one stream, in fixed proportions.
 
-    ``Mixture(sources, weights, *, samples_per_epoch=None)``: sources, a sequence of S >= 1 paths (str or
-    os.PathLike) of pageset files with the same loaded fields; weights, S finite numbers >= 0, not all zero
-    (only the ratios matter; resolved by :func:`quotas`); samples_per_epoch, int >= 1 samples in one epoch of
-    the mixture (default: the sum of the sources' sizes, set by the loader).
+    ``Mixture(sources, weights, *, samples_per_epoch=None, weight_unit="samples")``: sources, a sequence of S >= 1
+    paths (str or os.PathLike) of pageset files with the same loaded fields; weights, S finite numbers >= 0, not
+    all zero (only the ratios matter; resolved by :func:`quotas`); samples_per_epoch, int >= 1 samples in one
+    epoch of the mixture (default: the sum of the sources' sizes, set by the loader); weight_unit, what the
+    weights share out: ``"samples"`` (rows) or ``"tokens"`` (token rows only: the predictions they hold,
+    padding excluded; formats/mixture.md section 2.6): the loader turns token weights into sample weights
+    ``w_i * N_i / T_i`` (N_i rows holding T_i predictions in source i), so sources of emptier rows (packed rows
+    with more padding) give more rows for the same share of tokens.
 
     Pass it to ``Loader`` instead of a path. Raises TypeError / ValueError naming the argument: an empty
     source list, a source that is not a path, a weight count that differs from the source count, or a bad
     weight (see :func:`quotas`), or samples_per_epoch < 1.
     """
 
-    def __init__(self, sources, weights, *, samples_per_epoch: int | None = None):
+    def __init__(self, sources, weights, *, samples_per_epoch: int | None = None, weight_unit: str = "samples"):
         if isinstance(sources, (str, bytes, os.PathLike)):
             raise TypeError("sources must be a list of paths, e.g. Mixture(['a.pageset', 'b.pageset'], [0.7, 0.3])")
         self.sources = tuple(sources)
@@ -527,6 +531,11 @@ class Mixture(PlanSpec):
                                  f"sizes), got {samples_per_epoch!r}")
             samples_per_epoch = int(samples_per_epoch)
         self.samples_per_epoch = samples_per_epoch
+        if not isinstance(weight_unit, str):
+            raise TypeError(f"weight_unit must be 'samples' or 'tokens', got {weight_unit!r}")
+        if weight_unit not in ("samples", "tokens"):
+            raise ValueError(f"weight_unit must be 'samples' or 'tokens', got {weight_unit!r}")
+        self.weight_unit = weight_unit
 
     optional_fields = True  # a field mapped to None may be missing from some of the files
 
@@ -541,7 +550,26 @@ class Mixture(PlanSpec):
             if q > 0 and m.n_records == 0:
                 raise ValueError(f"{m.path}: source {i} of the mixture has no records but weight "
                                  f"{self.weights[i]}; give it weight 0 or drop it")
-        return MixturePlan(members, self.quotas, self.samples_per_epoch, params)
+        return MixturePlan(members, self.sample_quotas(members), self.samples_per_epoch, params)
+
+    def sample_quotas(self, members: list[Member]) -> tuple[int, ...]:
+        """The quotas of rows: :attr:`quotas` for ``weight_unit="samples"``; for ``"tokens"`` the quotas of the
+        sample weights ``q_i * N_i / T_i`` (exact rationals, resolved by :func:`quotas`), N_i and T_i the rows
+        and predictions of source i. ValueError naming the file of a weighted source without token rows."""
+        if self.weight_unit == "samples":
+            return self.quotas
+        weights = []
+        for i, (m, q) in enumerate(zip(members, self.quotas)):
+            if q == 0:
+                weights.append(Fraction(0))
+                continue
+            if m.tokens is None or m.tokens <= 0:
+                raise ValueError(f"{m.path}: source {i} of the mixture has no token rows, so weight_unit='tokens' "
+                                 "cannot weigh it; load token files with TokenWindows(...) or use "
+                                 "weight_unit='samples'")
+            weights.append(Fraction(q) * m.n_records / m.tokens)
+        scale = max(weights)
+        return quotas([float(w / scale) for w in weights])
 
     @property
     def shares(self) -> tuple[float, ...]:
@@ -551,6 +579,7 @@ class Mixture(PlanSpec):
 
     def __repr__(self) -> str:
         return (f"Mixture({[os.fspath(s) for s in self.sources]!r}, weights={list(self.weights)!r}, "
+                f"weight_unit={self.weight_unit!r}, "
                 f"samples_per_epoch={self.samples_per_epoch!r})")
 
 

@@ -67,11 +67,13 @@ class OrderParams:
 @dataclass(frozen=True)
 class Member:
     """One opened file as a plan sees it: ``path`` (str, for messages), ``dataset_id`` (64 hex digits),
-    ``page_sizes`` (int64[K], records per page: formats/order.md sections 6, 7; N = sum)."""
+    ``page_sizes`` (int64[K], records per page: formats/order.md sections 6, 7; N = sum), ``tokens`` (int: the
+    predictions of all its token rows, padding excluded; None for records that are not token rows)."""
 
     path: str
     dataset_id: str
     page_sizes: np.ndarray
+    tokens: int | None = None
 
     @property
     def n_records(self) -> int:
