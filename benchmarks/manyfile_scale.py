@@ -78,8 +78,8 @@ else:  # resume: a state saved at mid-epoch on world size 64, resumed on `world`
     state = plan.state(0, plan.epoch_length // G // 2 * G)
     state = json.loads(json.dumps(state))
     t0 = time.perf_counter()
-    e, cursor = plan.resume(state, world)
-    ep = plan.epoch(e)
+    e, cursor, shift = plan.resume(state, world)  # shift: 0 here (no change of the global batch)
+    ep = plan.epoch(e, shift)
     b = ep.batch(cursor + (world - 1) * B, cursor + world * B)
     t["resume_and_first_batch_s"] = time.perf_counter() - t0
 t["n_records"], t["pages"] = plan.n_records, int(plan.page_sizes.shape[0])
