@@ -206,7 +206,54 @@ def _check_max_open(max_open) -> int:
     return check.integer("max_open", max_open, minimum=1)
 
 
-class ManyFileDataset:
+class _ManyFileBase:
+    """What ManyFileDataset and ManyFileTokens share: the manifest, the member list and the bounded set of open
+    members (opened by ``member_class``, a Dataset or a TokenDataset), context management."""
+
+    kind = ""  # "records" or "tokens"
+    other_opener = ""  # the function that opens the other kind, named in the error
+
+    def _open_set(self, path, storage_options, request_timeout, request_attempts, max_open, member_class) -> None:
+        self.info = many_file_members(path, storage_options)
+        self.max_open = _check_max_open(max_open)
+        if self.info.kind != self.kind:
+            what = (f"token files ({plural(self.info.manifest.tokens, 'token')})" if self.info.kind == "tokens"
+                    else "record files")
+            raise ValueError(f"{self.info.folder} is a many-file set of {what}: open it with "
+                             f"pageset.{self.other_opener}(folder)")
+        self.path, self.manifest = self.info.folder, self.info.manifest
+        self.dataset_id, self.page_size = self.info.dataset_id, self.info.page_size
+        self.members, self.paths = self.manifest.members, self.info.paths
+        remote = {"request_timeout": request_timeout, "request_attempts": request_attempts}
+
+        def opener(p):
+            return member_class(p, storage_options if url_scheme(p) else None, **remote)
+
+        self._members = _Members(self.info, opener, storage_options, self.max_open)
+
+    def member(self, k: int):
+        """Member ``k``'s open, checked dataset (opened now if it is not); IndexError out of range."""
+        if not 0 <= k < len(self.members):
+            raise IndexError(f"{self.path}: member {k} is out of range for {plural(len(self.members), 'member')}")
+        return self._members.get(int(k))
+
+    def verify(self) -> None:
+        """Check the manifest's set id, then open and verify every member (page CRCs, dataset id), one at a
+        time. Raises what the member's ``verify()`` raises, naming the member, and the member errors of opening
+        (missing, truncated, replaced)."""
+        _verify(self)
+
+    def close(self) -> None:
+        self._members.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class ManyFileDataset(_ManyFileBase):
     """A many-file dataset of records, read as one (see the module docstring and ``formats/manyfile.md``).
 
     ``len(ds)`` records; ``ds[i]`` -> ``{field: value}`` and ``ds.read(i, field)`` as for
@@ -219,38 +266,21 @@ class ManyFileDataset:
     at most ``max_open`` members are in use at once.
     """
 
+    kind, other_opener = "records", "open_tokens"
+
     def __init__(self, path, storage_options: dict | None = None, *, request_timeout: float = 30.0,
                  request_attempts: int = 5, max_open: int = MAX_OPEN):
         from .reader import Dataset
 
-        self.info = many_file_members(path, storage_options)
-        self.max_open = _check_max_open(max_open)
-        if self.info.kind != "records":
-            raise ValueError(f"{self.info.folder} is a many-file set of token files ({plural(self.info.manifest.tokens, 'token')}): "
-                             "open it with pageset.open_tokens(folder)")
-        self.path, self.manifest = self.info.folder, self.info.manifest
-        self.dataset_id, self.page_size = self.info.dataset_id, self.info.page_size
-        self.members, self.paths = self.manifest.members, self.info.paths
+        self._open_set(path, storage_options, request_timeout, request_attempts, max_open, Dataset)
         self.schema = self.manifest.schema
         self._starts = np.concatenate([[0], np.cumsum(self.info.records, dtype=np.int64)])
-        remote = {"request_timeout": request_timeout, "request_attempts": request_attempts}
-
-        def opener(p):
-            return Dataset(p, storage_options if url_scheme(p) else None, **remote)
-
-        self._members = _Members(self.info, opener, storage_options, self.max_open)
 
     @property
     def fields(self) -> dict:
         from ..format.schema import parse_schema
 
         return parse_schema(self.schema)[0]
-
-    def member(self, k: int):
-        """Member ``k``'s open, checked :class:`~pageset.read.reader.Dataset` (opened now if it is not)."""
-        if not 0 <= k < len(self.members):
-            raise IndexError(f"{self.path}: member {k} is out of range for {plural(len(self.members), 'member')}")
-        return self._members.get(int(k))
 
     def member_of(self, i: int) -> tuple[int, int]:
         """``(member index, record index within it)`` of global record ``i``; IndexError / TypeError."""
@@ -287,21 +317,6 @@ class ManyFileDataset:
         """int64: the members' records-per-page arrays concatenated, in manifest order (from the manifest)."""
         return np.concatenate(self.info.records_per_page)
 
-    def verify(self) -> None:
-        """Check the manifest's set id, then open and :meth:`~Dataset.verify` every member (page CRCs, dataset
-        id), one at a time. Raises what :meth:`Dataset.verify` raises, naming the member, and the member
-        errors of opening (missing, truncated, replaced)."""
-        _verify(self)
-
-    def close(self) -> None:
-        self._members.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     def __repr__(self) -> str:
         fields = ", ".join(f"{n}: {f.kind}" for n, f in self.fields.items())
         return (f"ManyFileDataset({self.path!r}, members={len(self.members)}, records={len(self)}, "
@@ -322,7 +337,7 @@ def _verify(ds) -> None:
                             f"{exc.detail}; {ds._members._context(k)}") from exc
 
 
-class ManyFileTokens:
+class ManyFileTokens(_ManyFileBase):
     """A many-file dataset of token files, read as one stream of documents (``formats/manyfile.md`` section 7).
 
     ``len(td)`` tokens (all members); ``documents``; ``document(i)`` (global document ids through the members in
@@ -332,35 +347,19 @@ class ManyFileTokens:
     ``members``, ``paths``, ``info``, ``member(k)`` (an open :class:`~pageset.read.tokens.TokenDataset`),
     ``verify()``, ``close()``. At most ``max_open`` members open at once."""
 
+    kind, other_opener = "tokens", "open_dataset"
+
     def __init__(self, path, storage_options: dict | None = None, *, request_timeout: float = 30.0,
                  request_attempts: int = 5, max_open: int = MAX_OPEN):
         from .tokens import TokenDataset
 
-        self.info = many_file_members(path, storage_options)
-        self.max_open = _check_max_open(max_open)
-        if self.info.kind != "tokens":
-            raise ValueError(f"{self.info.folder} is a many-file set of record files: open it with "
-                             "pageset.open_dataset(folder)")
-        self.path, self.manifest = self.info.folder, self.info.manifest
-        self.dataset_id, self.page_size = self.info.dataset_id, self.info.page_size
-        self.members, self.paths = self.manifest.members, self.info.paths
+        self._open_set(path, storage_options, request_timeout, request_attempts, max_open, TokenDataset)
         tok = self.manifest.schema.get("tokens", {})
         self.dtype = np.dtype(tok.get("dtype", "uint16")).newbyteorder("<")
         self.eos_id, self.bos_id = tok.get("eos_id"), tok.get("bos_id")
         self.documents = self.manifest.documents
         self._tok = np.concatenate([[0], np.cumsum(self.info.tokens, dtype=np.int64)])
         self._docs = np.concatenate([[0], np.cumsum(self.info.documents, dtype=np.int64)])
-        remote = {"request_timeout": request_timeout, "request_attempts": request_attempts}
-
-        def opener(p):
-            return TokenDataset(p, storage_options if url_scheme(p) else None, **remote)
-
-        self._members = _Members(self.info, opener, storage_options, self.max_open)
-
-    def member(self, k: int):
-        if not 0 <= k < len(self.members):
-            raise IndexError(f"{self.path}: member {k} is out of range for {plural(len(self.members), 'member')}")
-        return self._members.get(int(k))
 
     def __len__(self) -> int:
         return int(self._tok[-1])
@@ -414,19 +413,6 @@ class ManyFileTokens:
         k = int(np.searchsorted(starts, w, side="right")) - 1
         local = int(w) - int(starts[k])
         return self.member(k).read(local * seq_len, local * seq_len + seq_len + 1)
-
-    def verify(self) -> None:
-        """As :meth:`ManyFileDataset.verify`."""
-        _verify(self)
-
-    def close(self) -> None:
-        self._members.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __repr__(self) -> str:
         return (f"ManyFileTokens({self.path!r}, members={len(self.members)}, tokens={len(self)}, "
