@@ -387,3 +387,35 @@ def test_section_flags_and_metadata_as_the_spec_says(tmp_path, records, lineage)
     base = {"source", "samples_in_source", "skipped", "skipped_errors"}
     assert (set(lin) == base) if not lineage else (set(lin) > base)  # lineage=True adds when/where/versions
     check_records(ref, records[:4] + records[5:])
+
+
+def test_data_area_of_whole_pages_has_one_checksum_per_page(tmp_path):
+    """Records that fill the data area to exactly 2 pages (4 records of PAGE/2 bytes, no padding needed): the file
+    has page_count 2 and 2 page CRCs, each the CRC-32 of its page (formats/v1.md: one checksum per page, the
+    last page short only when the data area is not a whole number of pages)."""
+    import zlib
+
+    fields = {"blob": Bytes()}
+    # a Bytes record is its span only (no inline columns), so four of PAGE/2 bytes fill two pages exactly
+    blobs = [bytes([k + 1]) * (PAGE // 2) for k in range(4)]
+    write_dataset(tmp_path / "f.pageset", [(b,) for b in blobs], fields, **KW)
+    ref = read_file(tmp_path / "f.pageset")
+    assert ref.header["data_length"] == 2 * PAGE and ref.header["page_count"] == 2
+    assert ref.page_crcs == [zlib.crc32(p) for p in ref.pages] and len(ref.pages) == 2
+    assert [r["blob"] for r in ref.records] == blobs
+
+
+def test_bad_sample_error_names_the_source_index_and_field(tmp_path, records):
+    """A sample that cannot be encoded stops the write with SampleError naming the source (its description),
+    the sample index and the field, in this process and in worker processes; nothing is written."""
+    from pageset import SampleError
+
+    bad = list(records)
+    bad[5] = (bad[5][0], "not an int", bad[5][2])
+    for workers in (0, 2):
+        with pytest.raises(SampleError) as info:
+            write_dataset(tmp_path / "f.pageset", bad, FIELDS, num_workers=workers, **KW)
+        err = info.value
+        assert (err.index, err.field) == (5, "label") and err.source == "source list", (workers, err.source)
+        assert "source list" in str(err) and "sample 5" in str(err)
+        assert not (tmp_path / "f.pageset").exists()
