@@ -26,7 +26,7 @@ from reference import order as model
 from resume_contract import model_layout
 
 from pageset import Bytes, Int, Loader, Mixture, TokenWindows, merge_datasets, open_dataset, write_dataset, write_tokens
-from pageset.format.errors import MemberMismatchError
+from pageset.format.errors import FileChangedError, MemberMismatchError, TruncatedFileError
 from pageset.format.manifest import Member, build_manifest, common_schema, schema_digest
 from pageset.load import manyfile as load_manyfile
 from pageset.order import StateMismatchError
@@ -304,3 +304,42 @@ def test_sigkill_mid_epoch_then_resume_on_another_world_size(record_set, tmp_pat
 
 
 from test_object_store import moto_s3  # noqa: E402,F401  (the S3 server fixture, shared)
+
+
+@pytest.mark.parametrize("change", ["replaced", "touched", "truncated"])
+@pytest.mark.parametrize("max_open", [1, 8])
+def test_a_member_changed_after_it_was_read_is_named_when_read_again(tmp_path, monkeypatch, change, max_open):
+    """A flat set (load/set_records.py) keeps only descriptors of members it read: a member re-opened (max_open 1:
+    every member is closed between its reads) that is no longer the file first read, or one still open (8) that
+    changed in place, raises naming the member before any batch with its records; a member replaced by a rename
+    while open is read as opened (the old file), as one file is."""
+    monkeypatch.setattr(load_manyfile, "MAX_OPEN", max_open)
+    folder = tmp_path / "set"
+    write_set(folder, 80, 20)  # 4 members of 20 records
+    victim = many_file_members(folder).paths[1]
+    with Loader(folder, batch_size=10, order="sequential", num_threads=1, array_type="numpy") as ld:
+        assert ld._sources[0]._flat is not None
+        first = [i for b in ld for i in b["_index"].tolist()]
+        assert first == list(range(80)) and len(ld._sources[0].open_members()) == min(max_open, 4)
+        if change == "replaced":  # the same bytes in a new file renamed over it: another inode
+            shutil.copyfile(victim, victim + ".new")
+            os.replace(victim + ".new", victim)
+            error, match = FileChangedError, r"m0001-000001\.pageset.*member 1 was replaced or modified"
+        elif change == "touched":  # modified in place (a new modification time, same size)
+            st = os.stat(victim)
+            os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+            error, match = FileChangedError, r"m0001-000001\.pageset.*member 1 was (replaced or )?modified"
+        else:
+            os.truncate(victim, os.path.getsize(victim) // 2)
+            error, match = (TruncatedFileError, FileChangedError), r"m0001-000001\.pageset.*member 1"
+        seen = []
+        if change == "replaced" and max_open > 1:  # still open: it reads the file it opened, as one file's reader
+            seen = [i for b in ld for i in b["_index"].tolist() if rows(b) == [(i, payload(i)) for i in b["_index"]]]
+            assert seen == list(range(80))
+            return
+        with pytest.raises(error, match=match):
+            for b in ld:
+                seen += b["_index"].tolist()
+                assert rows(b) == [(i, payload(i)) for i in b["_index"].tolist()]
+        assert seen == list(range(20))  # member 0's batches, none of member 1's
+    assert ld._sources[0].open_members() == []  # closed: no descriptor left

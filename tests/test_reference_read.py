@@ -260,6 +260,61 @@ def test_loader_batches_equal_the_reference(files, name, page_cache, verify):
     assert sorted(i for _, i in seen) == list(range(len(ref.records)))  # every record once, compared above
 
 
+
+@pytest.fixture(scope="module")
+def sets(files):
+    """Many-file sets (formats/manyfile.md) of the records of ``records.pageset`` and ``images.pageset``, 5 and 3
+    records per member: global id i is record i of the single file, whose reference view is the expectation."""
+    root = files / "sets"
+    root.mkdir(exist_ok=True)
+    recs = read_file(files / "records.pageset").records
+    src = [(r["id"], r["score"], r["blob"], r["meta"], np.frombuffer(r["arr"], "<u2").reshape(2, 4), None)
+           for r in recs]
+    fields = {k: v for k, v in FIELDS.items() if k != "img"}
+    write_dataset(root / "records", [x[:5] for x in src], fields, page_size=PAGE, num_workers=0,
+                  records_per_member=5, progress=False)
+    squares = [np.frombuffer(r["raw"]["data"], np.uint8).reshape(SQUARE, SQUARE, 3)
+               for r in read_file(files / "images.pageset").records]
+    write_dataset(root / "images", [(a, a) for a in squares], {"raw": RGBImage(encoding="raw"),
+                  "jpg": RGBImage(encoding="jpeg")}, page_size=PAGE, num_workers=0, records_per_member=3,
+                  progress=False)
+    return root
+
+
+@pytest.mark.parametrize("page_cache,verify", LOADER_CASES)
+@pytest.mark.parametrize("name", ["records", "images"])
+@pytest.mark.parametrize("order", ["random", "quasi_random"])
+def test_a_many_file_set_loads_like_the_reference_of_its_records(files, sets, name, page_cache, verify, order,
+                                                                 monkeypatch):
+    """page_cache="os" without verification reads the set flat (one gather across members, load/set_records.py),
+    the other cases member by member; at most 2 members stay open, so members are closed and opened again."""
+    from pageset.load import manyfile as load_manyfile
+
+    monkeypatch.setattr(load_manyfile, "MAX_OPEN", 2)
+    ref = read_file(files / f"{name}.pageset")
+    pipes = _image_pipelines() if name == "images" else {k: v for k, v in _record_pipelines().items() if k != "img"}
+    kw = dict(cache_pages=2) if page_cache == "process" else {}
+    seen, _ = _epoch(sets / name, [ref], pipes, batch_size=4, order=order, seed=3, drop_last=False, num_threads=2,
+                     window_pages=2, page_cache=page_cache, verify_pages=verify, **kw)
+    assert sorted(i for _, i in seen) == list(range(len(ref.records)))  # every record once, compared above
+
+
+def test_a_mixture_of_a_set_and_a_file_equals_the_reference(files, sets):
+    """A set's rows scattered among another file's rows (Mixture): the flat set's fill_rows path."""
+    from pageset import Loader, Mixture
+
+    refs = [read_file(files / "records.pageset"), read_file(files / "records2.pageset")]
+    pipes = {k: v for k, v in _record_pipelines().items() if k != "img"}
+    pipes["img"] = None
+    seen = []
+    with Loader(Mixture([sets / "records", files / "records2.pageset"], [0.5, 0.5], samples_per_epoch=64),
+                batch_size=8, order="random", seed=9, num_threads=2, array_type="numpy", pipelines=pipes,
+                drop_last=False) as loader:
+        for batch in loader:
+            seen += _check_batch(batch, refs)
+    assert {i for s, i in seen if s == 0} == set(range(len(refs[0].records)))
+
+
 # ---- token windows and document outputs ------------------------------------------------------------------------
 
 def _document_expectation(ref, windows, L):

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from pageset.ops.spans import copy_spans, pread_spans
+from pageset.ops.spans import copy_spans, pread_spans, pread_spans_fds
 from pageset.ops.tokens import (
     copy_windows,
     pin_windows,
@@ -163,3 +163,28 @@ def test_pin_copy_unpin_windows_out_of_a_slot_arena():
     for bad in (across, missing):
         assert pin_windows(page_slot, pins, page_len, L, L + 1, np.array([ids[0], bad]), offsets, pages) == -1
         assert (pins == 0).all()
+
+
+def test_pread_spans_fds_reads_each_span_from_its_own_file(tmp_path):
+    rng = np.random.default_rng(2)
+    datas = [rng.integers(0, 256, n, dtype=np.uint8) for n in (5_000, 70_000)]
+    fds = []
+    for k, d in enumerate(datas):
+        (tmp_path / f"m{k}.bin").write_bytes(d.tobytes())
+        fds.append(os.open(tmp_path / f"m{k}.bin", os.O_RDONLY))
+    try:
+        which = np.array([1, 0, 1, 0], dtype=np.int64)
+        offs = np.array([60_000, 4_000, 10, 0], dtype=np.int64)
+        lens = np.array([10_000, 1_000, 3, 0], dtype=np.int64)
+        dst_offs = np.cumsum(lens) - lens
+        dst = np.zeros(int(lens.sum()), dtype=np.uint8)
+        span_fds = np.array(fds, dtype=np.int64)[which]
+        assert pread_spans_fds(span_fds, offs, lens, dst, dst_offs) == -1
+        for k, o, n, d in zip(which, offs, lens, dst_offs):
+            np.testing.assert_array_equal(dst[d : d + n], datas[k][o : o + n])
+        # span 1 asks member 0 for bytes past its end (they exist in member 1): reported, not read from member 1
+        offs[1] = 4_500
+        assert pread_spans_fds(span_fds, offs, lens, dst, dst_offs) == 1
+    finally:
+        for fd in fds:
+            os.close(fd)

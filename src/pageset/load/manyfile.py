@@ -33,6 +33,7 @@ import numpy as np
 from ..read.manyfile import ManyFileSet, _Members, is_many_file, manifest_exists, many_file_members
 from ..read.reader import Dataset
 from ..read.remote import local_path, url_scheme
+from .set_records import SetRecords, can_flatten
 from .source import FileSource, RowReader
 from .stages import BytesStage
 
@@ -155,7 +156,7 @@ class ManyFileSource:
         self._users: collections.Counter = collections.Counter()
         self._closed_stats: dict = {}
         self._closed = False
-        self.opened_count = 1  # members opened so far (the first one below)
+        self._opened = 1  # members opened so far (the first one below)
         # the first member opened: the largest (a token set's shortest members may hold no window at all)
         k0 = int(np.argmax(info.tokens)) if info.kind == "tokens" else self._widest(pipelines)
         first = self._build(k0)
@@ -184,8 +185,17 @@ class ManyFileSource:
             self.tokens = self.n_records * int(first.stages[0].seq_len) if self._token else None
             self._members_pages = pages
             self._check_layout(k0, first)
-            with self._lock:
-                self._open[k0] = first
+            # a local record set (page_cache="os", no verification) is read flat: set-wide index columns, one
+            # gather per batch across members, members kept as descriptors (load/set_records.py)
+            self._flat = None
+            if can_flatten(info, first.stages, inp.remote, page_cache, verify_pages):
+                self._flat = SetRecords(first, k0, self.starts, self.path, self.dataset_id, info.paths,
+                                        self.max_open)
+                first.close()
+                first.ds.close()  # its descriptor lives on (a duplicate) in the flat reader
+            else:
+                with self._lock:
+                    self._open[k0] = first
             self.ds = SetView(self.path, self.dataset_id, first.ds.fields, info.page_size, int(self._page_base[-1]), 0,
                               inp.remote)
             self.pages = _RemoteSetPages(self) if inp.remote else _LocalSetPages()
@@ -254,7 +264,7 @@ class ManyFileSource:
                             src.ds.close()
                             raise
                         self._open[k] = src
-                        self.opened_count += 1
+                        self._opened += 1
                         self.pages.opened(k, src)
                     else:
                         self._open.move_to_end(k)
@@ -287,7 +297,14 @@ class ManyFileSource:
             src.close()
             src.ds.close()
 
+    @property
+    def opened_count(self) -> int:
+        """Member files opened so far: parsed members, and (flat reading) descriptors re-opened after eviction."""
+        return self._opened + (self._flat.files.reopens if self._flat is not None else 0)
+
     def open_members(self) -> list[int]:
+        if self._flat is not None:
+            return self._flat.files.open_members()
         with self._lock:
             return list(self._open)
 
@@ -296,9 +313,41 @@ class ManyFileSource:
         return np.searchsorted(self.starts, ids, side="right") - 1
 
     # ---- reading ------------------------------------------------------------------------------------------
+    def _flat_members(self, ids: np.ndarray) -> list[int]:
+        """The members of global records ``ids`` (flat reading), their index loaded and their files held."""
+        member = self.members_of(ids)
+        k = int(member[0])
+        ks = [k] if k == int(member[-1]) and (member == k).all() else np.unique(member).tolist()
+        flat = self._flat
+        for k in ks:
+            if not flat.loaded(k):
+                with self._lock:
+                    if self._closed:
+                        raise RuntimeError(f"{self.path}: the loader was closed")
+                    if not flat.loaded(k):
+                        src = self._build(k)  # opened and checked against the manifest (read/manyfile.py)
+                        try:
+                            self._check_layout(k, src)
+                            self._fits(k, src)
+                            flat.load(k, src)
+                            self._opened += 1
+                        finally:
+                            src.close()
+                            src.ds.close()
+        flat.files.acquire(ks)
+        return ks
+
     def fill(self, arrays: list, lo: int, hi: int, ids: np.ndarray, keys, ctx: dict, stages=None) -> None:
         """Fill rows ``[lo, hi)`` with global records ``ids``: one member's call when they all lie in one member,
-        else each row from its member, token windows in one read call (the Loader's RowReader over the members)."""
+        else each row from its member, token windows in one read call (the Loader's RowReader over the members);
+        a flat set (load/set_records.py): one call over all members."""
+        if self._flat is not None:
+            ks = self._flat_members(ids)
+            try:
+                self._flat.fill(arrays, lo, hi, ids, keys, ctx)
+            finally:
+                self._flat.files.release(ks)
+            return
         member = self.members_of(ids)
         k = int(member[0])
         if k == int(member[-1]) and (member == k).all():
@@ -330,6 +379,13 @@ class ManyFileSource:
 
     def fill_rows(self, arrays: list, rows: np.ndarray, ids: np.ndarray, keys, ctx: dict) -> None:
         """Fill the sorted rows ``rows`` with global records ``ids`` (a Mixture's rows of this set)."""
+        if self._flat is not None:
+            ks = self._flat_members(ids)
+            try:
+                self._flat.fill_rows(arrays, rows, ids, keys, ctx)
+            finally:
+                self._flat.files.release(ks)
+            return
         member = self.members_of(ids)
         for k in np.unique(member).tolist():
             sel = np.flatnonzero(member == k)
@@ -369,6 +425,8 @@ class ManyFileSource:
         self.pages.close()
         with self._lock:
             self._closed = True
+            if self._flat is not None:
+                self._flat.close()
             while self._open:
                 _, src = self._open.popitem()
                 src.close()

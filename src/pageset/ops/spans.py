@@ -38,6 +38,19 @@ if numba.config.DISABLE_JIT:
                 done += r
         return -1
 
+    def pread_spans_fds(fds, offs, lens, dst, dst_offs):
+        """Plain-Python twin of the kernel below (``NUMBA_DISABLE_JIT=1``)."""
+        view = memoryview(dst)
+        for j in range(lens.shape[0]):
+            done, n = 0, int(lens[j])
+            while done < n:
+                lo = int(dst_offs[j]) + done
+                r = os.preadv(int(fds[j]), [view[lo : lo + n - done]], int(offs[j]) + done)
+                if r <= 0:
+                    return j
+                done += r
+        return -1
+
     def pread_full(fd, dst, off):
         """Plain-Python twin of the kernel below (``NUMBA_DISABLE_JIT=1``)."""
         view = memoryview(dst).cast("B")
@@ -67,6 +80,22 @@ else:
             n = lens[j]
             while done < n:
                 r = _pread(fd, base + dst_offs[j] + done, n - done, offs[j] + done)
+                if r <= 0:
+                    return j
+                done += r
+        return -1
+
+    @numba.njit(nogil=True)
+    def pread_spans_fds(fds, offs, lens, dst, dst_offs):
+        """:func:`pread_spans` with a descriptor per span: span ``j`` is read from ``fds[j]`` (int64[n]; the files
+        of a many-file set, each span within one member). Returns -1 when every span was read in full, else the
+        first short or failed ``j`` (the caller finishes it or raises TruncatedFileError naming that member)."""
+        base = np.int64(dst.ctypes.data)
+        for j in range(lens.shape[0]):
+            done = np.int64(0)
+            n = lens[j]
+            while done < n:
+                r = _pread(np.int32(fds[j]), base + dst_offs[j] + done, n - done, offs[j] + done)
                 if r <= 0:
                     return j
                 done += r

@@ -1,0 +1,275 @@
+"""A local many-file record set read as one flat file: one gather per batch across its members.
+
+``load/manyfile.py`` reads a set member by member: each member a batch touches gets its own FileSource call
+(index lookups, a page gather, a stage fill each), and a member is re-opened (header, sections, index: ~1-2 ms)
+whenever the bounded set of open members evicted it. A quasi-random window of 8 pages spans up to 8 members, a
+random batch up to ``batch_size``: per batch that is several calls where one file makes one, and with small
+members most of an epoch goes to opening files. Here (local members, ``page_cache="os"``, no page verification):
+
+- the set's stages are built once (from the member that sizes the buffers) and hold **set-wide index columns**:
+  record ``g``'s offset, length, image size... at row ``g``, filled in for a member the first time one of its
+  records is read (its index parsed and checked against the manifest once per Loader; the columns are allocated
+  for the whole set but only the members read are written);
+- a record's offset is a *virtual* offset ``(k << MEMBER_SHIFT) | offset``, so a stage's one ``pages.gather``
+  call reads every member's bytes in one nogil kernel call (``ops.spans.pread_spans_fds``, a descriptor per run);
+- members are only descriptors here (:class:`MemberFiles`): at most ``max_open`` open, least recently used closed
+  first, re-opened with ``os.open`` + ``fstat`` (~10 us), refused when the file is no longer the one first read
+  (another inode, size or modification time: FileChangedError naming the member).
+
+Batches equal the member-by-member reading byte for byte (tests/test_manyfile_loader.py compares both with the
+records the test wrote); errors name the set folder and the global sample id, as ``_index`` does.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+
+import numpy as np
+
+from ..format.errors import FileChangedError, TruncatedFileError
+from ..ops import spans
+from .pages import _staging
+from .source import FileSource
+from .stages import ArrayStage, BytesStage, ImageStage, JSONStage, ScalarStage
+from .stats import STATS_KEY
+
+MEMBER_SHIFT = 40  # virtual offset = (member << 40) | byte offset: members below 1 TiB (checked from the manifest)
+_MASK = (1 << MEMBER_SHIFT) - 1
+# the stages whose per-record state is only these index columns (anything else keeps the member-by-member path)
+FLAT_STAGES = (ImageStage, ScalarStage, ArrayStage, BytesStage, JSONStage)
+PER_RECORD = ("offs", "lens", "heights", "widths", "encodings", "column")
+
+
+def can_flatten(info, stages, remote, page_cache: str, verify_pages: bool) -> bool:
+    """True when a set is read flat: local record members below 1 TiB, ``page_cache="os"``, no verification and
+    stages of the kinds in FLAT_STAGES (exact types: a subclass may hold more per-record state)."""
+    return (info.kind != "tokens" and not remote and page_cache == "os" and not verify_pages
+            and all(type(s) in FLAT_STAGES for s in stages)
+            and all(int(b) <= _MASK for b in info.bytes))
+
+
+class MemberFiles:
+    """Descriptors of a set's member files, at most ``max_open`` open (LRU; a member a batch in flight holds
+    is never closed). ``register(k, ds)`` takes member k's identity (device, inode, size, mtime) from its opened,
+    checked Dataset and keeps a duplicate of its descriptor; ``acquire(ks)`` / ``release(ks)`` hold members
+    for a read (re-opening closed ones: FileChangedError naming the member when the file is no longer the one
+    registered, FileNotFoundError when it is gone); ``check(ks)`` raises TruncatedFileError / FileChangedError
+    when a member changed in place (one ``fstat`` each, after reading)."""
+
+    def __init__(self, paths: list, max_open: int):
+        self.paths, self.max_open = list(paths), int(max_open)
+        self.fds = np.full(len(self.paths), -1, dtype=np.int64)
+        self._ident: dict[int, tuple] = {}
+        self._lru: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._users: collections.Counter = collections.Counter()
+        self._lock = threading.Lock()
+        self.reopens = 0
+        self._closed = False
+
+    def register(self, k: int, ds) -> None:
+        st = os.fstat(ds.fileno())
+        with self._lock:
+            self._ident[k] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if self.fds[k] < 0:
+                self.fds[k] = os.dup(ds.fileno())
+                self._lru[k] = None
+            self._evict()
+
+    def registered(self, k: int) -> bool:
+        return k in self._ident
+
+    def open_members(self) -> list[int]:
+        with self._lock:
+            return list(self._lru)
+
+    def acquire(self, ks: list[int]) -> None:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the loader was closed")
+            done = []
+            try:
+                for k in ks:
+                    if self.fds[k] < 0:
+                        self._reopen(k)
+                    else:
+                        self._lru.move_to_end(k)
+                    self._users[k] += 1
+                    done.append(k)
+            except BaseException:
+                for k in done:
+                    self._users[k] -= 1
+                raise
+            self._evict()
+
+    def release(self, ks: list[int]) -> None:
+        with self._lock:
+            for k in ks:
+                self._users[k] -= 1
+            self._evict()
+
+    def _reopen(self, k: int) -> None:
+        path = self.paths[k]
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # FileNotFoundError names the path
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self._ident[k]:
+                raise FileChangedError(path, "file", None, f"member {k} was replaced or modified after the loader "
+                                       "first read it (another inode, size or modification time): the set on "
+                                       "disk is no longer the one opened; restart the loader on the new set")
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fds[k] = fd
+        self._lru[k] = None
+        self.reopens += 1
+
+    def _evict(self) -> None:
+        if len(self._lru) <= self.max_open:
+            return
+        for k in [k for k in self._lru if not self._users.get(k)]:
+            if len(self._lru) <= self.max_open:
+                break
+            del self._lru[k]
+            os.close(int(self.fds[k]))
+            self.fds[k] = -1
+
+    def check(self, ks) -> None:
+        for k in ks:
+            st = os.fstat(int(self.fds[k]))
+            size, mtime = self._ident[k][2], self._ident[k][3]
+            if st.st_size == size and st.st_mtime_ns == mtime:
+                continue
+            path = self.paths[k]
+            if st.st_size < size:
+                raise TruncatedFileError(path, "file", None, f"member {k} shrank to {st.st_size} bytes ({size} when "
+                                         "opened): it was truncated or rewritten in place while being read. Replace "
+                                         "files by renaming a new one over them, as write_dataset does")
+            raise FileChangedError(path, "file", None, f"member {k} was modified in place after it was opened "
+                                   f"({size} -> {st.st_size} bytes, modification time changed): bytes read from it "
+                                   "may mix old and new content. Replace files by renaming a new one over them")
+
+    def read_into(self, k: int, offset: int, out: np.ndarray) -> None:
+        """Finish a short read of member ``k``'s bytes ``[offset, offset + len(out))`` or raise
+        TruncatedFileError naming the member and the range."""
+        view, done, fd = memoryview(out).cast("B"), 0, int(self.fds[k])
+        while done < len(view):
+            n = os.preadv(fd, [view[done:]], offset + done)
+            if n <= 0:
+                raise TruncatedFileError(self.paths[k], "file", offset, f"member {k}: short read of bytes "
+                                         f"[{offset}, {offset + len(view)}): {done} bytes read; the file shrank "
+                                         f"to {os.fstat(fd).st_size} bytes: it was truncated or rewritten in place")
+            done += n
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for k in list(self._lru):
+                os.close(int(self.fds[k]))
+                self.fds[k] = -1
+            self._lru.clear()
+
+
+class SetPages:
+    """The set stages' ``pages``: ``gather(virtual offsets, lengths, staging)`` as PreadPages.gather, each run
+    of contiguous bytes read from its member's descriptor, all runs in one kernel call, then every member read
+    checked unchanged. The caller holds the members (MemberFiles.acquire)."""
+
+    def __init__(self, files: MemberFiles):
+        self.files = files
+        spans.prepare()
+
+    @staticmethod
+    def reserve(staging: dict, nbytes: int) -> None:
+        _staging(staging, nbytes)
+
+    def gather(self, offs: np.ndarray, lens: np.ndarray, staging: dict) -> tuple[np.ndarray, np.ndarray]:
+        t0 = time.perf_counter()
+        n = offs.shape[0]
+        ends = np.cumsum(lens)
+        out_offs = ends - lens
+        buf = _staging(staging, int(ends[-1]) if n else 0)
+        if n:
+            # runs of bytes that follow each other (in one member: a run never crosses 1 TiB of virtual space)
+            first = np.flatnonzero(np.concatenate([[True], offs[1:] != offs[:-1] + lens[:-1]]))
+            last = np.append(first[1:], n) - 1
+            run_v, run_dst = offs[first], out_offs[first]
+            run_lens = ends[last] - run_dst
+            member = run_v >> MEMBER_SHIFT
+            run_offs = run_v & _MASK
+            fds = self.files.fds[member]
+            done = 0
+            while True:
+                bad = spans.pread_spans_fds(fds[done:], run_offs[done:], run_lens[done:], buf, run_dst[done:])
+                if bad < 0:
+                    break
+                j = done + bad  # a short read (past the end, or > 2 GiB): read_into finishes it or raises
+                lo = int(run_dst[j])
+                self.files.read_into(int(member[j]), int(run_offs[j]), buf[lo : lo + int(run_lens[j])])
+                done = j + 1
+                if done == first.shape[0]:
+                    break
+            self.files.check(np.unique(member).tolist())
+        st = staging.get(STATS_KEY)
+        if st is not None:
+            st.read_s += time.perf_counter() - t0
+            st.read_bytes += int(ends[-1]) if n else 0
+        return buf, out_offs
+
+    def close(self) -> None:
+        pass
+
+
+class SetRecords(FileSource):
+    """The set as one FileSource for ``fill`` / ``fill_rows``: stages over set-wide index columns (see the module
+    docstring), ``verifier`` None. Built from the member ``first`` (a FileSource whose stages size the batch
+    buffers), ``starts`` int64[members + 1] (each member's first global id), the set's ``path``, ``dataset_id``,
+    member ``paths`` and ``max_open``. ``load(k, src)`` copies member k's index columns in (once);
+    ``loaded(k)``; ``files`` (MemberFiles)."""
+
+    def __init__(self, first: FileSource, k0: int, starts: np.ndarray, path, dataset_id, paths, max_open: int):
+        self.path, self.dataset_id, self.ds = path, dataset_id, first.ds
+        self.starts = starts
+        self.files = MemberFiles(paths, max_open)
+        self.pages = SetPages(self.files)
+        self.verifier = None
+        n = int(starts[-1])
+        # the stages of the member that sizes the buffers, re-pointed at the set: pages, path, set-wide columns
+        self.stages = first.stages
+        self.row_bytes = first.row_bytes
+        for st in self.stages:
+            if hasattr(st, "pages"):
+                st.pages = self.pages
+            if hasattr(st, "path"):
+                st.path = path
+        self._columns = []  # (stage, attribute, set-wide array) of every per-record column
+        for st in self.stages:
+            for attr in PER_RECORD:
+                col = getattr(st, attr, None)
+                if isinstance(col, np.ndarray):
+                    glob = np.zeros(n, dtype=col.dtype)
+                    self._columns.append((st, attr, glob))
+        self._loaded = np.zeros(len(paths), dtype=bool)
+        self._member_stages = {}
+        self.load(k0, first, own=True)
+        for st, attr, glob in self._columns:
+            setattr(st, attr, glob)
+
+    def loaded(self, k: int) -> bool:
+        return bool(self._loaded[k])
+
+    def load(self, k: int, src: FileSource, own: bool = False) -> None:
+        """Copy member ``k``'s index columns (from ``src``, its FileSource, stages in the set's order) into the
+        set-wide ones (offsets made virtual) and keep a descriptor of its file."""
+        lo, hi = int(self.starts[k]), int(self.starts[k + 1])
+        by_name = {st.name: st for st in src.stages}
+        for st, attr, glob in self._columns:
+            col = getattr(by_name[st.name], attr) if not own else getattr(st, attr)
+            glob[lo:hi] = col + (k << MEMBER_SHIFT) if attr == "offs" else col
+        self.files.register(k, src.ds)
+        self._loaded[k] = True
+
+    def close(self) -> None:
+        self.files.close()
