@@ -107,6 +107,7 @@ def test_a_set_loads_its_records_in_the_order_of_the_concatenated_pages(record_s
 
 def test_members_open_lazily_and_a_bounded_number_stay_open(record_set, monkeypatch):
     monkeypatch.setattr(load_manyfile, "MAX_OPEN", 2)
+    monkeypatch.setattr(load_manyfile, "MAX_OPEN_FILES", 2)
     sizes, set_id, _ = set_layout(record_set)
     ref = model.FileOrder(sizes, 1, "quasi_random", 1, True, 10)
     with Loader(record_set, batch_size=10, order="quasi_random", seed=1, window_pages=1, num_threads=2,
@@ -313,7 +314,7 @@ def test_a_member_changed_after_it_was_read_is_named_when_read_again(tmp_path, m
     every member is closed between its reads) that is no longer the file first read, or one still open (8) that
     changed in place, raises naming the member before any batch with its records; a member replaced by a rename
     while open is read as opened (the old file), as one file is."""
-    monkeypatch.setattr(load_manyfile, "MAX_OPEN", max_open)
+    monkeypatch.setattr(load_manyfile, "MAX_OPEN_FILES", max_open)
     folder = tmp_path / "set"
     write_set(folder, 80, 20)  # 4 members of 20 records
     victim = many_file_members(folder).paths[1]

@@ -291,6 +291,7 @@ def test_a_many_file_set_loads_like_the_reference_of_its_records(files, sets, na
     from pageset.load import manyfile as load_manyfile
 
     monkeypatch.setattr(load_manyfile, "MAX_OPEN", 2)
+    monkeypatch.setattr(load_manyfile, "MAX_OPEN_FILES", 2)
     ref = read_file(files / f"{name}.pageset")
     pipes = _image_pipelines() if name == "images" else {k: v for k, v in _record_pipelines().items() if k != "img"}
     kw = dict(cache_pages=2) if page_cache == "process" else {}

@@ -4,11 +4,12 @@ pread_mixed_windows, pin_windows / copy_windows / unpin_pages (ops.tokens)."""
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
 
-from pageset.ops.spans import copy_spans, pread_spans, pread_spans_fds
+from pageset.ops.spans import changed_files, copy_spans, fstat_into, fstat_layout_ok, pread_spans, pread_spans_fds
 from pageset.ops.tokens import (
     copy_windows,
     pin_windows,
@@ -188,3 +189,29 @@ def test_pread_spans_fds_reads_each_span_from_its_own_file(tmp_path):
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def test_changed_files_names_the_first_file_whose_size_or_mtime_differs(tmp_path):
+    paths = [tmp_path / f"f{k}.bin" for k in range(3)]
+    for k, p in enumerate(paths):
+        p.write_bytes(bytes(100 + k))
+    fds = np.array([os.open(p, os.O_RDWR) for p in paths], dtype=np.int64)
+    try:
+        sts = [os.fstat(int(fd)) for fd in fds]
+        assert [int(x) for x in (sts[0].st_size, sts[2].st_size)] == [100, 102]
+        sizes = np.array([st.st_size for st in sts], dtype=np.int64)
+        mtimes = np.array([st.st_mtime_ns for st in sts], dtype=np.int64)
+        buf = np.zeros(18, dtype=np.int64)
+        assert fstat_into(int(fds[1]), buf) == 0
+        assert fstat_layout_ok(int(fds[1])) == (sys.platform.startswith("linux") and int(buf[6]) == 101)
+        touched = np.array([1, 0, 1], dtype=np.uint8)
+        assert changed_files(fds, touched, sizes, mtimes, buf) == -1 and not touched.any()
+        os.utime(paths[2], ns=(sts[2].st_atime_ns, sts[2].st_mtime_ns + 10**9))  # same size, new mtime
+        os.truncate(paths[1], 50)  # not touched: not looked at
+        touched[:] = [1, 1, 1]
+        assert changed_files(fds, touched, sizes, mtimes, buf) == 1 and not touched.any()
+        touched[:] = [1, 0, 1]
+        assert changed_files(fds, touched, sizes, mtimes, buf) == 2
+    finally:
+        for fd in fds:
+            os.close(int(fd))

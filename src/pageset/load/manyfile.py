@@ -33,14 +33,30 @@ import numpy as np
 from ..read.manyfile import ManyFileSet, _Members, is_many_file, manifest_exists, many_file_members
 from ..read.reader import Dataset
 from ..read.remote import local_path, url_scheme
-from .set_records import SetRecords, can_flatten
+from .set_records import SetRecords, SetWindows, can_flatten
 from .source import FileSource, RowReader
 from .stages import BytesStage
 
 # members open at once (file descriptors, and each member's index in memory): a quasi-random window of 8 pages reads
 # up to 8 members, a few windows are in flight; a set of at most this many members is never re-opened
 MAX_OPEN = 128
+# member descriptors a flat set keeps open (load/set_records.py: there a member costs only its descriptor; never more
+# than a quarter of the process's open-file limit): a set of at most this many members is never re-opened
+MAX_OPEN_FILES = 4096
 PREFETCH_SHARE = 8  # a URL member prefetches prefetch_bytes / PREFETCH_SHARE (the members of a default window)
+
+
+def _max_open_files() -> int:
+    """MAX_OPEN_FILES, or a quarter of this process's soft open-file limit (at least 16) if that is lower."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY:
+            return min(MAX_OPEN_FILES, max(16, soft // 4))
+    except (ImportError, OSError, ValueError):  # no resource module (Windows): the constant
+        pass
+    return MAX_OPEN_FILES
 
 
 def open_input(path, storage_options, request_timeout: float, request_attempts: int):
@@ -189,8 +205,9 @@ class ManyFileSource:
             # gather per batch across members, members kept as descriptors (load/set_records.py)
             self._flat = None
             if can_flatten(info, first.stages, inp.remote, page_cache, verify_pages):
-                self._flat = SetRecords(first, k0, self.starts, self.path, self.dataset_id, info.paths,
-                                        self.max_open)
+                fds = self.max_open if max_open is not None else _max_open_files()
+                self._flat = (SetWindows(first, k0, self.starts, self.path, info.paths, fds) if self._token else
+                              SetRecords(first, k0, self.starts, self.path, self.dataset_id, info.paths, fds))
                 first.close()
                 first.ds.close()  # its descriptor lives on (a duplicate) in the flat reader
             else:
@@ -313,13 +330,11 @@ class ManyFileSource:
         return np.searchsorted(self.starts, ids, side="right") - 1
 
     # ---- reading ------------------------------------------------------------------------------------------
-    def _flat_members(self, ids: np.ndarray) -> list[int]:
-        """The members of global records ``ids`` (flat reading), their index loaded and their files held."""
-        member = self.members_of(ids)
-        k = int(member[0])
-        ks = [k] if k == int(member[-1]) and (member == k).all() else np.unique(member).tolist()
+    def _flat_members(self, member: np.ndarray) -> None:
+        """Hold the members ``member`` (int64[n], flat reading), their index loaded first (once per member)."""
         flat = self._flat
-        for k in ks:
+        missing = member[~flat.is_loaded[member]] if not flat.all_loaded else ()
+        for k in np.unique(missing).tolist() if len(missing) else ():
             if not flat.loaded(k):
                 with self._lock:
                     if self._closed:
@@ -334,19 +349,22 @@ class ManyFileSource:
                         finally:
                             src.close()
                             src.ds.close()
-        flat.files.acquire(ks)
-        return ks
+        flat.files.acquire(member)
 
     def fill(self, arrays: list, lo: int, hi: int, ids: np.ndarray, keys, ctx: dict, stages=None) -> None:
         """Fill rows ``[lo, hi)`` with global records ``ids``: one member's call when they all lie in one member,
         else each row from its member, token windows in one read call (the Loader's RowReader over the members);
         a flat set (load/set_records.py): one call over all members."""
         if self._flat is not None:
-            ks = self._flat_members(ids)
+            member = self.members_of(ids)
+            self._flat_members(member)
             try:
-                self._flat.fill(arrays, lo, hi, ids, keys, ctx)
+                if self._token:
+                    self._flat.fill(arrays, lo, hi, ids, member, ctx)
+                else:
+                    self._flat.fill(arrays, lo, hi, ids, keys, ctx)
             finally:
-                self._flat.files.release(ks)
+                self._flat.files.release(member)
             return
         member = self.members_of(ids)
         k = int(member[0])
@@ -380,11 +398,17 @@ class ManyFileSource:
     def fill_rows(self, arrays: list, rows: np.ndarray, ids: np.ndarray, keys, ctx: dict) -> None:
         """Fill the sorted rows ``rows`` with global records ``ids`` (a Mixture's rows of this set)."""
         if self._flat is not None:
-            ks = self._flat_members(ids)
+            member = self.members_of(ids)
+            self._flat_members(member)
             try:
-                self._flat.fill_rows(arrays, rows, ids, keys, ctx)
+                if self._token:  # one call per run of consecutive rows
+                    cuts = [0, *(np.flatnonzero(np.diff(rows) != 1) + 1).tolist(), rows.shape[0]]
+                    for a, b in zip(cuts[:-1], cuts[1:]):
+                        self._flat.fill(arrays, int(rows[a]), int(rows[a]) + b - a, ids[a:b], member[a:b], ctx)
+                else:
+                    self._flat.fill_rows(arrays, rows, ids, keys, ctx)
             finally:
-                self._flat.files.release(ks)
+                self._flat.files.release(member)
             return
         member = self.members_of(ids)
         for k in np.unique(member).tolist():

@@ -31,9 +31,10 @@ import numpy as np
 
 from ..format.errors import FileChangedError, TruncatedFileError
 from ..ops import spans
+from ..ops import tokens as token_ops
 from .pages import _staging
 from .source import FileSource
-from .stages import ArrayStage, BytesStage, ImageStage, JSONStage, ScalarStage
+from .stages import ArrayStage, BytesStage, ImageStage, JSONStage, ScalarStage, TokenStage
 from .stats import STATS_KEY
 
 MEMBER_SHIFT = 40  # virtual offset = (member << 40) | byte offset: members below 1 TiB (checked from the manifest)
@@ -44,27 +45,42 @@ PER_RECORD = ("offs", "lens", "heights", "widths", "encodings", "column")
 
 
 def can_flatten(info, stages, remote, page_cache: str, verify_pages: bool) -> bool:
-    """True when a set is read flat: local record members below 1 TiB, ``page_cache="os"``, no verification and
-    stages of the kinds in FLAT_STAGES (exact types: a subclass may hold more per-record state)."""
-    return (info.kind != "tokens" and not remote and page_cache == "os" and not verify_pages
-            and all(type(s) in FLAT_STAGES for s in stages)
-            and all(int(b) <= _MASK for b in info.bytes))
+    """True when a set is read flat: local members, ``page_cache="os"``, no verification, and either records
+    (members below 1 TiB) whose stages are of the kinds in FLAT_STAGES (exact types: a subclass may hold more
+    per-record state), or stride token windows without a loss mask (:class:`SetWindows`)."""
+    if remote or page_cache != "os" or verify_pages:
+        return False
+    if info.kind == "tokens":
+        return len(stages) == 1 and type(stages[0]) is TokenStage and stages[0].mask_bits is None
+    return all(type(s) in FLAT_STAGES for s in stages) and all(int(b) <= _MASK for b in info.bytes)
 
 
 class MemberFiles:
-    """Descriptors of a set's member files, at most ``max_open`` open (LRU; a member a batch in flight holds
-    is never closed). ``register(k, ds)`` takes member k's identity (device, inode, size, mtime) from its opened,
-    checked Dataset and keeps a duplicate of its descriptor; ``acquire(ks)`` / ``release(ks)`` hold members
-    for a read (re-opening closed ones: FileChangedError naming the member when the file is no longer the one
-    registered, FileNotFoundError when it is gone); ``check(ks)`` raises TruncatedFileError / FileChangedError
-    when a member changed in place (one ``fstat`` each, after reading)."""
+    """Descriptors of a set's member files, at most ``max_open`` open (least recently used closed first; a
+    member a batch in flight holds is never closed, so the bound can be passed while more are held at once).
+
+    ``register(k, ds)`` takes member k's identity (device, inode, size, mtime) from its opened, checked Dataset
+    and keeps a duplicate of its descriptor; ``acquire(member)`` / ``release(member)`` hold the members of a
+    read (``member``: int64[n], repeats allowed; closed ones are re-opened: FileChangedError naming the member
+    when the file is no longer the one registered, FileNotFoundError when it is gone); ``check(ks)`` raises
+    TruncatedFileError / FileChangedError when a member changed in place (one ``fstat`` each, after reading).
+    ``fds`` int64[members] (-1: closed) is what the read kernels index.
+    """
 
     def __init__(self, paths: list, max_open: int):
+        n = len(paths)
         self.paths, self.max_open = list(paths), int(max_open)
-        self.fds = np.full(len(self.paths), -1, dtype=np.int64)
+        self._fit = self.max_open >= n  # every member stays open once read: nothing to hold or close
+        self.fds = np.full(n, -1, dtype=np.int64)
+        self._users = np.zeros(n, dtype=np.int64)  # reads in flight holding each member
+        self._used = np.zeros(n, dtype=np.int64)  # tick of each member's last acquire (the LRU order)
+        self._tick = 0
+        self._n_open = 0
         self._ident: dict[int, tuple] = {}
-        self._lru: collections.OrderedDict[int, None] = collections.OrderedDict()
-        self._users: collections.Counter = collections.Counter()
+        # size and mtime of each registered member, checked after each read (one nogil fstat call for a batch's
+        # members where fstat_layout_ok, else an os.fstat each)
+        self._sizes, self._mtimes = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        self._kernel = None
         self._lock = threading.Lock()
         self.reopens = 0
         self._closed = False
@@ -73,42 +89,45 @@ class MemberFiles:
         st = os.fstat(ds.fileno())
         with self._lock:
             self._ident[k] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            self._sizes[k], self._mtimes[k] = st.st_size, st.st_mtime_ns
+            if self._kernel is None:
+                self._kernel = spans.fstat_layout_ok(ds.fileno())
             if self.fds[k] < 0:
                 self.fds[k] = os.dup(ds.fileno())
-                self._lru[k] = None
+                self._n_open += 1
+            self._tick += 1
+            self._used[k] = self._tick
             self._evict()
 
-    def registered(self, k: int) -> bool:
-        return k in self._ident
-
     def open_members(self) -> list[int]:
+        """The members open now, least recently used first."""
         with self._lock:
-            return list(self._lru)
+            ks = np.flatnonzero(self.fds >= 0)
+            return ks[np.argsort(self._used[ks], kind="stable")].tolist()
 
-    def acquire(self, ks: list[int]) -> None:
+    def acquire(self, member: np.ndarray) -> None:
+        if self._fit and not self._closed:
+            return
         with self._lock:
             if self._closed:
                 raise RuntimeError("the loader was closed")
-            done = []
-            try:
-                for k in ks:
-                    if self.fds[k] < 0:
-                        self._reopen(k)
-                    else:
-                        self._lru.move_to_end(k)
-                    self._users[k] += 1
-                    done.append(k)
-            except BaseException:
-                for k in done:
-                    self._users[k] -= 1
-                raise
-            self._evict()
+            closed = member[self.fds[member] < 0]
+            if closed.size:
+                for k in np.unique(closed).tolist():
+                    self._reopen(k)
+            self._users[member] += 1  # once per distinct member (a buffered fancy-index add), as release
+            self._tick += 1
+            self._used[member] = self._tick
+            if self._n_open > self.max_open:
+                self._evict()
 
-    def release(self, ks: list[int]) -> None:
+    def release(self, member: np.ndarray) -> None:
+        if self._fit:
+            return
         with self._lock:
-            for k in ks:
-                self._users[k] -= 1
-            self._evict()
+            self._users[member] -= 1
+            if self._n_open > self.max_open:
+                self._evict()
 
     def _reopen(self, k: int) -> None:
         path = self.paths[k]
@@ -123,26 +142,38 @@ class MemberFiles:
             os.close(fd)
             raise
         self.fds[k] = fd
-        self._lru[k] = None
+        self._n_open += 1
         self.reopens += 1
 
     def _evict(self) -> None:
-        if len(self._lru) <= self.max_open:
+        """Close the least recently used members nobody holds until at most ``max_open`` are open."""
+        idle = np.flatnonzero((self.fds >= 0) & (self._users == 0))
+        extra = min(self._n_open - self.max_open, idle.shape[0])
+        if extra <= 0:
             return
-        for k in [k for k in self._lru if not self._users.get(k)]:
-            if len(self._lru) <= self.max_open:
-                break
-            del self._lru[k]
+        for k in idle[np.argsort(self._used[idle], kind="stable")[:extra]].tolist():
             os.close(int(self.fds[k]))
             self.fds[k] = -1
+            self._n_open -= 1
+
+    def check_touched(self, touched: np.ndarray, buf: np.ndarray) -> None:
+        """:meth:`check` of the members flagged in ``touched`` (uint8[members], cleared); ``buf`` int64[18]."""
+        if self._kernel:
+            bad = spans.changed_files(self.fds, touched, self._sizes, self._mtimes, buf)
+            if bad >= 0:
+                self.check([bad])  # the message (and a failing fstat's OSError)
+            return
+        ks = np.flatnonzero(touched).tolist()
+        touched[ks] = 0
+        self.check(ks)
 
     def check(self, ks) -> None:
+        fds, sizes, mtimes = self.fds, self._sizes, self._mtimes
         for k in ks:
-            st = os.fstat(int(self.fds[k]))
-            size, mtime = self._ident[k][2], self._ident[k][3]
-            if st.st_size == size and st.st_mtime_ns == mtime:
+            st = os.fstat(int(fds[k]))
+            if st.st_size == sizes[k] and st.st_mtime_ns == mtimes[k]:
                 continue
-            path = self.paths[k]
+            size, path = int(sizes[k]), self.paths[k]
             if st.st_size < size:
                 raise TruncatedFileError(path, "file", None, f"member {k} shrank to {st.st_size} bytes ({size} when "
                                          "opened): it was truncated or rewritten in place while being read. Replace "
@@ -166,10 +197,10 @@ class MemberFiles:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            for k in list(self._lru):
+            for k in np.flatnonzero(self.fds >= 0).tolist():
                 os.close(int(self.fds[k]))
                 self.fds[k] = -1
-            self._lru.clear()
+            self._n_open = 0
 
 
 class SetPages:
@@ -211,7 +242,15 @@ class SetPages:
                 done = j + 1
                 if done == first.shape[0]:
                     break
-            self.files.check(np.unique(member).tolist())
+            scratch = staging.get(self)
+            if scratch is None:  # the thread's flags of the members read, fstat buffer
+                scratch = staging[self] = (np.zeros(self.files.fds.shape[0], np.uint8), np.zeros(18, np.int64))
+            touched, stat_buf = scratch
+            touched[member] = 1
+            try:
+                self.files.check_touched(touched, stat_buf)
+            finally:
+                touched.fill(0)
         st = staging.get(STATS_KEY)
         if st is not None:
             st.read_s += time.perf_counter() - t0
@@ -251,14 +290,14 @@ class SetRecords(FileSource):
                 if isinstance(col, np.ndarray):
                     glob = np.zeros(n, dtype=col.dtype)
                     self._columns.append((st, attr, glob))
-        self._loaded = np.zeros(len(paths), dtype=bool)
-        self._member_stages = {}
+        self.is_loaded = np.zeros(len(paths), dtype=bool)  # members whose index columns are in
+        self.all_loaded = False
         self.load(k0, first, own=True)
         for st, attr, glob in self._columns:
             setattr(st, attr, glob)
 
     def loaded(self, k: int) -> bool:
-        return bool(self._loaded[k])
+        return bool(self.is_loaded[k])
 
     def load(self, k: int, src: FileSource, own: bool = False) -> None:
         """Copy member ``k``'s index columns (from ``src``, its FileSource, stages in the set's order) into the
@@ -269,7 +308,75 @@ class SetRecords(FileSource):
             col = getattr(by_name[st.name], attr) if not own else getattr(st, attr)
             glob[lo:hi] = col + (k << MEMBER_SHIFT) if attr == "offs" else col
         self.files.register(k, src.ds)
-        self._loaded[k] = True
+        self.is_loaded[k] = True
+        self.all_loaded = bool(self.is_loaded.all())
+
+    def close(self) -> None:
+        self.files.close()
+
+
+class SetWindows:
+    """A local token set's stride windows read flat: window ``g`` of the set is window ``g - starts[k]`` of member
+    ``k``; a batch's windows, whatever their members, are read and widened in one kernel call
+    (``ops.tokens.pread_mixed_windows``, as a Mixture of token files is), each from its member's descriptor at
+    that member's token-0 offset. ``stage`` is the first member's TokenStage (its outputs, seq_len, dtype,
+    document outputs), ``load(k, src)`` records member k's token-0 offset and descriptor (once), ``files``."""
+
+    def __init__(self, first: FileSource, k0: int, starts: np.ndarray, path, paths, max_open: int):
+        self.stage = st = first.stages[0]
+        st.path = path
+        self.starts, self.path = starts, path
+        self.files = MemberFiles(paths, max_open)
+        n = len(paths)
+        self._bases = np.zeros(n, dtype=np.int64)
+        self._strides = np.full(n, st.stride, dtype=np.int64)
+        self.is_loaded = np.zeros(n, dtype=bool)  # members whose token-0 offset and descriptor are known
+        self.all_loaded = False
+        self._src_dtype = np.int16 if n <= np.iinfo(np.int16).max else np.int32
+        self._row_bytes = (st.seq_len + 1) * st.itemsize
+        self.load(k0, first)
+
+    def loaded(self, k: int) -> bool:
+        return bool(self.is_loaded[k])
+
+    def load(self, k: int, src: FileSource) -> None:
+        self._bases[k] = src.stages[0].data_offset
+        self.files.register(k, src.ds)
+        self.is_loaded[k] = True
+        self.all_loaded = bool(self.is_loaded.all())
+
+    def fill(self, arrays: list, lo: int, hi: int, ids: np.ndarray, member: np.ndarray, ctx: dict) -> None:
+        """Rows ``[lo, hi)``: global windows ``ids`` of members ``member`` (held by the caller)."""
+        st = self.stage
+        scratch = ctx.get(self)
+        if scratch is None:  # the thread's window row and flags of the members read
+            scratch = ctx[self] = (np.empty(st.seq_len + 1, dtype=st.dtype),
+                                   np.zeros(self._bases.shape[0], dtype=np.uint8), np.zeros(18, np.int64))
+        row, touched, stat_buf = scratch
+        inp, tgt = arrays[0]["input"][lo:hi], arrays[0]["target"][lo:hi]
+        src = member.astype(self._src_dtype)
+        local = ids - self.starts[member]
+        fds = self.files.fds
+        try:
+            done = 0
+            while done < src.shape[0]:
+                bad = token_ops.pread_mixed_windows(fds, self._bases, self._strides, src[done:], local[done:], row,
+                                                    inp[done:], tgt[done:], touched)
+                if bad < 0:
+                    break
+                j = done + bad  # a short read: read_into finishes it or raises TruncatedFileError naming the member
+                k = int(member[j])
+                self.files.read_into(k, int(self._bases[k] + local[j] * self._strides[k]), row)
+                token_ops.split_windows(row[None], inp[j : j + 1], tgt[j : j + 1])
+                done = j + 1
+            self.files.check_touched(touched, stat_buf)
+        finally:
+            touched.fill(0)
+        stats = ctx.get(STATS_KEY)
+        if stats is not None:
+            stats.read_bytes += (hi - lo) * self._row_bytes
+        if st.docs:
+            st.fill_documents(arrays[0], lo, hi)
 
     def close(self) -> None:
         self.files.close()
