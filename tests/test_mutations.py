@@ -384,6 +384,24 @@ MUTATIONS += [
              "self._next_epoch(base + steps * G)", "self._next_epoch(self.epoch_length)",
              (f"{BC}::test_a_ramp_of_three_loaders[token_mixture]",)),
 ]
+MF = "tests/test_manyfile_loader.py"
+MUTATIONS += [  # a many-file set read flat (load/set_records.py)
+    Mutation("a flat set reads every member's bytes from the first member's file", "load/set_records.py",
+             "            member = run_v >> MEMBER_SHIFT\n", "            member = (run_v >> MEMBER_SHIFT) * 0\n",
+             ("tests/test_reference_read.py::test_a_many_file_set_loads_like_the_reference_of_its_records"
+              "[random-records-os-False]",)),
+    Mutation("a flat set's offsets lose their member (every record read from member 0)", "load/set_records.py",
+             'glob[lo:hi] = col + (k << MEMBER_SHIFT) if attr == "offs" else col',
+             'glob[lo:hi] = col if attr == "offs" else col',
+             (f"{MF}::test_a_set_loads_its_records_in_the_order_of_the_concatenated_pages[random-True]",)),
+    Mutation("a flat token set reads windows from byte 0 of each member (its header)", "load/set_records.py",
+             "self._bases[k] = src.stages[0].data_offset", "self._bases[k] = 0",
+             (f"{MF}::test_a_token_set_reads_each_members_windows",)),
+    Mutation("a flat set never checks the members it read", "load/set_records.py",
+             "            bad = spans.changed_files(self.fds, touched, self._sizes, self._mtimes, buf)\n",
+             "            bad = -1\n            touched.fill(0)\n",
+             (f"{MF}::test_a_member_changed_after_it_was_read_is_named_when_read_again[8-touched]",)),
+]
 
 
 def test_kept_kernel_caches_skip_every_module_that_sees_the_mutation():

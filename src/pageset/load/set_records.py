@@ -22,7 +22,6 @@ records the test wrote); errors name the set folder and the global sample id, as
 
 from __future__ import annotations
 
-import collections
 import os
 import threading
 import time
