@@ -89,8 +89,6 @@ class MemberFiles:
         with self._lock:
             self._ident[k] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             self._sizes[k], self._mtimes[k] = st.st_size, st.st_mtime_ns
-            if self._kernel is None:
-                self._kernel = spans.fstat_layout_ok(ds.fileno())
             if self.fds[k] < 0:
                 self.fds[k] = os.dup(ds.fileno())
                 self._n_open += 1
@@ -157,6 +155,11 @@ class MemberFiles:
 
     def check_touched(self, touched: np.ndarray, buf: np.ndarray) -> None:
         """:meth:`check` of the members flagged in ``touched`` (uint8[members], cleared); ``buf`` int64[18]."""
+        if self._kernel is None:  # at the first read (the first kernel call of a process loads Numba: ~1 s)
+            first = int(np.flatnonzero(touched)[0]) if touched.any() else -1
+            if first < 0:
+                return
+            self._kernel = spans.fstat_layout_ok(int(self.fds[first]))
         if self._kernel:
             bad = spans.changed_files(self.fds, touched, self._sizes, self._mtimes, buf)
             if bad >= 0:
