@@ -207,6 +207,8 @@ def test_token_windows_subset(tmp_path):
     (np.zeros(0, dtype=np.int64), ValueError, "indices is empty: a subset needs at least one record id"),
     ([True, False], TypeError, "indices is a boolean mask; pass record ids instead, e.g. numpy.flatnonzero(mask)"),
     ([1, "2"], TypeError, "indices[1] = '2' is not an integer record id (str); pass integer ids in [0, 10)"),
+    ([1, True], TypeError, "indices[1] = True is not an integer record id (bool); pass integer ids in [0, 10)"),
+    ((3, np.True_), TypeError, "indices[1] = True is not an integer record id (bool); pass integer ids in [0, 10)"),
     ([1, 2.0], TypeError, "indices[1] = 2.0 is not an integer record id (float); pass integer ids in [0, 10)"),
     ([1, 2**70], ValueError, f"indices[1] = {2**70} is outside [0, 10) (the file has 10 records)"),
     ([3, -1, 11], ValueError, "indices[1] = -1 is outside [0, 10) (the file has 10 records)"),

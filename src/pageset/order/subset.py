@@ -55,6 +55,12 @@ def as_indices(indices, n_records: int, what: str = "indices", unit: str = "reco
         raise ValueError(f"{what} is empty: a subset needs at least one {unit} id")
     if arr.dtype.kind == "b":
         raise TypeError(f"{what} is a boolean mask; pass {unit} ids instead, e.g. numpy.flatnonzero(mask)")
+    if arr.dtype.kind in "iu" and not isinstance(indices, (np.ndarray, range)):
+        # numpy turns [1, True] into int64 [1, 1]: a bool among Python ints is refused as in a float list
+        for q, value in enumerate(indices):
+            if isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{what}[{q}] = {value} is not an integer {unit} id (bool); pass integer ids in "
+                                f"[0, {n_records})")
     if arr.dtype.kind not in "iu":
         for q, value in enumerate(indices):
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
