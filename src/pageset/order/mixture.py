@@ -318,10 +318,17 @@ class MixtureOrder:
         src = np.empty(n, dtype=np.int16)
         ids = np.empty(n, dtype=np.int64)
         j = _mixture_ids(*self._kernel_args, start, self._windows, self._window_ids, src, ids, 0)
-        while j >= 0:  # a sample in a window not loaded yet: load it, go on from there
-            s = int(src[j])
+        for _ in range(n):  # a sample in a window not loaded yet: load it, go on from there (>= 1 row a call)
+            if j < 0:
+                return src, ids
+            s, was = int(src[j]), j
             self._load_window(s, *divmod(int(ids[j]), self.n_records[s]))
             j = _mixture_ids(*self._kernel_args, start, self._windows, self._window_ids, src, ids, j)
+            if j == was:
+                raise RuntimeError(f"mixture order: the window of source {s} loaded for position {start + j} does not "
+                                   "hold it (an internal error: please report it with the Loader's arguments)")
+        if j >= 0:
+            raise RuntimeError(f"mixture order: positions [{start}, {stop}) not filled after {n} window loads")
         return src, ids
 
     def _load_window(self, source: int, epoch: int, pos: int) -> None:
