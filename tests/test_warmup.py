@@ -41,6 +41,7 @@ runs = [] if images == "-" else [
     (images, {"image": [RandomResizedCrop(64), RandomHorizontalFlip(), Normalize(), ToTensor()], "label": None}),
     (images, {"image": [CenterCrop(48), ToTensor()], "label": None})]
 runs.append((tokens, {"tokens": [TokenWindows(seq_len=256)]}))
+runs += [(p, pipes) for p, pipes in zip(sys.argv[3:5], [{"tokens": [TokenWindows(seq_len=64)]}, {}])]  # sets
 for path, pipes in runs:
     with Loader(path, batch_size=4, num_threads=2, pipelines=pipes) as loader:
         next(iter(loader))
@@ -55,8 +56,8 @@ def _env(cache: Path) -> dict:
         "PYTHONPATH", "")}
 
 
-def _loaders(cache: Path, images: str, tokens: str) -> tuple[list, str]:
-    r = subprocess.run([sys.executable, "-c", LOADERS, images, tokens], env=_env(cache), capture_output=True,
+def _loaders(cache: Path, images: str, tokens: str, *sets: str) -> tuple[list, str]:
+    r = subprocess.run([sys.executable, "-c", LOADERS, images, tokens, *sets], env=_env(cache), capture_output=True,
                        text=True, timeout=1800, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
 
@@ -65,14 +66,19 @@ def _loaders(cache: Path, images: str, tokens: str) -> tuple[list, str]:
 def files(tmp_path_factory, imagenet_like):
     import numpy as np
 
-    from pageset import Int, RGBImage, write_dataset, write_tokens
+    from pageset import Bytes, Int, RGBImage, write_dataset, write_tokens
 
     d = tmp_path_factory.mktemp("warm")
     write_dataset(d / "img.pageset", imagenet_like, {"image": RGBImage(max_resolution=128), "label": Int()},
                   num_workers=0, progress=False)
     tokens = np.random.default_rng(3).integers(0, 50_000, 20_000).astype(np.int64)
     write_tokens(str(d / "tok.pageset"), [tokens], None, eos_id=50_256, num_workers=0, progress=False)
-    return str(d / "img.pageset"), str(d / "tok.pageset")
+    # many-file sets (read flat, with their own kernels): of token files, of records with a Bytes field
+    write_tokens(str(d / "tok_set"), [tokens[:5000], tokens[5000:]], None, eos_id=50_256, docs_per_member=1,
+                 num_workers=0, progress=False)
+    write_dataset(d / "rec_set", [{"label": i, "blob": bytes(i + 3)} for i in range(12)],
+                  {"label": Int(), "blob": Bytes()}, records_per_member=5, num_workers=0, progress=False)
+    return str(d / "img.pageset"), str(d / "tok.pageset"), str(d / "tok_set"), str(d / "rec_set")
 
 
 @needs_jit

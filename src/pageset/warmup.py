@@ -9,8 +9,9 @@ notice stays silent.
 The warm-up builds tiny real files in a temporary folder (a few JPEGs, two token files) and pulls one batch
 through each pipeline family the Loader compiles a separate specialization for: images written as float32,
 float16 / bfloat16 and uint8, with both page caches; tokens of uint16 and uint32 files, plain and with
-document outputs, in every order, and a mixture. Families run in ``num_workers`` processes: the first wave
-compiles the shared helpers (JPEG, crop, resize, spans) once, the later waves load them from the cache.
+document outputs, in every order, a mixture, and many-file sets of tokens and of records. Families run in
+``num_workers`` processes: the first wave compiles the shared helpers (JPEG, crop, resize, spans) once, the later
+waves load them from the cache.
 
 Where the cache lives is numba's choice (``NUMBA_CACHE_DIR`` if set, else ``__pycache__`` next to pageset's
 modules when writable, else a user cache folder); :func:`warmup` returns it and the CLI prints it.
@@ -45,7 +46,7 @@ def _make_data(folder: str) -> dict:
     import numpy as np
     from PIL import Image
 
-    from .format.fields import Int, RGBImage
+    from .format.fields import Bytes, Int, RGBImage
     from .write import write_dataset
     from .write.tokens import write_tokens
 
@@ -62,6 +63,13 @@ def _make_data(folder: str) -> dict:
         paths[dtype] = os.path.join(folder, f"{dtype}.pageset")
         write_tokens(paths[dtype], [rng.integers(0, vocab, 40_000).astype(np.int64)], None, eos_id=vocab - 1,
                      dtype=dtype, num_workers=0, progress=False)
+    # many-file sets (read flat: load/set_records.py), of token files and of records with a Bytes field
+    paths["token_set"] = os.path.join(folder, "token_set")
+    write_tokens(paths["token_set"], [rng.integers(0, 50_257, 3_000).astype(np.int64) for _ in range(4)], None,
+                 eos_id=50_256, dtype="uint16", docs_per_member=2, num_workers=0, progress=False)
+    paths["record_set"] = os.path.join(folder, "record_set")
+    write_dataset(paths["record_set"], [{"label": i, "blob": bytes(i + 1)} for i in range(8)],
+                  {"label": Int(), "blob": Bytes()}, records_per_member=4, num_workers=0, progress=False)
     return paths
 
 
@@ -104,6 +112,8 @@ def run_family(name: str, paths: dict) -> None:
         for dtype in ("uint16", "uint32"):
             _batches(Loader(Mixture([paths[dtype], paths[dtype]], [0.5, 0.5]), batch_size=2, num_threads=1,
                             pipelines={"tokens": [TokenWindows(seq_len=64)]}))
+        _batches(Loader(paths["token_set"], batch_size=8, num_threads=1, pipelines={"tokens": [TokenWindows(64)]}))
+        _batches(Loader(paths["record_set"], batch_size=8, num_threads=1))
     else:
         raise ValueError(f"unknown warm-up family {name!r}; one of {', '.join(FAMILIES)}")
 
