@@ -76,7 +76,10 @@ def recv_msg(sock: socket.socket):
     """``(obj, fds)`` of the next message; ``(None, [])`` at EOF (the other end closed or died)."""
     parts, fds = [], []
     while True:
-        data, got, _flags, _addr = socket.recv_fds(sock, _CHUNK + 1, 8)
+        try:
+            data, got, _flags, _addr = socket.recv_fds(sock, _CHUNK + 1, 8)
+        except ConnectionResetError:  # the other end died with messages it had not read: EOF too
+            data, got = b"", []
         fds += got
         if not data:
             for fd in fds:

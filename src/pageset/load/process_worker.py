@@ -159,3 +159,6 @@ def main(fd: int) -> None:
     finally:
         worker.close()
         sock.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # threads joined, files closed: skip the interpreter's teardown (~1 s of torch and numba)
