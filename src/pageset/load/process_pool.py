@@ -305,12 +305,15 @@ class ProcessPool:
             raise
         child.close()  # the child has its own copy; EOF on ours when it dies
         self.pid = self._proc.pid
+        self._owner = os.getpid()  # a forked copy of this pool must never talk to (or kill) the owner's child
         # kill the child if this pool is collected without close() (it would exit at EOF anyway)
-        self._finalizer = weakref.finalize(self, _kill, self._proc, parent)
+        self._finalizer = weakref.finalize(self, _kill, self._proc, parent, self._owner)
         main = threading.current_thread() is threading.main_thread()
-        send_msg(parent, {"init": init, "layout": shared.layout, "header": shared.header,
-                          "size": shared.size, "parent": os.getpid(), "deathsig": main}, lock=self._send_lock)
-        self._receiver = threading.Thread(target=self._receive, name="pageset-child-receiver", daemon=True)
+        setup = {"init": init, "layout": shared.layout, "header": shared.header, "size": shared.size,
+                 "parent": self._owner, "deathsig": main}
+        # the receiver sends the set-up (large with indices=: it waits while the child imports, this need not)
+        self._receiver = threading.Thread(target=self._receive, args=(setup,), name="pageset-child-receiver",
+                                          daemon=True)
         self._receiver.start()
 
     # -- the Loader's calls --
@@ -380,6 +383,10 @@ class ProcessPool:
         if self._closing:
             return
         self._closing = True
+        if os.getpid() != self._owner:  # a forked child's copy: drop our descriptor, leave the owner's child alone
+            self._finalizer.detach()
+            self._sock.close()
+            return
         self._send(("stop",))
         try:
             self._proc.wait(timeout)
@@ -398,6 +405,8 @@ class ProcessPool:
 
     # -- internals --
     def _send(self, msg) -> bool:
+        if os.getpid() != self._owner:  # a forked child's copy of this pool (see Loader._check_process)
+            return False
         try:
             send_msg(self._sock, msg, lock=self._send_lock)
             return True
@@ -421,8 +430,9 @@ class ProcessPool:
                 self._finish(slot, RuntimeError(failure))
         return failure
 
-    def _receive(self) -> None:
+    def _receive(self, setup: dict) -> None:
         try:
+            send_msg(self._sock, setup, lock=self._send_lock)
             while True:
                 msg, fds = recv_msg(self._sock)
                 for fd in fds:
@@ -481,9 +491,11 @@ class ProcessPool:
                 "a signal such as SIGKILL often means the machine ran out of memory")
 
 
-def _kill(proc: subprocess.Popen, sock: socket.socket) -> None:
+def _kill(proc: subprocess.Popen, sock: socket.socket, owner: int) -> None:
     try:
         sock.close()
+        if os.getpid() != owner:
+            return
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
