@@ -1,8 +1,7 @@
 """The process mode (``Loader(num_workers=1)``): the decode threads in one child process, batches in anonymous
 shared memory. The same contracts as in process (tests/test_loader.py runs its error, exact-decode and
 list(loader) tests in both modes): resume on another world size against the reference model, errors named as
-in process, a dead child or parent never hangs anyone, and nothing outlives the loader (no child, no memfd, no
-file in /dev/shm)."""
+in process, a dead child or parent never hangs anyone, and nothing outlives the loader (no child, no memfd; the slots are anonymous memfds, never files in /dev/shm)."""
 
 from __future__ import annotations
 
@@ -43,8 +42,26 @@ RRC = [RandomResizedCrop(24), RandomHorizontalFlip(), Normalize(), ToTensor()]
 DEADLINE_S = 120  # a hang check, not a speed: a child's start (imports, kernels from the disk cache) on a busy VM
 
 
-def _shm() -> set:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+def _shared_maps(pid) -> list[str]:
+    """The shared-memory files process ``pid`` maps: ``memfd:`` (anonymous) or under ``/dev/shm`` (named). Other
+    processes on the machine may add files to /dev/shm meanwhile: what a process maps is attributable, a listing
+    is not."""
+    with open(f"/proc/{pid}/maps") as f:
+        return sorted({line.split(maxsplit=5)[5].strip() for line in f if len(line.split(maxsplit=5)) == 6
+                       and ("/dev/shm" in line or "memfd:" in line)})
+
+
+def _only_memfds(pid) -> bool:
+    """The slots are mapped, as anonymous files (``/memfd:pageset-slot``), and no named file of /dev/shm is (other
+    memfds, e.g. libffi's, may be there too; in this test process also multiprocessing's semaphores, which are
+    unlinked at once: ``/dev/shm/sem.* (deleted)``)."""
+    maps = _shared_maps(pid)
+    return (any(m.startswith("/memfd:pageset-slot") for m in maps)
+            and not any("/dev/shm" in m and not m.endswith("(deleted)") for m in maps))
+
+
+def _slot_maps(pid) -> list[str]:
+    return [m for m in _shared_maps(pid) if "pageset-slot" in m]
 
 
 def _memfds(res: Resources) -> list:
@@ -144,7 +161,7 @@ def test_records_bytes_and_json_and_what_close_leaves(tmp_path):
     path = tmp_path / "rec.pageset"
     write_dataset(path, records, {"label": Int(), "payload": Bytes(), "meta": JSON()}, num_workers=0,
                   page_size=4096, progress=False)
-    shm, res = _shm(), Resources()
+    res = Resources()
     with Loader(path, batch_size=8, seed=2, num_threads=2, num_workers=1, page_cache="process",
                 drop_last=False) as ld:
         pid = ld._pool.pid
@@ -163,22 +180,24 @@ def test_records_bytes_and_json_and_what_close_leaves(tmp_path):
         assert st["page_cache"]["misses"] > 0 and st["bytes_read"] > 0
         assert ld.bottleneck()["verdict"] in ("loader-bound", "step-bound")
         assert len(res.new_py_threads()) == 1  # the receiver of the child's replies, nothing else here
+        # the slots: anonymous files in both processes, nothing named in /dev/shm
+        assert _only_memfds("self") and _only_memfds(pid), (_shared_maps("self"), _shared_maps(pid))
     del b, data, lengths
     gc.collect()
     with pytest.raises(ChildProcessError):  # reaped by close()
         os.waitpid(pid, os.WNOHANG)
     assert _gone(pid)
-    assert res.new_fds() == [] and res.new_py_threads() == []
-    assert _shm() <= shm
+    assert res.new_fds() == [] and res.new_py_threads() == [] and _slot_maps("self") == []
 
 
 def test_a_killed_child_fails_next_with_its_signal(images):
     """SIGKILL of the child mid-epoch: the waiting next() raises RuntimeError naming the signal within a bounded
     time (never hangs), so does every later iter(); close() then leaves nothing behind."""
-    shm, res = _shm(), Resources()
+    res = Resources()
     ld = Loader(images, batch_size=4, pipelines={"image": RRC}, num_threads=1, num_workers=1, batches_ahead=2)
     it = iter(ld)
     next(it)
+    assert _only_memfds(ld._pool.pid) and not any("/dev/shm" in m for m in _shared_maps(ld._pool.pid))
     os.kill(ld._pool.pid, signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match=r"child process \(pid \d+, num_workers=1\) was killed by signal SIGKILL"):
@@ -190,8 +209,7 @@ def test_a_killed_child_fails_next_with_its_signal(images):
     ld.close()
     del it, ld
     gc.collect()
-    assert _memfds(res) == [] and res.new_py_threads() == []
-    assert _shm() <= shm
+    assert _memfds(res) == [] and res.new_py_threads() == [] and _slot_maps("self") == []
 
 
 def test_early_breaks_resume_where_they_left_and_del_reaps_the_child(images):
@@ -238,8 +256,7 @@ PARENT_SCRIPT = textwrap.dedent(
 
 def test_the_child_exits_when_its_parent_is_killed(images, tmp_path):
     """The parent SIGKILLed while a forked sibling keeps the socket open (no EOF) and PDEATHSIG is off (the
-    Loader was made on another thread): the child still exits, within a bounded time; no file in /dev/shm."""
-    shm = _shm()
+    Loader was made on another thread): the child still exits, within a bounded time."""
     script = tmp_path / "parent.py"
     script.write_text(PARENT_SCRIPT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -250,7 +267,7 @@ def test_the_child_exits_when_its_parent_is_killed(images, tmp_path):
         ready, _, _ = select.select([parent.stdout], [], [], DEADLINE_S)
         assert ready, "the parent did not start its loader"
         child, sibling = (int(x) for x in parent.stdout.readline().split())
-        assert not _gone(child)
+        assert not _gone(child) and _only_memfds(child) and not any("/dev/shm" in m for m in _shared_maps(child))
         parent.kill()
         parent.wait(DEADLINE_S)
         assert _wait_gone(child, 30), "the loader's child outlived its parent"
@@ -263,7 +280,6 @@ def test_the_child_exits_when_its_parent_is_killed(images, tmp_path):
                 os.kill(sibling, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    assert _shm() <= shm
 
 
 def test_an_op_that_cannot_be_pickled_is_named_at_construction(images):
