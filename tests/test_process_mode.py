@@ -1,7 +1,8 @@
 """The process mode (``Loader(num_workers=1)``): the decode threads in one child process, batches in anonymous
 shared memory. The same contracts as in process (tests/test_loader.py runs its error, exact-decode and
 list(loader) tests in both modes): resume on another world size against the reference model, errors named as
-in process, a dead child or parent never hangs anyone, and nothing outlives the loader (no child, no memfd; the slots are anonymous memfds, never files in /dev/shm)."""
+in process, a dead child or parent never hangs anyone, and nothing outlives the loader (no child, no memfd; the
+slots are anonymous memfds, never files in /dev/shm)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from reference import order as model
 from resources import Resources
 from resume_contract import check_resume, file_expectation, model_layout
@@ -230,6 +232,31 @@ def test_early_breaks_resume_where_they_left_and_del_reaps_the_child(images):
     del loader, b
     gc.collect()
     assert _wait_gone(pid, 30) and res.new_py_threads() == [] and _memfds(res) == []
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA (the shared slots are copied into pinned buffers, then sent)")])])
+def test_to_device_in_process_mode_equals_pillow(tmp_path, photo_arrays, device):
+    """ToDevice in process mode (the child's pipelines have none; this process copies): the whole-image crop's
+    output on the device equals Pillow's decode of the stored bytes, batch after batch (slots reused)."""
+    import io
+
+    from PIL import Image
+
+    from pageset import ToDevice, open_dataset
+
+    imgs = [np.ascontiguousarray(a[:64, :96]) for a in photo_arrays]
+    path = tmp_path / "dev.pageset"
+    write_dataset(path, [(x,) for x in imgs], {"image": RGBImage(jpeg_quality=92)}, num_workers=0, progress=False)
+    whole = RandomResizedCrop((64, 96), scale=(1.0, 1.0), ratio=(96 / 64, 96 / 64))
+    with open_dataset(path) as ds, Loader(path, batch_size=2, order="sequential", num_threads=1, num_workers=1,
+                                           pipelines={"image": [whole, ToDevice(device)]}) as ld:
+        for _ in range(2):
+            for b in ld:
+                assert b["image"].device.type == device
+                for j, i in enumerate(b["_index"].tolist()):
+                    ref = np.asarray(Image.open(io.BytesIO(ds[i]["image"].data)).convert("RGB"))
+                    np.testing.assert_array_equal(b["image"][j].cpu().numpy(), ref)
 
 
 PARENT_SCRIPT = textwrap.dedent(

@@ -222,9 +222,9 @@ class Loader:
                              "the process that plans the batches); use num_workers=0 for a URL")
         # process mode: the child process builds this Loader again from these arguments (pickled; checked below)
         child_args = dict(path=path, batch_size=batch_size, pipelines=pipelines, order=order, seed=seed,
-                          drop_last=drop_last, num_threads=num_threads, batches_ahead=batches_ahead, page_cache=page_cache,
-                          window_pages=window_pages, cache_pages=cache_pages, verify_pages=verify_pages,
-                          indices=indices, array_type=array_type) if num_workers else None
+                          drop_last=drop_last, num_threads=num_threads, batches_ahead=batches_ahead,
+                          page_cache=page_cache, window_pages=window_pages, cache_pages=cache_pages,
+                          verify_pages=verify_pages, indices=indices, array_type=array_type) if num_workers else None
         self._sources: list[FileSource] = []
         self._datasets = []
         self._remote_options = dict(prefetch_bytes=prefetch_bytes, max_requests=max_requests, cache_dir=cache_dir,
