@@ -319,6 +319,26 @@ def test_an_op_that_cannot_be_pickled_is_named_at_construction(images):
         assert next(iter(ld))["image"].shape == (4, 24, 24, 3)
 
 
+def _refuse_in_child():
+    raise LookupError("this op cannot be built in the child")
+
+
+class BuiltOnlyHere(RandomResizedCrop):
+    """Pickles fine here; unpickling it (in the child) raises."""
+
+    def __reduce__(self):
+        return _refuse_in_child, ()
+
+
+def test_a_child_that_cannot_build_its_loader_fails_next_with_its_traceback(images):
+    with Loader(images, batch_size=4, pipelines={"image": [BuiltOnlyHere(24)]}, num_workers=1, num_threads=1) as ld:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"child process \(pid \d+\) could not start: LookupError: this op "
+                                               r"cannot be built in the child") as ei:
+            next(iter(ld))
+        assert time.monotonic() - t0 < DEADLINE_S and "_refuse_in_child" in str(ei.value)  # the child's traceback
+
+
 def test_process_mode_refuses_urls(images):
     with pytest.raises(ValueError, match="num_workers=1 reads local files only"):
         Loader("http://127.0.0.1:9/x.pageset", batch_size=4, num_workers=1)

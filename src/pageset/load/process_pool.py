@@ -286,6 +286,7 @@ class ProcessPool:
         self.contexts = [{STATS_KEY: _ChildStats(self, i)} for i in range(num_threads)]
         self._report: dict = {}  # the child's last stats report
         self._report_event = threading.Event()
+        self._ready = threading.Event()  # the child has built its loader and serves messages
         self._mu = threading.Lock()  # guards _inflight and _failure
         self._send_lock = threading.Lock()
         self._inflight: dict[int, object] = {}  # slot index -> Slot being filled
@@ -387,7 +388,10 @@ class ProcessPool:
             self._finalizer.detach()
             self._sock.close()
             return
-        self._send(("stop",))
+        if self._ready.is_set():
+            self._send(("stop",))
+        else:  # still importing or opening the files: nothing of it to stop cleanly (files read-only, memory
+            self._proc.kill()  # anonymous); no need to wait seconds for its imports
         try:
             self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -450,6 +454,8 @@ class ProcessPool:
                         for (k, key), values in lists.items():
                             slot.arrays[k][key][:] = values
                     self._finish(slot, None if error is None else remote_exception(error))
+                elif kind == "ready":
+                    self._ready.set()
                 elif kind == "stats":
                     self._report = msg[1]
                     self._report_event.set()

@@ -11,6 +11,9 @@ they run in process) and serves the parent's messages on its main thread:
 - ``("cancel", generation)``: queued slices of older generations become no-ops (as ``ThreadPool.cancel``);
 - ``("stats",)``: the threads' counters and page-cache counters (``Loader.stats()`` in the parent);
 - ``("stop",)``, or EOF (the parent closed or died): stop the threads and exit.
+
+It sends ``("ready",)`` once its loader is built (until then the parent's close() kills it rather than wait for
+its imports), or ``("failed", error)`` if it cannot be built.
 """
 
 from __future__ import annotations
@@ -141,12 +144,12 @@ def main(fd: int) -> None:
     """Entry point of the child (``fd``: its end of the socketpair)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it then closes the loader
     sock = socket.socket(fileno=fd)
-    setup, _ = recv_msg(sock)
-    if setup is None:
-        return
-    if setup.get("deathsig"):  # only when the Loader was made on the parent's main thread (PDEATHSIG follows the
-        _die_with_parent(setup["parent"])  # thread that started the child, not the process)
     try:
+        setup, _ = recv_msg(sock)  # unpickling the pipelines may fail here (an op the child cannot import)
+        if setup is None:
+            return
+        if setup.get("deathsig"):  # only when the Loader was made on the parent's main thread (PDEATHSIG follows
+            _die_with_parent(setup["parent"])  # the thread that started the child, not the process)
         worker = Worker(sock, setup)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, raised by its next()
         try:
@@ -155,6 +158,7 @@ def main(fd: int) -> None:
             pass
         return
     try:
+        send_msg(sock, ("ready",), lock=worker.lock)
         worker.serve()
     finally:
         worker.close()
