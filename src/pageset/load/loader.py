@@ -35,7 +35,8 @@ from .source import FileSource, RowReader, check_same_fields, split_cache_pages
 from .stages import PipelineError
 from .stats import STATS_KEY, LoaderStats, ThreadStats, bottleneck
 from .compile_notice import announce_compiles
-from .process_pool import ProcessPool, SharedBuffers
+from .process_pool import ProcessPool
+from .shared_slots import SharedBuffers
 from .workers import Slot, ThreadPool, close_context
 
 INDEX_KEY = "_index"  # int64[B]: record ids of the batch (field names never start with "_")
@@ -132,7 +133,7 @@ class Loader:
             ``"numpy"``: every array is a numpy array (``ToTensor``, ``ToTorchImage``, ``ToDevice`` and
             bfloat16 are then refused). One batch never mixes the two.
         num_workers: ``0`` (default): the decode threads run in this process. ``1``: the ``num_threads`` decode
-            threads run in one child process (``pageset.load.process_pool``), started at construction in the
+            threads run in one child process (``pageset.load.process_pool``, ``pageset.load.shared_slots``), started at construction in the
             background, which fills the batch buffers in place in anonymous shared memory (one ``memfd`` per batch
             slot: nothing in ``/dev/shm``, nothing left after a crash); this process plans the batches, keeps the
             state and hands them out, so batches, state, resume, ``len`` and padding equal ``num_workers=0``'s and

@@ -26,7 +26,8 @@ import sys
 import threading
 
 from .loader import Loader
-from .process_pool import exception_payload, map_file, recv_msg, send_msg, views, wait_readable
+from .process_pool import exception_payload, recv_msg, send_msg, wait_readable
+from .shared_slots import map_file, views
 from .stats import STATS_KEY, _thread_cpu
 from .workers import Slot
 
