@@ -135,9 +135,9 @@ class Loader:
         num_workers: ``0`` (default): the decode threads run in this process. ``1``: the ``num_threads`` decode
             threads run in one child process (``pageset.load.process_pool``), started at construction in the
             background, which fills the batch buffers in place in anonymous shared memory (one ``memfd`` per batch
-            slot, ``pageset.load.shared_slots``: nothing in ``/dev/shm``, nothing left after a crash); this process plans the batches, keeps the
-            state and hands them out, so batches, state, resume, ``len`` and padding equal ``num_workers=0``'s and
-            the trainer's process does no decoding (no inline filling, no helping in ``next()``). Errors are
+            slot, ``pageset.load.shared_slots``: nothing in ``/dev/shm``, nothing left after a crash); this
+            process plans the batches, keeps the state and hands them out, so batches, state, resume, ``len`` and
+            padding equal ``num_workers=0``'s and the trainer's process does no decoding (no inline filling, no helping in ``next()``). Errors are
             raised by ``next()`` as with threads, the child's traceback as their ``__cause__``; a child that dies
             raises RuntimeError naming its exit code or signal. Pipelines are pickled for the child (TypeError
             naming the op that cannot be); local files only (ValueError for a URL). ValueError for more than 1.
