@@ -167,6 +167,11 @@ LOADER = [
     ("request_timeout", 0, V, r"request_timeout must be a finite number > 0"),
     ("request_timeout", "30", T, r"request_timeout must be a number"),
     ("request_attempts", 0, V, r"request_attempts must be an int >= 1"),
+    ("num_workers", -1, V, r"num_workers must be an int >= 0, got -1"),
+    ("num_workers", 2, V, r"num_workers must be 0 \(decode threads in this process\) or 1 .*got 2: one child "
+                          r"process running num_threads threads"),
+    ("num_workers", "1", T, r"num_workers must be an int >= 0, got '1'"),
+    ("num_workers", 1.0, T, r"num_workers must be an int >= 0"),
 ]
 
 WRITE_DATASET = [

@@ -54,14 +54,15 @@ def _epoch(path, **kw):
         return [(b["_index"].tolist(), batch_digest(b)) for b in loader]
 
 
-def test_exact_decode_without_crop_and_flip(tmp_path, photo_arrays):
+@pytest.mark.parametrize("num_workers", [0, 1])  # 1: the process mode (filled by a child process)
+def test_exact_decode_without_crop_and_flip(tmp_path, photo_arrays, num_workers):
     """With the crop covering the whole image at its own size, output = Pillow's decode of the stored bytes."""
     imgs = [np.ascontiguousarray(a[:96, :128]) for a in photo_arrays]
     path = tmp_path / "same.pageset"
     write_dataset(path, [(x,) for x in imgs], {"image": RGBImage(jpeg_quality=92)}, num_workers=0, progress=False)
     whole = RandomResizedCrop((96, 128), scale=(1.0, 1.0), ratio=(128 / 96, 128 / 96))
     with open_dataset(path) as ds, Loader(path, batch_size=len(imgs), order="sequential", num_threads=2,
-                                           pipelines={"image": [whole]}) as loader:
+                                           pipelines={"image": [whole]}, num_workers=num_workers) as loader:
         (batch,) = list(loader)
         for j in range(len(imgs)):
             ref = np.asarray(Image.open(io.BytesIO(ds[j]["image"].data)).convert("RGB"))
@@ -191,14 +192,17 @@ def test_epoch_ids_follow_order_v1(image_file):
         assert loader.epoch == 2
 
 
-def test_list_loader_keeps_every_batch_valid(image_file):
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_list_loader_keeps_every_batch_valid(image_file, num_workers):
     kw = dict(batch_size=8, pipelines={"image": RRC}, seed=2, num_threads=2, batches_ahead=2)
     truth = _epoch(image_file, **kw)
-    with Loader(image_file, **kw) as loader:
+    with Loader(image_file, num_workers=num_workers, **kw) as loader:
         kept = list(loader)  # holds every batch: buffers must not be reused under them
         assert [(b["_index"].tolist(), batch_digest(b)) for b in kept] == truth
         views = [b["image"][:1] for b in loader]  # a view keeps its batch's buffer alive too
         digests = [hashlib.sha256(v.numpy().tobytes()).hexdigest() for v in views]
+        # every kept batch has buffers of its own (process mode: a new shared file for each slot reused)
+        assert len({b["image"].data_ptr() for b in kept} | {v.data_ptr() for v in views}) == len(kept) + len(views)
     with Loader(image_file, **kw) as loader:
         loader.set_epoch(1)
         expect = [hashlib.sha256(b["image"][:1].numpy().tobytes()).hexdigest() for b in loader]
@@ -283,7 +287,8 @@ def test_state_mismatch_errors(image_file):
         Loader(image_file, batch_size=4, pipelines={"image": None}, rank=2, world_size=2)
 
 
-def test_corrupt_jpeg_raises_with_sample_index(tmp_path, image_file):
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_corrupt_jpeg_raises_with_sample_index(tmp_path, image_file, num_workers):
     bad = tmp_path / "bad.pageset"
     data = bytearray(image_file.read_bytes())
     with open_dataset(image_file) as ds:
@@ -291,10 +296,14 @@ def test_corrupt_jpeg_raises_with_sample_index(tmp_path, image_file):
     data[off : off + 2] = b"\x00\x00"  # destroy the SOI marker of record 13 (pages are not verified at load)
     bad.write_bytes(bytes(data))
     t0 = time.monotonic()
-    with Loader(bad, batch_size=8, pipelines={"image": RRC}, order="sequential", num_threads=2) as loader:
-        with pytest.raises(DecodeError, match=r"sample 13, field 'image'"):
+    with Loader(bad, batch_size=8, pipelines={"image": RRC}, order="sequential", num_threads=2,
+                num_workers=num_workers) as loader:
+        with pytest.raises(DecodeError, match=r"sample 13, field 'image'") as ei:
             for _ in loader:
                 pass
+        if num_workers:  # raised in the child: its traceback is the cause, naming the stage that raised
+            assert type(ei.value.__cause__).__name__ == "ChildTraceback"
+            assert "in fill_rows" in str(ei.value.__cause__) and "DecodeError" in str(ei.value.__cause__)
         assert time.monotonic() - t0 < 600  # a hang check (the error must come, not a speed): room for a cold compile on a loaded machine
         # the loader is still usable after the error: the next epoch-iterator starts again from the state
         assert loader.steps_remaining == 5 and len(loader) == 6
@@ -409,7 +418,8 @@ def test_verify_pages_reports_a_flipped_byte_with_its_sample(tmp_path, image_fil
         assert len(list(loader)) == 6 and loader._verifier.done.all()
 
 
-def test_damaged_json_raises_decode_error_with_sample(tmp_path):
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_damaged_json_raises_decode_error_with_sample(tmp_path, num_workers):
     from pageset import JSON
 
     path = tmp_path / "j.pageset"
@@ -420,7 +430,7 @@ def test_damaged_json_raises_decode_error_with_sample(tmp_path):
     data = bytearray(path.read_bytes())
     data[off] = ord("#")
     path.write_bytes(bytes(data))
-    with Loader(path, batch_size=5, order="sequential", num_threads=1) as loader:
+    with Loader(path, batch_size=5, order="sequential", num_threads=1, num_workers=num_workers) as loader:
         with pytest.raises(DecodeError, match=r"sample 6, field 'meta'"):
             list(loader)
 

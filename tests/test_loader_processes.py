@@ -37,9 +37,10 @@ RUN_SCRIPT = textwrap.dedent(
     from pageset import Loader, RandomResizedCrop, RandomHorizontalFlip, Normalize, ToTensor
     path, rank, world, batch, threads, state_in, log, save_at = sys.argv[1:9]
     rank, world, batch, threads, save_at = int(rank), int(world), int(batch), int(threads), int(save_at)
+    workers = int(sys.argv[9]) if len(sys.argv) > 9 else 0
     pipe = {"image": [RandomResizedCrop(32), RandomHorizontalFlip(), Normalize(), ToTensor()]}
     loader = Loader(path, batch_size=batch, pipelines=pipe, order="quasi_random", seed=21, window_pages=2,
-                    rank=rank, world_size=world, num_threads=threads, batches_ahead=4)
+                    rank=rank, world_size=world, num_threads=threads, batches_ahead=4, num_workers=workers)
     if state_in != "-":
         loader.load_state_dict(json.load(open(state_in)))
     with open(log, "a") as f:
@@ -107,17 +108,19 @@ def _read_log(path):
     return [tuple(line.split()) for line in path.read_text().splitlines()]
 
 
-def test_sigkill_mid_epoch_then_resume_on_another_world_size(tmp_path, small_file):
-    # control: one process, global batch 8, uninterrupted
+@pytest.mark.parametrize("num_workers", [0, 1])  # 1: process mode, the whole process group (trainer + child) killed
+def test_sigkill_mid_epoch_then_resume_on_another_world_size(tmp_path, small_file, num_workers):
+    w = str(num_workers)
+    # control: one process, global batch 8, uninterrupted, threads in process (both modes must equal it)
     control_log = tmp_path / "control.log"
     subprocess.run([sys.executable, "-c", RUN_SCRIPT, str(small_file), "0", "1", "8", "2", "-",
-                    str(control_log), "-1"], check=True, env=_env(), timeout=300)
+                    str(control_log), "-1", "0"], check=True, env=_env(), timeout=300)
     control = _read_log(control_log)
     assert len(control) == 48
     # run: two ranks of batch 4 (global batch 8), killed after step 2 with prefetch in flight
     logs = [tmp_path / f"r{r}.log" for r in range(2)]
     procs = [subprocess.Popen([sys.executable, "-c", RUN_SCRIPT, str(small_file), str(r), "2", "4", "2", "-",
-                               str(logs[r]), "2"], env=_env(), start_new_session=True) for r in range(2)]
+                               str(logs[r]), "2", w], env=_env(), start_new_session=True) for r in range(2)]
     deadline = time.monotonic() + 300
     while not all(os.path.exists(str(lg) + ".ready") for lg in logs):
         assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
@@ -133,6 +136,6 @@ def test_sigkill_mid_epoch_then_resume_on_another_world_size(tmp_path, small_fil
     # resume: one process (world size 1, batch 8) with one thread
     resumed_log = tmp_path / "resumed.log"
     subprocess.run([sys.executable, "-c", RUN_SCRIPT, str(small_file), "0", "1", "8", "1", str(logs[0]) + ".state",
-                    str(resumed_log), "-1"], check=True, env=_env(), timeout=300)
+                    str(resumed_log), "-1", w], check=True, env=_env(), timeout=300)
     assert _read_log(resumed_log) == control[24:]  # same ids and the same augmented pixels
     assert np.unique([rid for rid, _ in control]).size == 48

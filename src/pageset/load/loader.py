@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 import time
 import weakref
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from .source import FileSource, RowReader, check_same_fields, split_cache_pages
 from .stages import PipelineError
 from .stats import STATS_KEY, LoaderStats, ThreadStats, bottleneck
 from .compile_notice import announce_compiles
+from .process_pool import ProcessPool
+from .shared_slots import SharedBuffers
 from .workers import Slot, ThreadPool, close_context
 
 INDEX_KEY = "_index"  # int64[B]: record ids of the batch (field names never start with "_")
@@ -129,6 +132,15 @@ class Loader:
             CPU tensors over the batch buffers, no copy), as a ``torch.utils.data.DataLoader`` hands out;
             ``"numpy"``: every array is a numpy array (``ToTensor``, ``ToTorchImage``, ``ToDevice`` and
             bfloat16 are then refused). One batch never mixes the two.
+        num_workers: ``0`` (default): the decode threads run in this process. ``1``: the ``num_threads`` decode
+            threads run in one child process (``pageset.load.process_pool``), started at construction in the
+            background, which fills the batch buffers in place in anonymous shared memory (one ``memfd`` per batch
+            slot, ``pageset.load.shared_slots``: nothing in ``/dev/shm``, nothing left after a crash); this
+            process plans the batches, keeps the state and hands them out, so batches, state, resume, ``len`` and
+            padding equal ``num_workers=0``'s and the trainer's process does no decoding (no inline filling, no helping in ``next()``). Errors are
+            raised by ``next()`` as with threads, the child's traceback as their ``__cause__``; a child that dies
+            raises RuntimeError naming its exit code or signal. Pipelines are pickled for the child (TypeError
+            naming the op that cannot be); local files only (ValueError for a URL). ValueError for more than 1.
 
     Each batch is a dict: one entry per loaded field (a Bytes field gives ``(data, lengths)``; a JSON field a
     list of Python values), plus ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]); a Mixture
@@ -156,7 +168,8 @@ class Loader:
                  page_cache: str = "os", window_pages: int = 8, cache_pages: int | None = None,
                  verify_pages: bool = False, indices=None, storage_options: dict | None = None, cache_dir=None,
                  cache_limit_bytes: int | None = None, prefetch_bytes: int | None = None, max_requests: int = 8,
-                 request_timeout: float = 30.0, request_attempts: int = 5, array_type: str = "torch"):
+                 request_timeout: float = 30.0, request_attempts: int = 5, array_type: str = "torch",
+                 num_workers: int = 0):
         if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike, PlanSpec)):
             raise TypeError(f"path must be the pageset file's path or URL (str or os.PathLike) or a Mixture, got "
                             f"{path!r}")
@@ -186,6 +199,12 @@ class Loader:
         request_timeout = check.real("request_timeout", request_timeout, low=0, low_open=True)
         request_attempts = check.integer("request_attempts", request_attempts, minimum=1)
         self.array_type = check.choice("array_type", array_type, ARRAY_TYPES)
+        num_workers = check.integer("num_workers", num_workers, minimum=0)
+        if num_workers > 1:
+            raise ValueError(f"num_workers must be 0 (decode threads in this process) or 1 (num_threads decode "
+                             f"threads in one child process), got {num_workers}: one child process running "
+                             "num_threads threads is the supported layout; raise num_threads instead")
+        self.num_workers = num_workers
         num_threads = (os.cpu_count() or 1) if num_threads is None else num_threads
         batches_ahead = max(2, 2 * num_threads) if batches_ahead is None else batches_ahead
         self._closed = True  # until construction succeeds
@@ -199,6 +218,14 @@ class Loader:
         # what is read, in what order: a file, a subset, a Mixture, a FileSet (order/plan.py); the Loader holds
         # one plan built from it (in _setup) and never asks which kind it is
         spec = (path if isinstance(path, PlanSpec) else OneFile(path)).with_indices(indices)
+        if num_workers and any(url_scheme(p) is not None for p in spec.paths):
+            raise ValueError("num_workers=1 reads local files only (a URL's pages are fetched and prefetched by "
+                             "the process that plans the batches); use num_workers=0 for a URL")
+        # process mode: the child process builds this Loader again from these arguments (pickled; checked below)
+        child_args = dict(path=path, batch_size=batch_size, pipelines=pipelines, order=order, seed=seed,
+                          drop_last=drop_last, num_threads=num_threads, batches_ahead=batches_ahead,
+                          page_cache=page_cache, window_pages=window_pages, cache_pages=cache_pages,
+                          verify_pages=verify_pages, indices=indices, array_type=array_type) if num_workers else None
         self._sources: list[FileSource] = []
         self._datasets = []
         self._remote_options = dict(prefetch_bytes=prefetch_bytes, max_requests=max_requests, cache_dir=cache_dir,
@@ -213,7 +240,12 @@ class Loader:
             self._ds = self._datasets[0]
             self._setup(spec, page_cache, cache_pages, pipelines, verify_pages)
             self._setup_buffers()
+            self._pool = None
+            if num_workers:  # started now: the child imports and opens the files while the trainer sets up
+                self._pool = ProcessPool(self._child_init(child_args), self._shared, num_threads, str(self.path))
         except BaseException:
+            if getattr(self, "_pool", None) is not None:
+                self._pool.close()
             for src in self._sources:
                 src.close()
             for ds in self._datasets:
@@ -233,7 +265,8 @@ class Loader:
             for st in self._stages:
                 if hasattr(st, "reserve"):
                     st.reserve(ctx, rows)
-        self._pool = ThreadPool(0 if self._inline else num_threads, self._run_slice, contexts=contexts)
+        if self._pool is None:
+            self._pool = ThreadPool(0 if self._inline else num_threads, self._run_slice, contexts=contexts)
         self._ctx: dict = {"thread": "consumer", STATS_KEY: ThreadStats()}  # scratch of the thread calling next()
         self._stats = LoaderStats()  # loader.stats(): always on (a few clock reads per batch)
         self._cache_base: dict | None = None  # page cache counters at the last stats(reset=True)
@@ -275,7 +308,8 @@ class Loader:
         self._needs_keys = any(s.needs_keys for s in self._stages)
         # The consumer runs queued slices while it waits, except for URLs: there a slice waits on the network
         # (the remote page source has its own prefetching), and num_threads bounds the concurrent fetches.
-        self._help = all(src.ds.remote is None for src in self._sources)
+        # Process mode (num_workers=1): never; the slices run in the child.
+        self._help = all(src.ds.remote is None for src in self._sources) and not self.num_workers
         # A batch of one slice whose stages are cheap kernels (token windows: one call reads and widens the batch,
         # ~0.05-0.2 ms) is filled by the thread calling next(), and no thread is started: waking a thread and
         # handing the GIL back costs as much as the work, so more threads could only make it slower.
@@ -312,8 +346,17 @@ class Loader:
         empty = self._queue.empty if self._queue is not None else (lambda shape, dt: np.empty(shape, dt))
         n_slots = self.batches_ahead + 2
         self._check_buffer_memory(n_slots)
+        self._shared = self._pinned = None
         try:
-            self._slots = [Slot(i, [s.alloc(self.batch_size, empty) for s in self._stages]) for i in range(n_slots)]
+            if self.num_workers:  # process mode: the child fills them, in anonymous shared memory (process_pool)
+                self._shared = SharedBuffers(self._stages, self.batch_size)
+                self._slots = [Slot(i, self._shared.arrays(i)) for i in range(n_slots)]
+                if self._queue is not None and self._queue.prefetch:  # CUDA: copied into pinned buffers, then sent
+                    self._pinned = [Slot(i, [s.alloc(self.batch_size, empty) for s in self._stages])
+                                    for i in range(n_slots)]
+            else:
+                self._slots = [Slot(i, [s.alloc(self.batch_size, empty) for s in self._stages])
+                               for i in range(n_slots)]
         except MemoryError:
             raise MemoryError(self._buffer_message(n_slots, "could not be allocated")) from None
         self._empty = empty
@@ -352,6 +395,30 @@ class Loader:
         if total > ram:
             raise MemoryError(self._buffer_message(n_slots, f"need more than this machine's memory "
                                                             f"({ram / 2**30:.3g} GiB)"))
+
+    def _child_init(self, args: dict) -> dict:
+        """The arguments the child process builds this Loader from (process mode): the given ones, rank and
+        world size as resolved here, pipelines without ToDevice (the parent copies to the device). TypeError
+        naming the field and op that cannot be pickled (the child is another interpreter)."""
+        pipes = args["pipelines"]
+        if pipes is not None:
+            pipes = {name: ops if not isinstance(ops, (list, tuple)) else
+                     [op for op in ops if not getattr(op, "is_to_device", False)] for name, ops in pipes.items()}
+        init = {**args, "pipelines": pipes, "rank": self.dist.rank, "world_size": self.dist.world_size}
+        try:
+            pickle.dumps(init, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            for name, ops in (pipes or {}).items():
+                for op in ops if isinstance(ops, (list, tuple)) else [ops]:
+                    try:
+                        pickle.dumps(op, protocol=pickle.HIGHEST_PROTOCOL)
+                    except Exception as op_exc:
+                        raise TypeError(f"pipelines[{name!r}]: {op!r} cannot be pickled ({op_exc}); num_workers=1 "
+                                        "sends the pipelines to a child process: use ops defined at module level "
+                                        "of an importable module, or num_workers=0") from op_exc
+            raise TypeError(f"num_workers=1: the Loader's arguments cannot be pickled for the child process ({exc}); "
+                            "use num_workers=0") from exc
+        return init
 
     # ---- configuration helpers -------------------------------------------------------------------------
     def _device_queue(self):
@@ -586,14 +653,22 @@ class Loader:
         are being prepared, ``stats()`` may see a slice half counted (its time, not yet its row count).
         """
         reset = check.boolean("reset", reset)
+        refresh = getattr(self._pool, "refresh", None)
+        if refresh is not None:  # process mode: the child's threads' counters, fetched now
+            refresh()
         out = self._stats.collect([c[STATS_KEY] for c in self._pool.contexts[:len(self._pool.threads)]],
                                   self._ctx[STATS_KEY], self._pool.threads, reset)
         if len(self._stages) == 1:  # one field: its stage is the whole slice
             out["stages"] = {self._stages[0].name: out["fill_s"]}
-        caches = [src.pages for src in self._sources if hasattr(src.pages, "hits")]
-        counted = [src.pages.bytes_read for src in self._sources if hasattr(src.pages, "bytes_read")]
-        cache = {"hits": sum(c.hits for c in caches), "misses": sum(c.misses for c in caches),
-                 "bytes_read": sum(counted)}
+        counters = getattr(self._pool, "page_counters", None)
+        if counters is not None:  # process mode: the child's files are the ones read
+            caches, cache = counters()
+        else:
+            cached = [src.pages for src in self._sources if hasattr(src.pages, "hits")]
+            counted = [src.pages.bytes_read for src in self._sources if hasattr(src.pages, "bytes_read")]
+            caches = bool(cached)
+            cache = {"hits": sum(c.hits for c in cached), "misses": sum(c.misses for c in cached),
+                     "bytes_read": sum(counted)}
         prev = self._cache_base or {k: 0 for k in cache}
         if reset:
             self._cache_base = cache
@@ -644,7 +719,24 @@ class Loader:
         is about to run on the batch just handed out (CUDA queue only)."""
         if (slot is not None and self._queue is not None and self._queue.prefetch and slot.prefetched is None
                 and slot.done.is_set() and slot.error is None):
-            slot.prefetched = self._queue.issue(self._stages, slot, None)
+            slot.prefetched = self._issue(slot, None)
+
+    def _issue(self, slot: Slot, view):
+        """The device queue's copy of a filled slot. Process mode with a CUDA queue: the slot's shared buffers
+        are first copied into the slot's pinned ones (one host copy, in this process), which the DMA reads."""
+        if self._pinned is None:
+            return self._queue.issue(self._stages, slot, view)
+        staged = self._pinned[slot.index]
+        for dst, src in zip(staged.arrays, slot.arrays):
+            for key, value in src.items():
+                if isinstance(value, np.ndarray):
+                    np.copyto(dst[key], value)
+                else:
+                    dst[key] = list(value)
+        staged.ids, staged.padding, staged.event = slot.ids, slot.padding, None
+        pending = self._queue.issue(self._stages, staged, view)
+        slot.event = staged.event  # _reclaim waits on it before the pinned buffers are written again
+        return pending
 
     def _next_slot(self) -> Slot:
         slot = self._slots[self._turn % (2 if self._inline else len(self._slots))]
@@ -680,7 +772,8 @@ class Loader:
             slot.event.synchronize()
             slot.event = None
         if any(ref() is not None for ref in slot.handed):
-            slot.arrays = [s.alloc(self.batch_size, self._empty) for s in self._stages]
+            slot.arrays = (self._shared.arrays(slot.index) if self._shared is not None else
+                           [s.alloc(self.batch_size, self._empty) for s in self._stages])
         slot.handed = []
 
     def _run_slice(self, slot: Slot, lo: int, hi: int, ctx: dict) -> float:
@@ -719,7 +812,7 @@ class Loader:
 
         if self._queue is not None:
             pending, slot.prefetched = slot.prefetched, None
-            batch = self._queue.deliver(pending if pending is not None else self._queue.issue(self._stages, slot, view))
+            batch = self._queue.deliver(pending if pending is not None else self._issue(slot, view))
         else:
             batch = {}
             for stage, arrays in zip(self._stages, slot.arrays):
@@ -743,6 +836,7 @@ class Loader:
         self._stop_active()
         self._pool.close()
         close_context(self._ctx)
+        self._slots = self._pinned = None  # process mode: unmaps the slots' shared files nobody else points at
         for src in self._sources:
             src.close()
         for ds in self._datasets:
@@ -762,6 +856,7 @@ class Loader:
 
     def __repr__(self) -> str:
         return (f"Loader({self.path!r}, batch_size={self.batch_size}, order={self.order!r}, "
-                f"rank={self.dist.rank}/{self.dist.world_size}, epoch={self._epoch}, steps_remaining={self.steps_remaining})")
+                + (f"num_workers={self.num_workers}, " if self.num_workers else "")
+                + f"rank={self.dist.rank}/{self.dist.world_size}, epoch={self._epoch}, steps_remaining={self.steps_remaining})")
 
 

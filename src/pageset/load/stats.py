@@ -56,7 +56,11 @@ def _minus(now: dict, base: dict | None) -> dict:
 
 
 def _thread_cpu(thread) -> float | None:
-    """CPU seconds of a running thread (its CPU clock), None where the platform has none."""
+    """CPU seconds of a running thread (its CPU clock), None where the platform has none. A decode thread of the
+    loader's child process (``num_workers=1``) reports its own (``cpu_seconds()``, as last sent by the child)."""
+    remote = getattr(thread, "cpu_seconds", None)
+    if remote is not None:
+        return remote()
     try:
         return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
     except (AttributeError, OSError, TypeError):  # no pthread CPU clocks, or the thread has ended

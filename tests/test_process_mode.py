@@ -1,0 +1,357 @@
+"""The process mode (``Loader(num_workers=1)``): the decode threads in one child process, batches in anonymous
+shared memory. The same contracts as in process (tests/test_loader.py runs its error, exact-decode and
+list(loader) tests in both modes): resume on another world size against the reference model, errors named as
+in process, a dead child or parent never hangs anyone, and nothing outlives the loader (no child, no memfd; the
+slots are anonymous memfds, never files in /dev/shm)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+from reference import order as model
+from resources import Resources
+from resume_contract import check_resume, file_expectation, model_layout
+
+from pageset import (
+    JSON,
+    Bytes,
+    Int,
+    Loader,
+    Mixture,
+    Normalize,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    RGBImage,
+    TokenWindows,
+    ToTensor,
+    write_dataset,
+    write_tokens,
+)
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts /proc/self/fd and /dev/shm")
+
+RRC = [RandomResizedCrop(24), RandomHorizontalFlip(), Normalize(), ToTensor()]
+DEADLINE_S = 120  # a hang check, not a speed: a child's start (imports, kernels from the disk cache) on a busy VM
+
+
+def _shared_maps(pid) -> list[str]:
+    """The shared-memory files process ``pid`` maps: ``memfd:`` (anonymous) or under ``/dev/shm`` (named). Other
+    processes on the machine may add files to /dev/shm meanwhile: what a process maps is attributable, a listing
+    is not."""
+    with open(f"/proc/{pid}/maps") as f:
+        return sorted({line.split(maxsplit=5)[5].strip() for line in f if len(line.split(maxsplit=5)) == 6
+                       and ("/dev/shm" in line or "memfd:" in line)})
+
+
+def _only_memfds(pid) -> bool:
+    """The slots are mapped, as anonymous files (``/memfd:pageset-slot``), and no named file of /dev/shm is (other
+    memfds, e.g. libffi's, may be there too; in this test process also multiprocessing's semaphores, which are
+    unlinked at once: ``/dev/shm/sem.* (deleted)``)."""
+    maps = _shared_maps(pid)
+    return (any(m.startswith("/memfd:pageset-slot") for m in maps)
+            and not any("/dev/shm" in m and not m.endswith("(deleted)") for m in maps))
+
+
+def _slot_maps(pid) -> list[str]:
+    return [m for m in _shared_maps(pid) if "pageset-slot" in m]
+
+
+def _memfds(res: Resources) -> list:
+    return [(fd, target) for fd, target in res.new_fds() if "memfd:" in target or "pageset-slot" in target]
+
+
+def _gone(pid: int) -> bool:
+    """True when ``pid`` has exited (gone, or a zombie nobody reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _gone(pid):
+            return True
+        time.sleep(0.05)  # polling another process's state: there is no event to wait on
+    return _gone(pid)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory, imagenet_like):
+    path = tmp_path_factory.mktemp("proc") / "img.pageset"
+    write_dataset(path, imagenet_like, {"image": RGBImage(max_resolution=80), "label": Int()}, num_workers=0,
+                  page_size=1 << 14, progress=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def token_mix(tmp_path_factory):
+    d = tmp_path_factory.mktemp("proctok")
+    out = []
+    for k, n_docs in enumerate([300, 60]):
+        rng = np.random.default_rng(40 + k)
+        docs = [rng.integers(0, 1000, size=int(rng.integers(1, 90))) for _ in range(n_docs)]
+        path = d / f"tok{k}.pageset"
+        write_tokens(path, docs, eos_id=1000, num_workers=0, page_size=4096, progress=False)
+        out.append((path, np.concatenate([np.append(x, 1000) for x in docs])))
+    return out
+
+
+def test_token_mixture_resumed_on_another_world_size_equals_the_reference_model(token_mix):
+    """Two ranks in process mode for 5 steps, the state saved, then one rank in process mode to the middle of the
+    next epoch: every batch's (_source, _index) is the reference model's (tests/reference/order.py), every
+    window's tokens are the written stream's, the saved state is the model's."""
+    L, G, seed, m, weights = 32, 12, 3, 3, [0.25, 0.75]
+    paths = [p for p, _ in token_mix]
+    layouts = [model_layout(p, L) for p in paths]
+    ref = model.MixtureModel(weights, [s for s, _ in layouts], seed, "quasi_random", m, True, G)
+    mix = Mixture(paths, weights)
+
+    def make(rank, world):
+        return Loader(mix, batch_size=G // world, rank=rank, world_size=world, num_threads=2, num_workers=1,
+                      order="quasi_random", seed=seed, window_pages=m, pipelines={"tokens": [TokenWindows(L)]})
+
+    def check(batch, epoch, step, rank, world):
+        src, ids = ref.batch(epoch, step, rank, world)
+        assert batch["_source"].tolist() == src and batch["_index"].tolist() == ids, (epoch, step, rank)
+        for j, (s, w) in enumerate(zip(src, ids)):
+            stream = token_mix[s][1]
+            np.testing.assert_array_equal(batch["input"][j].numpy(), stream[w * L : w * L + L])
+            np.testing.assert_array_equal(batch["target"][j].numpy(), stream[w * L + 1 : w * L + L + 1])
+
+    cut = 5
+    ranks = [make(r, 2) for r in range(2)]
+    try:
+        its = [iter(ld) for ld in ranks]
+        for step in range(cut):
+            for r, it in enumerate(its):
+                check(next(it), 0, step, r, 2)
+        states = [ld.state_dict() for ld in ranks]
+    finally:
+        for ld in ranks:
+            ld.close()
+    assert states[0] == states[1] == ref.state_dict([i for _, i in layouts], 0, cut * G, seq_len=L)
+    with make(0, 1) as ld:
+        ld.load_state_dict(states[0])
+        assert ld.steps_remaining == ref.steps - cut
+        for step, b in enumerate(ld, start=cut):
+            check(b, 0, step, 0, 1)
+        assert ld.epoch == 1
+        it = iter(ld)
+        for step in range(3):  # across the epoch boundary: the stream continues in epoch 1
+            check(next(it), 1, step, 0, 1)
+
+
+def test_records_bytes_and_json_and_what_close_leaves(tmp_path):
+    """Int, Bytes and JSON fields (a JSON field's values travel back with the reply) equal what was written;
+    stats() counts the child's threads and page cache; close() leaves no child process, thread, memfd or
+    descriptor and nothing in /dev/shm."""
+    n = 57
+    records = [(i, bytes([i % 251]) * (i % 40 + 1), {"id": i, "pad": "x" * (i % 9)}) for i in range(n)]
+    path = tmp_path / "rec.pageset"
+    write_dataset(path, records, {"label": Int(), "payload": Bytes(), "meta": JSON()}, num_workers=0,
+                  page_size=4096, progress=False)
+    res = Resources()
+    with Loader(path, batch_size=8, seed=2, num_threads=2, num_workers=1, page_cache="process",
+                drop_last=False) as ld:
+        pid = ld._pool.pid
+        seen = []
+        for b in ld:
+            data, lengths = b["payload"]
+            for j, i in enumerate(b["_index"].tolist()):
+                seen.append((i, bool(b["_is_padding"][j])))
+                assert int(b["label"][j]) == i and b["meta"][j] == {"id": i, "pad": "x" * (i % 9)}
+                assert int(lengths[j]) == i % 40 + 1
+                assert data[j, : i % 40 + 1].tolist() == [i % 251] * (i % 40 + 1) and not data[j, i % 40 + 1 :].any()
+        assert sorted(i for i, pad in seen if not pad) == list(range(n)) and len(seen) == 64
+        st = ld.stats()
+        assert st["num_threads"] == 2 and st["rows"] == 64 and st["slices"] >= 8 and st["fill_s"] > 0
+        assert all(t["cpu_s"] is not None for t in st["threads"][:2]) and st["threads"][2]["rows"] == 0
+        assert st["page_cache"]["misses"] > 0 and st["bytes_read"] > 0
+        assert ld.bottleneck()["verdict"] in ("loader-bound", "step-bound")
+        assert len(res.new_py_threads()) == 1  # the receiver of the child's replies, nothing else here
+        # the slots: anonymous files in both processes, nothing named in /dev/shm
+        assert _only_memfds("self") and _only_memfds(pid), (_shared_maps("self"), _shared_maps(pid))
+    del b, data, lengths
+    gc.collect()
+    with pytest.raises(ChildProcessError):  # reaped by close()
+        os.waitpid(pid, os.WNOHANG)
+    assert _gone(pid)
+    assert res.new_fds() == [] and res.new_py_threads() == [] and _slot_maps("self") == []
+
+
+def test_a_killed_child_fails_next_with_its_signal(images):
+    """SIGKILL of the child mid-epoch: the waiting next() raises RuntimeError naming the signal within a bounded
+    time (never hangs), so does every later iter(); close() then leaves nothing behind."""
+    res = Resources()
+    ld = Loader(images, batch_size=4, pipelines={"image": RRC}, num_threads=1, num_workers=1, batches_ahead=2)
+    it = iter(ld)
+    next(it)
+    assert _only_memfds(ld._pool.pid) and not any("/dev/shm" in m for m in _shared_maps(ld._pool.pid))
+    os.kill(ld._pool.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"child process \(pid \d+, num_workers=1\) was killed by signal SIGKILL"):
+        for _ in range(len(ld)):  # the batches prepared before the kill may still come out first
+            next(it)
+    assert time.monotonic() - t0 < DEADLINE_S
+    with pytest.raises(RuntimeError, match="SIGKILL"):
+        next(iter(ld))
+    ld.close()
+    del it, ld
+    gc.collect()
+    assert _memfds(res) == [] and res.new_py_threads() == [] and _slot_maps("self") == []
+
+
+def test_early_breaks_resume_where_they_left_and_del_reaps_the_child(images):
+    """30 ``for ... break`` loops (each cancels the batches the child is preparing and waits for them), then the
+    rest of the epoch: the ids are the reference model's stream; ``del loader`` (no close()) reaps the child."""
+    res = Resources()
+    expected = file_expectation(images, "random", 5, 2, True, 4)
+    loader = Loader(images, batch_size=4, pipelines={"image": RRC}, seed=5, window_pages=2, num_threads=2,
+                    num_workers=1)
+    pid, ids = loader._pool.pid, []
+    for _ in range(30):
+        for b in loader:
+            ids += [(0, i) for i in b["_index"].tolist()]
+            break
+    for b in loader:
+        ids += [(0, i) for i in b["_index"].tolist()]
+    assert ids == expected(len(ids)) and len(ids) == 3 * 48
+    del loader, b
+    gc.collect()
+    assert _wait_gone(pid, 30) and res.new_py_threads() == [] and _memfds(res) == []
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA (the shared slots are copied into pinned buffers, then sent)")])])
+def test_to_device_in_process_mode_equals_pillow(tmp_path, photo_arrays, device):
+    """ToDevice in process mode (the child's pipelines have none; this process copies): the whole-image crop's
+    output on the device equals Pillow's decode of the stored bytes, batch after batch (slots reused)."""
+    import io
+
+    from PIL import Image
+
+    from pageset import ToDevice, open_dataset
+
+    imgs = [np.ascontiguousarray(a[:64, :96]) for a in photo_arrays]
+    path = tmp_path / "dev.pageset"
+    write_dataset(path, [(x,) for x in imgs], {"image": RGBImage(jpeg_quality=92)}, num_workers=0, progress=False)
+    whole = RandomResizedCrop((64, 96), scale=(1.0, 1.0), ratio=(96 / 64, 96 / 64))
+    with open_dataset(path) as ds, Loader(path, batch_size=2, order="sequential", num_threads=1, num_workers=1,
+                                           pipelines={"image": [whole, ToDevice(device)]}) as ld:
+        for _ in range(2):
+            for b in ld:
+                assert b["image"].device.type == device
+                for j, i in enumerate(b["_index"].tolist()):
+                    ref = np.asarray(Image.open(io.BytesIO(ds[i]["image"].data)).convert("RGB"))
+                    np.testing.assert_array_equal(b["image"][j].cpu().numpy(), ref)
+
+
+PARENT_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, threading, time
+    from pageset import Loader
+    made = {}
+    def make():  # not the main thread: no PR_SET_PDEATHSIG, the child must notice on its own
+        made["loader"] = Loader(sys.argv[1], batch_size=4, pipelines={"image": None}, num_threads=1, num_workers=1)
+    t = threading.Thread(target=make)
+    t.start()
+    t.join()
+    ld = made["loader"]
+    next(iter(ld))
+    sibling = os.fork()  # holds a copy of the loader's socket: the child sees no EOF when this process dies
+    if sibling == 0:
+        time.sleep(60)
+        os._exit(0)
+    print(ld._pool.pid, sibling, flush=True)
+    sys.stdin.read()  # until killed
+    """
+)
+
+
+def test_the_child_exits_when_its_parent_is_killed(images, tmp_path):
+    """The parent SIGKILLed while a forked sibling keeps the socket open (no EOF) and PDEATHSIG is off (the
+    Loader was made on another thread): the child still exits, within a bounded time."""
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    parent = subprocess.Popen([sys.executable, str(script), str(images)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, env=env)
+    sibling = None
+    try:
+        ready, _, _ = select.select([parent.stdout], [], [], DEADLINE_S)
+        assert ready, "the parent did not start its loader"
+        child, sibling = (int(x) for x in parent.stdout.readline().split())
+        assert not _gone(child) and _only_memfds(child) and not any("/dev/shm" in m for m in _shared_maps(child))
+        parent.kill()
+        parent.wait(DEADLINE_S)
+        assert _wait_gone(child, 30), "the loader's child outlived its parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(DEADLINE_S)
+        if sibling is not None:
+            try:
+                os.kill(sibling, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_an_op_that_cannot_be_pickled_is_named_at_construction(images):
+    class LocalCrop(RandomResizedCrop):  # a local class: another interpreter cannot import it
+        pass
+
+    with pytest.raises(TypeError, match=r"pipelines\['image'\]: .*LocalCrop\(.*cannot be pickled.*num_workers=0"):
+        Loader(images, batch_size=4, pipelines={"image": [LocalCrop(24)]}, num_workers=1)
+    with Loader(images, batch_size=4, pipelines={"image": [LocalCrop(24)]}, num_workers=0) as ld:
+        assert next(iter(ld))["image"].shape == (4, 24, 24, 3)
+
+
+def _refuse_in_child():
+    raise LookupError("this op cannot be built in the child")
+
+
+class BuiltOnlyHere(RandomResizedCrop):
+    """Pickles fine here; unpickling it (in the child) raises."""
+
+    def __reduce__(self):
+        return _refuse_in_child, ()
+
+
+def test_a_child_that_cannot_build_its_loader_fails_next_with_its_traceback(images):
+    with Loader(images, batch_size=4, pipelines={"image": [BuiltOnlyHere(24)]}, num_workers=1, num_threads=1) as ld:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"child process \(pid \d+\) could not start: LookupError: this op "
+                                               r"cannot be built in the child") as ei:
+            next(iter(ld))
+        assert time.monotonic() - t0 < DEADLINE_S and "_refuse_in_child" in str(ei.value)  # the child's traceback
+
+
+def test_process_mode_refuses_urls(images):
+    with pytest.raises(ValueError, match="num_workers=1 reads local files only"):
+        Loader("http://127.0.0.1:9/x.pageset", batch_size=4, num_workers=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ["quasi_random"])  # (each loader starts a child: ~3 s on a busy 2-core VM)
+def test_image_resume_contract_in_process_mode(images, order):
+    """tests/resume_contract.py on images, every loader in process mode: the control is the reference model's."""
+    def make(rank, world, batch, threads):
+        return Loader(images, batch_size=batch, rank=rank, world_size=world, num_threads=threads, order=order,
+                      seed=17, window_pages=2, drop_last=False, num_workers=1, pipelines={"image": RRC})
+
+    check_resume(make, global_batch=8, world_sizes=[1, 2], cuts=[0, 7, 13],
+                 expected=file_expectation(images, order, 17, 2, False, 8))
+
