@@ -197,6 +197,11 @@ class ManyFileSource:
             self.page_sizes = np.concatenate(per)
             self._page_ends = np.cumsum(self.page_sizes)
             self.n_records = int(self.starts[-1])
+            # a token set's member of each window (windows are few: tokens / seq_len), int16/int32
+            self._window_member = None
+            if self._token:
+                dt = np.int16 if len(per) <= np.iinfo(np.int16).max else np.int32
+                self._window_member = np.repeat(np.arange(len(per), dtype=dt), counts)
             # stride windows: every column a prediction; packed rows of a set are not supported here (None)
             self.tokens = self.n_records * int(first.stages[0].seq_len) if self._token else None
             self._members_pages = pages
@@ -326,7 +331,9 @@ class ManyFileSource:
             return list(self._open)
 
     def members_of(self, ids: np.ndarray) -> np.ndarray:
-        """int64 member index of each global id."""
+        """int64 member index of each global id (a token set's: a lookup in its per-window column)."""
+        if self._window_member is not None:
+            return self._window_member[ids]
         return np.searchsorted(self.starts, ids, side="right") - 1
 
     # ---- reading ------------------------------------------------------------------------------------------
@@ -355,16 +362,23 @@ class ManyFileSource:
         """Fill rows ``[lo, hi)`` with global records ``ids``: one member's call when they all lie in one member,
         else each row from its member, token windows in one read call (the Loader's RowReader over the members);
         a flat set (load/set_records.py): one call over all members."""
-        if self._flat is not None:
+        flat = self._flat
+        if flat is not None:
+            if flat.all_loaded and flat.files.fit:  # every member read once and kept open: nothing to hold
+                if self._token:
+                    flat.fill(arrays, lo, hi, ids, self.members_of(ids), ctx)
+                else:  # (the offsets name the members)
+                    flat.fill(arrays, lo, hi, ids, keys, ctx)
+                return
             member = self.members_of(ids)
             self._flat_members(member)
             try:
                 if self._token:
-                    self._flat.fill(arrays, lo, hi, ids, member, ctx)
+                    flat.fill(arrays, lo, hi, ids, member, ctx)
                 else:
-                    self._flat.fill(arrays, lo, hi, ids, keys, ctx)
+                    flat.fill(arrays, lo, hi, ids, keys, ctx)
             finally:
-                self._flat.files.release(member)
+                flat.files.release(member)
             return
         member = self.members_of(ids)
         k = int(member[0])

@@ -69,7 +69,7 @@ class MemberFiles:
     def __init__(self, paths: list, max_open: int):
         n = len(paths)
         self.paths, self.max_open = list(paths), int(max_open)
-        self._fit = self.max_open >= n  # every member stays open once read: nothing to hold or close
+        self.fit = self.max_open >= n  # every member stays open once read: nothing to hold or close
         self.fds = np.full(n, -1, dtype=np.int64)
         self._users = np.zeros(n, dtype=np.int64)  # reads in flight holding each member
         self._used = np.zeros(n, dtype=np.int64)  # tick of each member's last acquire (the LRU order)
@@ -103,7 +103,7 @@ class MemberFiles:
             return ks[np.argsort(self._used[ks], kind="stable")].tolist()
 
     def acquire(self, member: np.ndarray) -> None:
-        if self._fit and not self._closed:
+        if self.fit and not self._closed:
             return
         with self._lock:
             if self._closed:
@@ -119,7 +119,7 @@ class MemberFiles:
                 self._evict()
 
     def release(self, member: np.ndarray) -> None:
-        if self._fit:
+        if self.fit:
             return
         with self._lock:
             self._users[member] -= 1
@@ -356,7 +356,7 @@ class SetWindows:
                                    np.zeros(self._bases.shape[0], dtype=np.uint8), np.zeros(18, np.int64))
         row, touched, stat_buf = scratch
         inp, tgt = arrays[0]["input"][lo:hi], arrays[0]["target"][lo:hi]
-        src = member.astype(self._src_dtype)
+        src = member if member.dtype == self._src_dtype else member.astype(self._src_dtype)
         local = ids - self.starts[member]
         fds = self.files.fds
         try:
