@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -355,3 +356,64 @@ def test_image_resume_contract_in_process_mode(images, order):
     check_resume(make, global_batch=8, world_sizes=[1, 2], cuts=[0, 7, 13],
                  expected=file_expectation(images, order, 17, 2, False, 8))
 
+
+
+@pytest.mark.parametrize("damage", ["truncated", "replaced", "touched"])
+def test_a_file_error_reaches_the_trainer_as_the_same_exception(tmp_path, damage):
+    """pageset's format errors cross from the child with their class and attributes (they pickle as their
+    constructor's arguments), so ``except TruncatedFileError`` works in both modes."""
+    from pageset import Bytes, Int, write_dataset
+    from pageset.format.errors import FileChangedError, MemberMismatchError, TruncatedFileError
+    from pageset.read.manyfile import many_file_members
+
+    folder = tmp_path / "set"
+    write_dataset(folder, [{"label": i, "blob": bytes([i % 251]) * (i % 90 + 1)} for i in range(60)],
+                  {"label": Int(), "blob": Bytes()}, records_per_member=20, page_size=4096, num_workers=0,
+                  progress=False, lineage=False)
+    paths = many_file_members(folder).paths
+    want = {"truncated": TruncatedFileError, "replaced": MemberMismatchError, "touched": FileChangedError}[damage]
+    got = []
+    for workers in (0, 1):
+        # truncated / replaced: member 1 before its first read; touched: member 0, read, then modified in place
+        with Loader(folder, batch_size=10, order="sequential", num_threads=1, array_type="numpy",
+                    num_workers=workers) as ld:
+            first = next(iter(ld))
+            assert first["label"].tolist() == list(range(10))
+            victim = paths[1] if damage != "touched" else paths[0]
+            saved = open(victim, "rb").read()
+            if damage == "truncated":
+                os.truncate(victim, len(saved) // 2)
+            elif damage == "replaced":
+                tmp = victim + ".new"
+                shutil.copyfile(paths[2], tmp)
+                os.replace(tmp, victim)
+            else:
+                st = os.stat(victim)
+                os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+            with pytest.raises(want) as info:
+                for b in ld:
+                    pass
+            got.append((type(info.value), info.value.path, info.value.section))
+        with open(victim, "wb") as f:  # restored for the other mode
+            f.write(saved)
+    assert got[0] == got[1] and got[0][1].endswith(os.path.basename(victim))
+
+
+def test_every_pageset_exception_pickles_to_the_same_class_message_and_attributes():
+    import pickle
+
+    from pageset.format import errors
+    from pageset.load.stages import DecodeError, PipelineError
+    from pageset.ops.jpeg import JpegDecodeError
+    from pageset.order.state import StateError, StateMismatchError
+    from pageset.write.sources import SampleError
+
+    made = [cls("a/b.pageset", "page 3", 8192, "page CRC-32 mismatch") for cls in vars(errors).values()
+            if isinstance(cls, type) and issubclass(cls, errors.FormatError)]
+    made += [StateError("seed", "must be an int"), StateMismatchError("order", "random", "sequential", "use ..."),
+             SampleError("photos/", 7, "image", "not a JPEG", "skip it"), JpegDecodeError("bad JPEG", 3),
+             DecodeError("a: sample 1, field 'x'"), PipelineError("field 'x': no")]
+    assert len(made) >= 15
+    for exc in made:
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc) and str(back) == str(exc) and back.__dict__ == exc.__dict__, exc

@@ -25,6 +25,11 @@ class FormatError(ValueError):
         where = f"{section}" if offset is None else f"{section} at byte {offset}"
         super().__init__(f"{self.path}: {where}: {detail}")
 
+    def __reduce__(self):
+        # pickled as its constructor's arguments (a Loader's child process sends it to the trainer's process,
+        # multiprocessing pools send it back): the same class and attributes on the other side
+        return (type(self), (self.path, self.section, self.offset, self.detail), self.__dict__)
+
 
 class BadMagicError(FormatError):
     """The first bytes are not the pageset magic (not a pageset file, or damaged by a text-mode copy)."""

@@ -79,6 +79,9 @@ class JpegDecodeError(ValueError):
         super().__init__(message)
         self.status = status
 
+    def __reduce__(self):  # pickled as its constructor's arguments
+        return (type(self), (str(self), self.status))
+
 
 def _as_bytes_array(data) -> np.ndarray:
     # One array type for every input (read-only, C-contiguous uint8[:]) so the kernel compiles once.

@@ -50,6 +50,10 @@ class StateError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"state field {field!r}: {message}")
         self.field = field
+        self._args = (field, message)
+
+    def __reduce__(self):  # pickled as its constructor's arguments (a Loader's child process, a process pool)
+        return (type(self), self._args, self.__dict__)
 
 
 class StateMismatchError(StateError):
@@ -61,6 +65,7 @@ class StateMismatchError(StateError):
         )
         self.saved = saved
         self.current = current
+        self._args = (field, saved, current, hint)
 
 
 @dataclass(frozen=True, kw_only=True)
