@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import select
 import shutil
 import signal
@@ -417,3 +418,48 @@ def test_every_pageset_exception_pickles_to_the_same_class_message_and_attribute
     for exc in made:
         back = pickle.loads(pickle.dumps(exc))
         assert type(back) is type(exc) and str(back) == str(exc) and back.__dict__ == exc.__dict__, exc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 1])
+def test_close_from_another_thread_ends_a_waiting_next(images, workers):
+    """A watchdog thread closing the Loader while next() waits (process mode: on a SIGSTOPped child; in process:
+    on a page read that blocks): close() returns instead of raising "generator already executing", and the
+    waiting next() raises RuntimeError (closed, or the child killed) within a bounded time."""
+    import threading
+
+    ld = Loader(images, batch_size=4, pipelines={"image": RRC}, num_threads=1, num_workers=workers,
+                batches_ahead=1)
+    it = iter(ld)
+    next(it)
+    if workers:
+        os.kill(ld._pool.pid, signal.SIGSTOP)
+    else:  # the decode thread blocks in its next read until released
+        gate = threading.Event()
+        src = ld._sources[0]
+        real = src.pages.gather
+
+        def blocked(*a, **k):
+            gate.wait(60)
+            return real(*a, **k)
+
+        src.pages.gather = blocked
+    errors = []
+
+    def consume():
+        try:
+            for _ in range(len(ld)):
+                next(it)
+        except BaseException as exc:  # noqa: BLE001 - what the consumer sees
+            errors.append(exc)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    t.join(1.0)  # the consumer waits on the batch
+    assert t.is_alive()
+    ld.close()  # from this thread: must not raise "generator already executing"
+    if not workers:
+        gate.set()
+    t.join(DEADLINE_S)
+    assert not t.is_alive() and len(errors) == 1
+    assert isinstance(errors[0], RuntimeError) and re.search(r"closed|exited|killed", str(errors[0])), errors[0]

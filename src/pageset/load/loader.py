@@ -524,7 +524,7 @@ class Loader:
     def _stop_active(self) -> None:
         gen = self._active() if self._active is not None else None
         self._active = None
-        if gen is not None:
+        if gen is not None and not gen.gi_running:  # (running: next() waits in another thread; close() ends it)
             gen.close()
 
     def _next_epoch(self, end: int) -> None:
@@ -559,6 +559,8 @@ class Loader:
         try:
             for step in range(first, steps):
                 self._check_process()  # a generator carried over a fork: say so before touching its threads
+                if self._closed:
+                    raise RuntimeError(f"{self.path}: the Loader was closed (by another thread) during this epoch")
                 for pages, _ in planned:
                     pages.advance(step)
                 while nxt < steps and nxt - step < self.batches_ahead:
@@ -574,8 +576,10 @@ class Loader:
             self._next_epoch(end)
         finally:
             self._pool.cancel()
-            for slot in scheduled if os.getpid() == self._pid else ():  # (in a forked child: no thread runs them)
-                self._wait(slot, raise_errors=False)  # let in-flight slices finish before their buffers are reused
+            for slot in scheduled if os.getpid() == self._pid and not self._closed else ():  # (forked child: no
+                self._wait(slot, raise_errors=False)  # thread runs them) let in-flight slices finish first
+            if self._closed:  # closed by another thread while this epoch ran: release now
+                self._release()
 
     def _inline_batches(self, order, epoch: int, first: int, steps: int):
         """Steps ``[first, steps)`` of ``epoch``, each filled here, by the thread calling next() (``_inline``).
@@ -794,6 +798,9 @@ class Loader:
             pass
         t0 = time.monotonic()
         while not slot.done.wait(0.1):
+            if self._closed and raise_errors:
+                raise RuntimeError(f"{self.path}: the Loader was closed (by another thread) while next() waited for "
+                                   f"batch step {slot.step}")
             if self._pool.alive() < self.num_threads:
                 raise RuntimeError(f"{self.path}: a loader thread exited unexpectedly")
             if time.monotonic() - t0 > 3600:
@@ -833,7 +840,20 @@ class Loader:
         if getattr(self, "_closed", True):
             return
         self._closed = True
+        gen = self._active() if self._active is not None else None
+        if gen is not None and gen.gi_running:
+            # next() runs in another thread (a watchdog closing a stuck loader): stop the workers now; that
+            # next() raises RuntimeError and its epoch's exit releases the files (never under its feet)
+            self._pool.close(timeout=0.5)
+            return
         self._stop_active()
+        self._release()
+
+    def _release(self) -> None:
+        """Join the workers and release the files (once; by close(), or by the epoch a close() ended)."""
+        if getattr(self, "_released", False):
+            return
+        self._released = True
         self._pool.close()
         close_context(self._ctx)
         self._slots = self._pinned = None  # process mode: unmaps the slots' shared files nobody else points at
