@@ -239,6 +239,7 @@ MERGE = [
     ("storage_options", 1, T, r"storage_options must be a dict or None"),
     ("request_timeout", "30", T, r"request_timeout must be a number"),
     ("request_attempts", -1, V, r"request_attempts must be an int >= 1"),
+    ("metadata", {"when": {1, 2}}, T, r"metadata\['when'\] is not JSON-serialisable"),
 ]
 
 IMPORTERS = [  # (function, argument, bad value, exception, message)
