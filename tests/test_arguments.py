@@ -266,6 +266,8 @@ IMPORTERS = [  # (function, argument, bad value, exception, message)
 
 OTHERS = [  # callables whose arguments are paths (or the inputs of a mixture)
     ("Mixture", "sources", "a.pageset", T, r"sources must be a list of paths"),
+    ("Mixture", "sources", [], V, r"sources is empty: a mixture needs at least one file"),
+    ("Mixture", "sources", range(32768), V, r"32768 sources: at most 32767"),
     ("Mixture", "weight_unit", "rows", V, r"weight_unit must be 'samples' or 'tokens', got 'rows'"),
     ("Mixture", "weight_unit", 1, T, r"weight_unit must be 'samples' or 'tokens'"),
     ("Mixture", "weights", "x", T, r"weights must be a sequence of numbers, one per source"),
