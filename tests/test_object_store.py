@@ -514,3 +514,37 @@ def test_shard_folder_missing_on_the_worker_names_the_fix(tmp_path):
         f"shard folder {gone} does not exist on worker host {socket.gethostname()}: either its write has ended, or "
         "the folder is not on storage shared with the workers; pass shard_dir= a shared folder or an fsspec URL "
         "(s3://bucket/tmp) that every worker can write")
+
+
+def _client_error(status, code, message="refused"):
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                       "PutObject")
+
+
+@pytest.mark.parametrize("exc, kind, words", [
+    # the table of write/upload.classify's docstring: no bucket / not found / access denied are raised at once
+    # with the fix, any other 4xx as OSError with status and code, 5xx and throttling are retried (None)
+    (lambda: _client_error(404, "NoSuchBucket", "gone"), FileNotFoundError, "u: put: the bucket does not exist"),
+    (lambda: _client_error(404, "NoSuchKey"), FileNotFoundError, "u: put: not found ("),
+    (lambda: FileNotFoundError("no such key"), FileNotFoundError, "u: put: not found (no such key)"),
+    (lambda: _client_error(401, "Unauthorized"), PermissionError, "u: put: access denied ("),
+    (lambda: _client_error(403, "Forbidden"), PermissionError, "u: put: access denied ("),
+    (lambda: _client_error(400, "SignatureDoesNotMatch"), PermissionError, "u: put: access denied ("),
+    (lambda: _client_error(400, "InvalidArgument"), OSError, "u: put: "),
+    (lambda: _client_error(503, "SlowDown"), None, None),
+    (lambda: _client_error(500, "InternalError"), None, None),
+])
+def test_store_failures_are_classified_by_status_and_code(exc, kind, words):
+    from pageset.write.upload import classify
+
+    err = classify(exc(), "u", "put")
+    if kind is None:
+        assert err is None  # worth another attempt
+    else:
+        assert type(err) is kind and str(err).startswith(words), err
+    if kind is OSError:
+        assert (err.status, err.code) == (400, "InvalidArgument")
+    bug = TypeError("a bug")
+    assert classify(bug, "u", "put") is bug  # a bug or a bad argument is raised as is
