@@ -369,9 +369,11 @@ def test_replaced_object_is_a_clear_error(files, servers, tmp_path):
         it = iter(loader)
         next(it)
         client.upload_file(str(files / "tokens.pageset"), BUCKET, "replaced.pageset")
-        with pytest.raises(ObjectChangedError, match=re.escape(url) + ": the object changed after it was opened"):
+        with pytest.raises(ObjectChangedError, match=re.escape(url) + ": the object changed after it was opened") as ei:
             for _ in it:
                 pass
+        assert str(ei.value).endswith("; pages of two versions are never mixed: reopen the dataset (a new Loader) "
+                                      "to read the new one")
     # HTTP: the served file is replaced by a rename (a new ETag)
     served = files / "replaced.pageset"
     served.write_bytes((files / "train.pageset").read_bytes())
@@ -386,6 +388,25 @@ def test_replaced_object_is_a_clear_error(files, servers, tmp_path):
                 ds[len(ds) - 1]
     finally:
         served.unlink()
+
+
+def test_a_backend_file_expired_is_the_object_changed(servers):
+    """s3fs / fsspec backends raise FileExpired for a replaced object: never retried, it is the object changed."""
+    from s3fs.utils import FileExpired
+
+    from pageset.read.remote import RemoteFile
+
+    url, opts = _urls(servers, "train.pageset")[0]
+    rf = RemoteFile(url, opts)
+    try:
+        expired = FileExpired(filename=url, e_tag='"0123"')
+        err = rf._classify(expired, "GET bytes 0-9")
+    finally:
+        rf.close()
+    assert isinstance(err, ObjectChangedError), err
+    assert str(err) == (f"{url}: the object changed after it was opened (the store refused the pinned ETag {rf.etag} "
+                        f"(GET bytes 0-9: {expired})); pages of two versions are never mixed: reopen the dataset "
+                        "(a new Loader) to read the new one")
 
 
 def test_never_answering_store_ends_in_a_clear_error(servers):
@@ -437,6 +458,9 @@ def test_a_refusal_is_answered_at_once_a_server_fault_is_retried(files, servers,
                 assert ("after 3 attempts" in text) == retried, text
             else:
                 assert code in text, text
+            if raised is PermissionError:  # the fix, word for word
+                assert text.endswith("check credentials (storage_options or the AWS_* environment) and the bucket's "
+                                     "permissions"), text
         proxy.reset()
         assert ds[3]["label"] is not None  # the store answers again: so do we
     # mid-epoch, through the Loader: the refusal reaches next() and no range is asked twice
