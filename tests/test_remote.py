@@ -398,10 +398,17 @@ def test_a_backend_file_expired_is_the_object_changed(servers):
 
     url, opts = _urls(servers, "train.pageset")[0]
     rf = RemoteFile(url, opts)
+    proxy = servers["s3_proxy"]
     try:
         expired = FileExpired(filename=url, e_tag='"0123"')
         err = rf._classify(expired, "GET bytes 0-9")
+        proxy.reset()
+        proxy.error = (400, "InvalidArgument", "Invalid argument.")
+        with pytest.raises(RemoteReadError) as ei:  # a refusal names the range asked, last byte included
+            rf.read(4096, 4106)
+        assert str(ei.value).startswith(f"{url}: GET bytes 4096-4105: the store answered HTTP 400 InvalidArgument")
     finally:
+        proxy.reset()
         rf.close()
     assert isinstance(err, ObjectChangedError), err
     assert str(err) == (f"{url}: the object changed after it was opened (the store refused the pinned ETag {rf.etag} "
