@@ -249,6 +249,20 @@ def test_batches_identical_local_s3_http_with_resume(files, servers, order, worl
             assert stats["pages_fetched"] > 0
 
 
+def test_remote_stats_of_one_sequential_epoch(files, servers):
+    """remote_stats() names the documented counters; one sequential epoch with room for every page fetches each
+    page of the data area once: page_count pages, data_length bytes (the file's header says both)."""
+    url, opts = _urls(servers, "train.pageset")[1]
+    with open_dataset(files / "train.pageset") as ds:
+        page_count, data_length = ds.page_count, ds.data_length
+    _, _, stats = _run(url, batch_size=4, pipelines=PIPE, order="sequential", num_threads=2, drop_last=False,
+                       prefetch_bytes=1 << 24)
+    assert set(stats) == {"requests", "bytes_fetched", "pages_fetched", "pages_used", "memory_hits", "waits",
+                          "all_requests"}
+    assert (stats["pages_fetched"], stats["bytes_fetched"]) == (page_count, data_length), stats
+    assert 1 <= stats["requests"] <= stats["all_requests"] and stats["pages_used"] >= page_count, stats
+
+
 def test_token_batches_identical_over_s3(files, servers):
     kw = dict(batch_size=4, order="quasi_random", seed=3, num_threads=2, window_pages=2, world_size=2,
               pipelines={"tokens": [TokenWindows(seq_len=100, document_outputs=True)]})
