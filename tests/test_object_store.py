@@ -496,7 +496,8 @@ def test_shard_on_s3_written_in_process_read_back_and_discarded_after_its_job(mo
     _fs(moto_s3).rm(folder.removeprefix("s3://") + "/_writing")  # the job ended: its marker is gone ...
     with pytest.raises(RuntimeError, match="has ended; shard discarded"):  # ... a straggler's shard is deleted
         encode_range_to_shard(src, fields, row_dtype, 2, 3, "raise", folder, moto_s3)
-    assert [k for k in _keys(moto_s3, "sh") if k.endswith(".shard")] == [done["url"].split("/", 3)[3]]
+    mine = folder.split("/", 3)[3]  # moto's store is one per process: other tests' (and runs') keys are there too
+    assert [k for k in _keys(moto_s3, mine) if k.endswith(".shard")] == [done["url"].split("/", 3)[3]]
     with pytest.raises(FileNotFoundError) as ei:
         write_shard("s3://no-such-bucket/f/x.shard", {}, [("rows", b"ab")], moto_s3)
     assert str(ei.value) == (f"s3://no-such-bucket/f: writing a shard on worker host {socket.gethostname()} in "
