@@ -244,6 +244,7 @@ MERGE = [
     ("storage_options", 1, T, r"storage_options must be a dict or None"),
     ("request_timeout", "30", T, r"request_timeout must be a number"),
     ("request_attempts", -1, V, r"request_attempts must be an int >= 1"),
+    ("metadata", {"when": {1, 2}}, T, r"metadata\['when'\] is not JSON-serialisable"),
 ]
 
 IMPORTERS = [  # (function, argument, bad value, exception, message)
@@ -270,17 +271,20 @@ IMPORTERS = [  # (function, argument, bad value, exception, message)
 
 OTHERS = [  # callables whose arguments are paths (or the inputs of a mixture)
     ("Mixture", "sources", "a.pageset", T, r"sources must be a list of paths"),
+    ("Mixture", "sources", [], V, r"^sources is empty: a mixture needs at least one file$"),
+    ("Mixture", "sources", range(32768), V, r"32768 sources: at most 32767"),
     ("Mixture", "weight_unit", "rows", V, r"weight_unit must be 'samples' or 'tokens', got 'rows'"),
     ("Mixture", "weight_unit", 1, T, r"weight_unit must be 'samples' or 'tokens'"),
     ("Mixture", "weights", "x", T, r"weights must be a sequence of numbers, one per source"),
     ("Mixture", "weights", [1, -1], V, r"weights\[1\] = -1\.0 is negative"),
     ("Mixture", "samples_per_epoch", 0, V, r"samples_per_epoch must be an int >= 1"),
+    ("Mixture", "samples_per_epoch", 2.5, V, r"samples_per_epoch must be an int >= 1 .*got 2\.5"),
     ("ParquetSource", "paths", 3, T, r"paths must be a path or URL"),
     ("ParquetSource", "columns", "text", T, r"columns must be a dict or None"),
-    ("ParquetSource", "storage_options", "anon", T, r"storage_options must be a dict or None"),
+    ("ParquetSource", "storage_options", "anon", T, r"storage_options must be a dict or None, e\.g\. \{'anon': True\}"),
     ("WebDatasetSource", "urls", 3, T, r"urls must be a path or URL"),
     ("WebDatasetSource", "fields", ["jpg"], V, r"fields must map field names to member extensions"),
-    ("WebDatasetSource", "storage_options", ["anon"], T, r"storage_options must be a dict or None"),
+    ("WebDatasetSource", "storage_options", ["anon"], T, r"storage_options must be a dict or None, e\.g\. \{'anon': True\}"),
     ("open_dataset", "path", 0, T, r"path must be the pageset file's path"),
     ("open_dataset", "storage_options", ["x"], T, r"storage_options must be a dict or None"),
     ("open_dataset", "request_timeout", -1, V, r"request_timeout must be a finite number > 0"),

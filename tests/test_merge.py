@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -95,10 +97,11 @@ def test_merge_refuses_other_schema_naming_the_difference(tmp_path, photos, imag
     fields = {"image": RGBImage(max_resolution=32), "label": Int()}
     write_dataset(tmp_path / "c.pageset", imagenet_like, fields, **kw)
     write_dataset(tmp_path / "d.pageset", renamed, fields, **kw)
-    with pytest.raises(ValueError, match=r"d\.pageset: class list differs .* at label 0: 'a_"):
+    with pytest.raises(ValueError, match=rf"d\.pageset: class list differs .* at label 0: 'a_{first}' vs '{first}'"):
         merge_datasets(tmp_path / "m.pageset", [tmp_path / "c.pageset", tmp_path / "d.pageset"], progress=False)
     write_tokens(tmp_path / "t.pageset", [np.arange(5)], None, eos_id=0, num_workers=0, progress=False)
-    with pytest.raises(ValueError, match="cannot merge token files with record files"):
+    with pytest.raises(ValueError, match=r"cannot merge token files with record files \(.*t\.pageset is a token "
+                                         r"file, .*a\.pageset is not\)"):
         merge_datasets(tmp_path / "m.pageset", [tmp_path / "a.pageset", tmp_path / "t.pageset"], progress=False)
     with pytest.raises(ValueError, match="is the input"):
         merge_datasets(tmp_path / "a.pageset", [tmp_path / "a.pageset", tmp_path / "a.pageset"], progress=False)
@@ -159,3 +162,104 @@ def test_merge_refuses_a_damaged_input(tmp_path, photos):
     with pytest.raises(ChecksumMismatchError, match="page 1 CRC-32"):
         merge_datasets(tmp_path / "m.pageset", [tmp_path / "a.pageset", tmp_path / "b.pageset"], progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pageset", "b.pageset"]
+
+
+class OtherRows(Rows):
+    """The same rows under another source class: the writer names the source ``source OtherRows``."""
+
+
+def test_merge_lineage_names_both_sources_and_shifts_skips_past_the_error_log(tmp_path, photos, capsys):
+    # the merged lineage (formats/v1.md, metadata `lineage`): `source` joins the inputs' descriptions with " + "
+    # when they differ (the writer describes a custom source as "source <class name>"); `skipped` holds every
+    # skipped index shifted by the samples before it, also those past an input's 1,000-entry `skipped_errors` log
+    kw = {"num_workers": 0, "progress": False, "lineage": False, "page_size": 1 << 12, "on_error": "skip"}
+    ints = {"label": Int()}
+
+    class Labels:
+        def __init__(self, n, bad):
+            self.n, self.bad = n, bad
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            if i in self.bad:
+                raise OSError(f"row {i} is unreadable")
+            return (i,)
+
+    write_dataset(tmp_path / "a.pageset", Labels(1003, set(range(1001))), ints, **kw)  # 1001 skipped, 2 kept
+    write_dataset(tmp_path / "b.pageset", Labels(3, {1}), ints, **kw)
+    with open_dataset(tmp_path / "a.pageset") as a:
+        lin = a.metadata["lineage"]
+        assert len(lin["skipped"]) == 1001 and len(lin["skipped_errors"]) == 1000  # the log is capped
+    capsys.readouterr()
+    before = time.perf_counter()
+    res = merge_datasets(tmp_path / "m.pageset", [tmp_path / "a.pageset", tmp_path / "b.pageset"], progress=False,
+                         lineage=False, metadata={"split": "train"})
+    took = time.perf_counter() - before
+    assert res.skipped == tuple(range(1001)) + (1004,) and res.records == 4
+    assert 0 <= res.seconds <= took  # the merge's own wall time (a consistency bound, not a speed claim)
+    assert capsys.readouterr().err == ""  # progress=False: no bar
+    with open_dataset(tmp_path / "m.pageset") as m:
+        assert m.metadata["user"] == {"split": "train"}
+        assert m.index["label"].tolist() == [1001, 1002, 0, 2]
+        assert m.metadata["lineage"]["samples_in_source"] == 1006
+        assert m.metadata["lineage"]["source"] == "source Labels"
+    # two different sources: both named, in input order
+    write_dataset(tmp_path / "r.pageset", Rows(_rows(photos, 2)), FIELDS, **kw)
+    write_dataset(tmp_path / "o.pageset", OtherRows(_rows(photos, 2)), FIELDS, **kw)
+    merge_datasets(tmp_path / "ro.pageset", [tmp_path / "r.pageset", tmp_path / "o.pageset"], progress=False)
+    with open_dataset(tmp_path / "ro.pageset") as ro:
+        assert ro.metadata["lineage"]["source"] == "source Rows + source OtherRows"
+
+
+def test_merge_refusals_name_the_missing_field_the_token_setting_and_the_damage(tmp_path, photos):
+    kw = {"num_workers": 0, "progress": False, "page_size": 1 << 14}
+    write_dataset(tmp_path / "a.pageset", Rows(_rows(photos, 2)), FIELDS, **kw)
+
+    class Wider(Rows):
+        def __getitem__(self, i):
+            return (*super().__getitem__(i), i)
+
+    write_dataset(tmp_path / "b.pageset", Wider(_rows(photos, 2)), dict(FIELDS, extra=Int()), **kw)
+    with pytest.raises(ValueError, match=r"b\.pageset: field 3 is 'extra' \(int .*\), but .*a\.pageset has no field "
+                                         r"there; merge needs the same fields"):
+        merge_datasets(tmp_path / "m.pageset", [tmp_path / "a.pageset", tmp_path / "b.pageset"], progress=False)
+    tk = {"eos_id": 1, "num_workers": 0, "progress": False}
+    write_tokens(tmp_path / "t1", [np.arange(2, 9)], None, **tk)
+    write_tokens(tmp_path / "t2", [np.arange(2, 9)], None, bos_id=0, **tk)
+    with pytest.raises(ValueError, match=r"t2: token setting 'bos_id' is 0, but .*t1 has None"):
+        merge_datasets(tmp_path / "x", [tmp_path / "t1", tmp_path / "t2"], progress=False)
+    raw = bytearray((tmp_path / "a.pageset").read_bytes())
+    raw[4096 + 100] ^= 0x01  # a bit flip in page 0 of the data area
+    (tmp_path / "a.pageset").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"page 0 CRC-32 .*the input is damaged: nothing was merged$"):
+        merge_datasets(tmp_path / "m.pageset", [tmp_path / "a.pageset"] * 2, progress=False)
+    assert not (tmp_path / "m.pageset").exists() and not (tmp_path / "x").exists()
+
+
+def test_merge_sums_ignored_files_and_keeps_user_metadata_only_when_inputs_agree(tmp_path, imagenet_like):
+    import shutil
+
+    kw = {"num_workers": 0, "progress": False, "lineage": False, "page_size": 1 << 15}
+    fields = {"image": RGBImage(max_resolution=32), "label": Int()}
+    root = tmp_path / "folder"
+    shutil.copytree(imagenet_like, root)
+    first = sorted(p for p in root.iterdir() if p.is_dir())[0]
+    (first / "notes.txt").write_text("not an image")  # one ignored file per input (schema attributes.ignored_files)
+    write_dataset(tmp_path / "a.pageset", root, fields, metadata={"k": 1}, **kw)
+    write_dataset(tmp_path / "b.pageset", root, fields, metadata={"k": 1}, **kw)
+    write_dataset(tmp_path / "c.pageset", root, fields, metadata={"k": 2}, **kw)
+    ab, ac = tmp_path / "ab.pageset", tmp_path / "ac.pageset"
+    merge_datasets(ab, [tmp_path / "a.pageset", tmp_path / "b.pageset"], progress=False, lineage=False)
+    merge_datasets(ac, [tmp_path / "a.pageset", tmp_path / "c.pageset"], progress=False, lineage=False)
+    merge_datasets(tmp_path / "one.pageset", [tmp_path / "a.pageset"], progress=False, lineage=False)  # one input
+    with open_dataset(ab) as m, open_dataset(ac) as n, open_dataset(tmp_path / "one.pageset") as one:
+        assert one.metadata["user"] == {"k": 1} and one.schema["attributes"]["ignored_files"] == 1
+        assert m.schema["attributes"]["ignored_files"] == 2
+        assert m.metadata["user"] == {"k": 1}  # the inputs agree: kept
+        assert n.metadata["user"] == {}  # they differ: none
+    (tmp_path / "junk.bin").write_bytes(b"not a pageset file")
+    with pytest.raises(ValueError, match=r"junk\.bin exists and is not a pageset file: .*the order is "
+                                         r"merge_datasets\(path, \[a, b, \.\.\.\]\)"):
+        merge_datasets(tmp_path / "junk.bin", [tmp_path / "a.pageset", tmp_path / "b.pageset"], progress=False)

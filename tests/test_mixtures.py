@@ -297,6 +297,59 @@ def test_state_round_trip_and_refusals(files):
             ld.load_state_dict(bad)
 
 
+def test_schedule_takes_up_to_32767_sources():
+    # a batch's "_source" is int16: 32767 sources is the most (formats/mixture.md); zero quotas keep it cheap
+    sched = MixtureSchedule([1] + [0] * 32766)
+    assert sched.period == 1 and sched.slots.tolist() == [0] and sched.n_sources == 32767
+    with pytest.raises(ValueError, match=r"quotas must be 1 to 32767 ints >= 0"):
+        MixtureSchedule([1] + [0] * 32767)
+
+
+def test_resume_refusals_give_the_field_the_saved_and_the_current_value(files):
+    # formats/mixture.md section 2.4: each refusal names the state field and both values ("saved state has
+    # F=<saved>, this loader has F=<current>. <fix>"); the values here are hand-derived from the saved state
+    mix = Mixture(files, [0.5, 0.3, 0.2])
+    with Loader(mix, batch_size=8, seed=3, num_threads=1) as ld:
+        _run(ld, steps=2)
+        state = json.loads(json.dumps(ld.state_dict()))
+    ids = [s["dataset_id"] for s in state["mixture"]["sources"]]
+
+    def refused(loader_mix, bad, exc, message):
+        with Loader(loader_mix, batch_size=8, seed=3, num_threads=1) as other:
+            with pytest.raises(exc) as ei:
+                other.load_state_dict(bad)
+        assert str(ei.value) == message
+
+    def edited(**mixture):
+        return dict(state, mixture=dict(state["mixture"], **mixture))
+
+    refused(Mixture(files[:2], [0.5, 0.3]), state, StateMismatchError,
+            "state field 'mixture.sources': saved state has mixture.sources=3, this loader has mixture.sources=2. "
+            "The mixture has another number of files: construct it with the saved sources.")
+    refused(Mixture([files[0], files[2], files[1]], [0.5, 0.3, 0.2]), state, StateMismatchError,
+            f"state field 'mixture.sources[1].dataset_id': saved state has mixture.sources[1].dataset_id={ids[1]!r}, "
+            f"this loader has mixture.sources[1].dataset_id={ids[2]!r}. Source 1 is another file: pass the saved "
+            "files in the saved order.")
+    refused(Mixture(files, [0.4, 0.4, 0.2]), state, StateMismatchError,
+            "state field 'mixture.quotas': saved state has mixture.quotas=[5, 3, 2], this loader has "
+            "mixture.quotas=[2, 2, 1]. The weights resolve to other shares: construct the Mixture with the saved "
+            "weights.")
+    refused(Mixture(files, [0.5, 0.3, 0.2], samples_per_epoch=100), state, StateMismatchError,
+            "state field 'mixture.samples_per_epoch': saved state has mixture.samples_per_epoch=430, this loader "
+            "has mixture.samples_per_epoch=100. Construct the Mixture with the saved samples_per_epoch.")
+    refused(mix, edited(mixture_algo=2), StateError,
+            "state field 'mixture.mixture_algo': unsupported value 2: this pageset implements mixture_algo 1; "
+            "resume with the version that wrote the state")
+    refused(mix, edited(sources=[state["mixture"]["sources"][0], "b", state["mixture"]["sources"][2]]),
+            StateMismatchError,
+            f"state field 'mixture.sources[1].dataset_id': saved state has mixture.sources[1].dataset_id='b', "
+            f"this loader has mixture.sources[1].dataset_id={ids[1]!r}. Source 1 is another file: pass the saved "
+            "files in the saved order.")
+    refused(mix, {k: v for k, v in state.items() if k != "mixture"}, StateMismatchError,
+            "state field 'mixture': saved state has mixture=None, this loader has mixture='a Mixture'. The state "
+            "was saved by a loader on one file: resume it with a Loader on that file.")
+
+
 def test_samples_per_epoch_sets_the_epoch(files):
     with Loader(Mixture(files, [1, 1, 1], samples_per_epoch=95), batch_size=10, drop_last=False,
                 num_threads=1) as ld:

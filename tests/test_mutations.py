@@ -404,6 +404,28 @@ MUTATIONS += [  # a many-file set read flat (load/set_records.py)
 ]
 
 
+# -- mutmut survivors of issue 18's last item (mut18c) that change a written file with no error: each is caught by
+# a test that compares with a hand-derived expectation (formats/v1.md metadata, the merge docstring's rules)
+TM = "tests/test_merge.py"
+MUTATIONS += [
+    Mutation("merge keeps the first input's ignored_files count instead of the sum", "merge.py",
+             'attrs["ignored_files"] = sum(int(ds.schema["attributes"].get("ignored_files", 0)) for ds in opened)',
+             'attrs["ignored_files"] = int(opened[0].schema["attributes"].get("ignored_files", 0))',
+             (f"{TM}::test_merge_sums_ignored_files_and_keeps_user_metadata_only_when_inputs_agree",)),
+    Mutation("merge keeps the first input's user metadata when the inputs differ", "merge.py",
+             "metadata = users[0] if all(u == users[0] for u in users) else {}",
+             "metadata = users[0]",
+             (f"{TM}::test_merge_sums_ignored_files_and_keeps_user_metadata_only_when_inputs_agree",)),
+    Mutation("merge drops the caller's user metadata", "merge.py",
+             'metadata = check.mapping("metadata", metadata, optional=True)',
+             'metadata = check.mapping("metadata", None, optional=True)',
+             (f"{TM}::test_merge_lineage_names_both_sources_and_shifts_skips_past_the_error_log",)),
+    Mutation("merge names only the first input's source when the sources differ", "merge.py",
+             'source = names[0] if all(n == names[0] for n in names) else " + ".join(names)',
+             "source = names[0]",
+             (f"{TM}::test_merge_lineage_names_both_sources_and_shifts_skips_past_the_error_log",)),
+]
+
 def test_kept_kernel_caches_skip_every_module_that_sees_the_mutation():
     """A mutant's copy keeps Numba's cache files only of modules that cannot hold the mutated code: never the
     mutated module's, nor those of modules importing it (relative or absolute, directly or not)."""

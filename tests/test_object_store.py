@@ -465,3 +465,87 @@ def test_storage_options_reach_merge_inputs_and_mixture_members(tmp_path, moto_s
     with pytest.raises(ValueError, match="storage_options apply to URLs"):
         Loader(Mixture([tmp_path / "a.pageset", tmp_path / "m.pageset"], [1, 1]), batch_size=8,
                storage_options=moto_s3)
+
+
+def test_shard_on_s3_written_in_process_read_back_and_discarded_after_its_job(moto_s3, photos):
+    """The executor task's shard on an object store, run in this process (mutmut traces no worker process): the
+    object holds ``PGSHARD1``, an 8-byte little-endian header length, the JSON header (arrays and their CRC-32)
+    and the arrays; a task finishing after its job removed the marker deletes its shard; a store failure names
+    shard_dir."""
+    import zlib
+
+    from pageset.format.schema import build_schema, parse_schema
+    from pageset.write.ranges import ShardPart, encode_range_to_shard, new_shard_folder, write_shard
+    from pageset.write.sources import open_source
+
+    src, fields = open_source(photos[:3], {"image": RGBImage(max_resolution=32)})
+    _, row_dtype = parse_schema(build_schema(fields, {}, {"page_size": 4096, "checksum": "crc32"}))
+    folder = new_shard_folder("s3://pageset-test/sh/out.pageset", None, moto_s3)
+    done = encode_range_to_shard(src, fields, row_dtype, 0, 2, "raise", folder, moto_s3)
+    raw = _fs(moto_s3).cat_file(done["url"])
+    assert done["url"] == f"{folder}/000000000000-000000000002.shard" and len(raw) == done["bytes"]
+    assert raw[:8] == b"PGSHARD1"
+    n = int.from_bytes(raw[8:16], "little")
+    head, body = json.loads(raw[16:16 + n]), raw[16 + n:]
+    assert [a[0] for a in head["arrays"]] == ["rows", "payloads"] and sum(a[1] for a in head["arrays"]) == len(body)
+    assert head["crc32"] == zlib.crc32(body) and (head["start"], head["stop"], head["records"]) == (0, 2, 2)
+    assert head["arrays"][0][1] == 2 * row_dtype.itemsize
+    part = ShardPart(done, row_dtype, moto_s3)
+    payloads = list(part.payloads())
+    assert len(part.rows) == 2 and b"".join(payloads) == body[head["arrays"][0][1]:]
+    _fs(moto_s3).rm(folder.removeprefix("s3://") + "/_writing")  # the job ended: its marker is gone ...
+    with pytest.raises(RuntimeError, match="has ended; shard discarded"):  # ... a straggler's shard is deleted
+        encode_range_to_shard(src, fields, row_dtype, 2, 3, "raise", folder, moto_s3)
+    mine = folder.split("/", 3)[3]  # moto's store is one per process: other tests' (and runs') keys are there too
+    assert [k for k in _keys(moto_s3, mine) if k.endswith(".shard")] == [done["url"].split("/", 3)[3]]
+    with pytest.raises(FileNotFoundError) as ei:
+        write_shard("s3://no-such-bucket/f/x.shard", {}, [("rows", b"ab")], moto_s3)
+    assert str(ei.value) == (f"s3://no-such-bucket/f: writing a shard on worker host {socket.gethostname()} in "
+                             "shard_dir: the bucket does not exist; create it first (e.g. "
+                             "s3fs.S3FileSystem(**storage_options).mkdir('BUCKET')) or write to an existing bucket")
+
+
+def test_shard_folder_missing_on_the_worker_names_the_fix(tmp_path):
+    from pageset.write.ranges import write_shard
+
+    gone = tmp_path / "gone"
+    with pytest.raises(FileNotFoundError) as ei:
+        write_shard(str(gone / "x.shard"), {}, [("rows", b"ab")], None)
+    assert str(ei.value) == (
+        f"shard folder {gone} does not exist on worker host {socket.gethostname()}: either its write has ended, or "
+        "the folder is not on storage shared with the workers; pass shard_dir= a shared folder or an fsspec URL "
+        "(s3://bucket/tmp) that every worker can write")
+
+
+def _client_error(status, code, message="refused"):
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                       "PutObject")
+
+
+@pytest.mark.parametrize("exc, kind, words", [
+    # the table of write/upload.classify's docstring: no bucket / not found / access denied are raised at once
+    # with the fix, any other 4xx as OSError with status and code, 5xx and throttling are retried (None)
+    (lambda: _client_error(404, "NoSuchBucket", "gone"), FileNotFoundError, "u: put: the bucket does not exist"),
+    (lambda: _client_error(404, "NoSuchKey"), FileNotFoundError, "u: put: not found ("),
+    (lambda: FileNotFoundError("no such key"), FileNotFoundError, "u: put: not found (no such key)"),
+    (lambda: _client_error(401, "Unauthorized"), PermissionError, "u: put: access denied ("),
+    (lambda: _client_error(403, "Forbidden"), PermissionError, "u: put: access denied ("),
+    (lambda: _client_error(400, "SignatureDoesNotMatch"), PermissionError, "u: put: access denied ("),
+    (lambda: _client_error(400, "InvalidArgument"), OSError, "u: put: "),
+    (lambda: _client_error(503, "SlowDown"), None, None),
+    (lambda: _client_error(500, "InternalError"), None, None),
+])
+def test_store_failures_are_classified_by_status_and_code(exc, kind, words):
+    from pageset.write.upload import classify
+
+    err = classify(exc(), "u", "put")
+    if kind is None:
+        assert err is None  # worth another attempt
+    else:
+        assert type(err) is kind and str(err).startswith(words), err
+    if kind is OSError:
+        assert (err.status, err.code) == (400, "InvalidArgument")
+    bug = TypeError("a bug")
+    assert classify(bug, "u", "put") is bug  # a bug or a bad argument is raised as is

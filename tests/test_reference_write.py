@@ -346,6 +346,14 @@ def test_s3_output_equals_the_input(tmp_path, records):
         merge_datasets("s3://ref/out/merged.pageset", [url, url], progress=False, lineage=False,
                        storage_options=opts)
         check_records(read_bytes(fs.cat_file("s3://ref/out/merged.pageset")), records + records)
+        # token files: the merged stream is the inputs' streams one after the other (formats/v1.md token stream)
+        docs = [[5, 6, 7], [300, 2], [9]]
+        tok = "s3://ref/out/tokens.pageset"
+        write_tokens(tok, docs, None, eos_id=0, num_workers=0, storage_options=opts, **KW)
+        merge_datasets("s3://ref/out/tokens2.pageset", [tok, tok], progress=False, lineage=False,
+                       storage_options=opts)
+        stream = [t for d in docs for t in d + [0]]
+        assert read_bytes(fs.cat_file("s3://ref/out/tokens2.pageset")).tokens == stream + stream
     finally:
         server.stop()
 

@@ -249,6 +249,20 @@ def test_batches_identical_local_s3_http_with_resume(files, servers, order, worl
             assert stats["pages_fetched"] > 0
 
 
+def test_remote_stats_of_one_sequential_epoch(files, servers):
+    """remote_stats() names the documented counters; one sequential epoch with room for every page fetches each
+    page of the data area once: page_count pages, data_length bytes (the file's header says both)."""
+    url, opts = _urls(servers, "train.pageset")[1]
+    with open_dataset(files / "train.pageset") as ds:
+        page_count, data_length = ds.page_count, ds.data_length
+    _, _, stats = _run(url, batch_size=4, pipelines=PIPE, order="sequential", num_threads=2, drop_last=False,
+                       prefetch_bytes=1 << 24)
+    assert set(stats) == {"requests", "bytes_fetched", "pages_fetched", "pages_used", "memory_hits", "waits",
+                          "all_requests"}
+    assert (stats["pages_fetched"], stats["bytes_fetched"]) == (page_count, data_length), stats
+    assert 1 <= stats["requests"] <= stats["all_requests"] and stats["pages_used"] >= page_count, stats
+
+
 def test_token_batches_identical_over_s3(files, servers):
     kw = dict(batch_size=4, order="quasi_random", seed=3, num_threads=2, window_pages=2, world_size=2,
               pipelines={"tokens": [TokenWindows(seq_len=100, document_outputs=True)]})
@@ -369,9 +383,11 @@ def test_replaced_object_is_a_clear_error(files, servers, tmp_path):
         it = iter(loader)
         next(it)
         client.upload_file(str(files / "tokens.pageset"), BUCKET, "replaced.pageset")
-        with pytest.raises(ObjectChangedError, match=re.escape(url) + ": the object changed after it was opened"):
+        with pytest.raises(ObjectChangedError, match=re.escape(url) + ": the object changed after it was opened") as ei:
             for _ in it:
                 pass
+        assert str(ei.value).endswith("; pages of two versions are never mixed: reopen the dataset (a new Loader) "
+                                      "to read the new one")
     # HTTP: the served file is replaced by a rename (a new ETag)
     served = files / "replaced.pageset"
     served.write_bytes((files / "train.pageset").read_bytes())
@@ -386,6 +402,32 @@ def test_replaced_object_is_a_clear_error(files, servers, tmp_path):
                 ds[len(ds) - 1]
     finally:
         served.unlink()
+
+
+def test_a_backend_file_expired_is_the_object_changed(servers):
+    """s3fs / fsspec backends raise FileExpired for a replaced object: never retried, it is the object changed."""
+    from s3fs.utils import FileExpired
+
+    from pageset.read.remote import RemoteFile
+
+    url, opts = _urls(servers, "train.pageset")[0]
+    rf = RemoteFile(url, opts)
+    proxy = servers["s3_proxy"]
+    try:
+        expired = FileExpired(filename=url, e_tag='"0123"')
+        err = rf._classify(expired, "GET bytes 0-9")
+        proxy.reset()
+        proxy.error = (400, "InvalidArgument", "Invalid argument.")
+        with pytest.raises(RemoteReadError) as ei:  # a refusal names the range asked, last byte included
+            rf.read(4096, 4106)
+        assert str(ei.value).startswith(f"{url}: GET bytes 4096-4105: the store answered HTTP 400 InvalidArgument")
+    finally:
+        proxy.reset()
+        rf.close()
+    assert isinstance(err, ObjectChangedError), err
+    assert str(err) == (f"{url}: the object changed after it was opened (the store refused the pinned ETag {rf.etag} "
+                        f"(GET bytes 0-9: {expired})); pages of two versions are never mixed: reopen the dataset "
+                        "(a new Loader) to read the new one")
 
 
 def test_never_answering_store_ends_in_a_clear_error(servers):
@@ -437,6 +479,9 @@ def test_a_refusal_is_answered_at_once_a_server_fault_is_retried(files, servers,
                 assert ("after 3 attempts" in text) == retried, text
             else:
                 assert code in text, text
+            if raised is PermissionError:  # the fix, word for word
+                assert text.endswith("check credentials (storage_options or the AWS_* environment) and the bucket's "
+                                     "permissions"), text
         proxy.reset()
         assert ds[3]["label"] is not None  # the store answers again: so do we
     # mid-epoch, through the Loader: the refusal reaches next() and no range is asked twice

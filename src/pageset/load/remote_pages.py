@@ -342,7 +342,7 @@ class RemotePages:
 
     def stats(self) -> dict:
         """Counters: ``requests`` and ``bytes_fetched`` (range requests of pages that reached the cache, not
-        counting retries; ``open_requests`` = the dataset's own requests incl. retries), ``pages_fetched``,
+        counting retries; ``all_requests`` = the dataset's own requests incl. retries), ``pages_fetched``,
         ``pages_used`` (page lookups by decode threads), ``memory_hits``, ``waits`` (gathers that had to wait),
         ``disk_hits`` / ``disk_misses`` (cache_dir)."""
         with self._lock:
