@@ -348,6 +348,10 @@ class ProcessPool:
                     exc = remote_exception(msg[1])
                     self._fail(f"the loader's child process (pid {self.pid}) could not start: "
                                f"{type(exc).__name__}: {exc}\n{exc.__cause__}")
+                    try:  # the child reads until this side shuts, then exits
+                        self._sock.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
                     break
         except BaseException as exc:  # noqa: BLE001 - a receiver that dies must fail the batches, not hang them
             if not self._closing:

@@ -155,6 +155,11 @@ def main(fd: int) -> None:
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, raised by its next()
         try:
             send_msg(sock, ("failed", exception_payload(exc)))
+            # read what the parent sent meanwhile until it shuts its side (it does on "failed"): a socket closed
+            # with messages unread resets the connection, and the parent's read would lose "failed" to the reset
+            sock.settimeout(5.0)
+            while recv_msg(sock)[0] is not None:
+                pass
         except OSError:
             pass
         return
