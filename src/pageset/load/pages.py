@@ -42,6 +42,19 @@ def _staging(staging: dict, total: int) -> np.ndarray:
     return buf
 
 
+def contiguous_runs(offs: np.ndarray, lens: np.ndarray):
+    """Records ``offs``/``lens`` (int64[n], n >= 1) packed back to back: ``(out_offs, total, first, run_dst,
+    run_lens)``: each record's offset in the packed buffer, the buffer's bytes, and per run of records that follow
+    each other in the source (one read each) its first record, its offset in the buffer and its bytes."""
+    n = offs.shape[0]
+    ends = np.cumsum(lens)
+    out_offs = ends - lens
+    first = np.flatnonzero(np.concatenate([[True], offs[1:] != offs[:-1] + lens[:-1]]))
+    last = np.append(first[1:], n) - 1
+    run_dst = out_offs[first]
+    return out_offs, int(ends[-1]), first, run_dst, ends[last] - run_dst
+
+
 class PreadPages:
     """``page_cache="os"``: records read with ``pread`` into the thread's staging buffer; thread-safe."""
 
@@ -62,16 +75,12 @@ class PreadPages:
         """
         t0 = time.perf_counter()
         n = offs.shape[0]
-        ends = np.cumsum(lens)
-        out_offs = ends - lens
-        buf = _staging(staging, int(ends[-1]) if n else 0)
+        out_offs, total, first, run_dst, run_lens = contiguous_runs(offs, lens) if n else (offs, 0, None, None, None)
+        buf = _staging(staging, total)
         if n:
             # runs of records that follow each other in the file (sequential order, small records): one read
             # each, all in one nogil kernel call (~1 us per read, the GIL released once per batch)
-            first = np.flatnonzero(np.concatenate([[True], offs[1:] != offs[:-1] + lens[:-1]]))
-            last = np.append(first[1:], n) - 1
-            run_offs, run_dst = offs[first], out_offs[first]
-            run_lens = ends[last] - run_dst
+            run_offs = offs[first]
             bad = spans.pread_spans(self.ds.fileno(), run_offs, run_lens, buf, run_dst)
             while bad >= 0:  # a short read (past the end, or > 2 GiB): read_into finishes it or raises
                 lo, hi = int(run_dst[bad]), int(run_dst[bad] + run_lens[bad])
@@ -83,7 +92,7 @@ class PreadPages:
         st = staging.get(STATS_KEY)  # Loader.stats(): this thread's read seconds and bytes
         if st is not None:
             st.read_s += time.perf_counter() - t0
-            st.read_bytes += int(ends[-1]) if n else 0
+            st.read_bytes += total
         return buf, out_offs
 
     def read_windows(self, base: int, stride: int, ids: np.ndarray, dtype, out_input: np.ndarray,

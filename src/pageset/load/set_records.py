@@ -31,7 +31,7 @@ import numpy as np
 from ..format.errors import FileChangedError, TruncatedFileError
 from ..ops import spans
 from ..ops import tokens as token_ops
-from .pages import _staging
+from .pages import _staging, contiguous_runs
 from .source import FileSource
 from .stages import ArrayStage, BytesStage, ImageStage, JSONStage, ScalarStage, TokenStage
 from .stats import STATS_KEY
@@ -221,15 +221,11 @@ class SetPages:
     def gather(self, offs: np.ndarray, lens: np.ndarray, staging: dict) -> tuple[np.ndarray, np.ndarray]:
         t0 = time.perf_counter()
         n = offs.shape[0]
-        ends = np.cumsum(lens)
-        out_offs = ends - lens
-        buf = _staging(staging, int(ends[-1]) if n else 0)
+        out_offs, total, first, run_dst, run_lens = contiguous_runs(offs, lens) if n else (offs, 0, None, None, None)
+        buf = _staging(staging, total)
         if n:
             # runs of bytes that follow each other (in one member: a run never crosses 1 TiB of virtual space)
-            first = np.flatnonzero(np.concatenate([[True], offs[1:] != offs[:-1] + lens[:-1]]))
-            last = np.append(first[1:], n) - 1
-            run_v, run_dst = offs[first], out_offs[first]
-            run_lens = ends[last] - run_dst
+            run_v = offs[first]
             member = run_v >> MEMBER_SHIFT
             run_offs = run_v & _MASK
             fds = self.files.fds[member]
@@ -256,7 +252,7 @@ class SetPages:
         st = staging.get(STATS_KEY)
         if st is not None:
             st.read_s += time.perf_counter() - t0
-            st.read_bytes += int(ends[-1]) if n else 0
+            st.read_bytes += total
         return buf, out_offs
 
     def close(self) -> None:
@@ -294,20 +290,20 @@ class SetRecords(FileSource):
                     self._columns.append((st, attr, glob))
         self.is_loaded = np.zeros(len(paths), dtype=bool)  # members whose index columns are in
         self.all_loaded = False
-        self.load(k0, first, own=True)
+        self.load(k0, first)  # (its stages still hold its own columns)
         for st, attr, glob in self._columns:
             setattr(st, attr, glob)
 
     def loaded(self, k: int) -> bool:
         return bool(self.is_loaded[k])
 
-    def load(self, k: int, src: FileSource, own: bool = False) -> None:
+    def load(self, k: int, src: FileSource) -> None:
         """Copy member ``k``'s index columns (from ``src``, its FileSource, stages in the set's order) into the
         set-wide ones (offsets made virtual) and keep a descriptor of its file."""
         lo, hi = int(self.starts[k]), int(self.starts[k + 1])
         by_name = {st.name: st for st in src.stages}
         for st, attr, glob in self._columns:
-            col = getattr(by_name[st.name], attr) if not own else getattr(st, attr)
+            col = getattr(by_name[st.name], attr)
             glob[lo:hi] = col + (k << MEMBER_SHIFT) if attr == "offs" else col
         self.files.register(k, src.ds)
         self.is_loaded[k] = True

@@ -26,17 +26,8 @@ from pageset.ops import kernel_cache
 if numba.config.DISABLE_JIT:
 
     def pread_spans(fd, offs, lens, dst, dst_offs):
-        """Plain-Python twin of the kernel below (``NUMBA_DISABLE_JIT=1``)."""
-        view = memoryview(dst)
-        for j in range(lens.shape[0]):
-            done, n = 0, int(lens[j])
-            while done < n:
-                lo = int(dst_offs[j]) + done
-                r = os.preadv(fd, [view[lo : lo + n - done]], int(offs[j]) + done)
-                if r <= 0:
-                    return j
-                done += r
-        return -1
+        """Plain-Python twin of the kernel below (``NUMBA_DISABLE_JIT=1``): one descriptor for every span."""
+        return pread_spans_fds(np.full(lens.shape[0], fd, dtype=np.int64), offs, lens, dst, dst_offs)
 
     def pread_spans_fds(fds, offs, lens, dst, dst_offs):
         """Plain-Python twin of the kernel below (``NUMBA_DISABLE_JIT=1``)."""
