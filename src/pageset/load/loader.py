@@ -524,7 +524,7 @@ class Loader:
     def _stop_active(self) -> None:
         gen = self._active() if self._active is not None else None
         self._active = None
-        if gen is not None and not gen.gi_running:  # (running: next() waits in another thread; close() ends it)
+        if gen is not None:
             gen.close()
 
     def _next_epoch(self, end: int) -> None:
