@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import zlib
 from pathlib import Path
 
@@ -238,6 +239,66 @@ def test_the_bound_evicts_least_recently_used_pages_down_to_90_percent(tmp_path)
     one_run.get_run(0, 12, fetch)  # one run of 12 pages past the bound: down to 9 pages, the newest stay
     assert sorted(int(p.stem) for p in (tmp_path / "other").glob("*.page")) == list(range(3, 12))
     assert one_run.evicted == 3 and one_run._size == 9 * PAGE
+
+
+def test_eviction_never_deletes_the_page_just_written_nor_the_newest(tmp_path):
+    """Bound one page, and a live writer's temporary file (locked, one page) in the folder: the folder is past
+    the bound with the page just written alone, which stays (the old eviction deleted it and left no page: CI saw
+    a Loader with a one-page bound end with none). A hit spares the page it read, though older."""
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    tmp = folder / ".9.1.cc.tmp"
+    tmp.write_bytes(bytes(PAGE))
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        import fcntl
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a live writer's
+        cache = DiskPageCache(tmp_path, "ds", None, PAGE, PAGE)
+        assert cache.reclaimed == 0 and cache._size == PAGE
+        fetch = _Fetch()
+        cache.get_run(0, 1, fetch)
+        assert sorted(p.name for p in folder.glob("*.page")) == ["0.page"] and cache.evicted == 0
+        cache.get_run(1, 2, fetch)  # 0 goes, 1 (just written) stays, the temp file is left alone
+        assert sorted(p.name for p in folder.glob("*.page")) == ["1.page"] and cache.evicted == 1
+        assert tmp.exists()
+    finally:
+        os.close(fd)
+    other = tmp_path / "other"  # page 5 stamped by a host whose clock runs ahead: newer than anything written here
+    other.mkdir()
+    (other / "0.page").write_bytes(_page(0).tobytes())
+    os.utime(other / "0.page", ns=(1, 1))
+    (other / "5.page").write_bytes(_page(5).tobytes())
+    ahead = time.time_ns() + 10**12
+    os.utime(other / "5.page", ns=(ahead, ahead))
+    two = DiskPageCache(tmp_path, "other", None, 2 * PAGE, PAGE)
+    two.get_run(1, 2, fetch)  # 3 pages > 2: down to 90 % of the bound: 0 goes; 1 is next by age, but just written
+    assert sorted(p.name for p in other.glob("*.page")) == ["1.page", "5.page"] and two.evicted == 1
+
+
+def test_evictions_run_one_at_a_time_on_a_host(tmp_path):
+    """An eviction waits for the host-wide eviction lock (``locks/evict.lock``, held here as another process
+    would hold it) and scans the folder only once it has the lock."""
+    import fcntl
+    import threading
+    cache = DiskPageCache(tmp_path, "ds", None, PAGE, PAGE)
+    fetch = _Fetch()
+    cache.get_run(0, 1, fetch)
+    fd = os.open(tmp_path / "ds" / "locks" / "evict.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (cache.get_run(1, 2, fetch), done.set()), daemon=True)
+    try:
+        worker.start()
+        assert not done.wait(0.5)  # blocked on the lock: nothing deleted yet
+        assert sorted(p.name for p in (tmp_path / "ds").glob("*.page")) == ["0.page", "1.page"]
+        (tmp_path / "ds" / "0.page").unlink()  # what the other process's eviction did meanwhile
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    assert done.wait(30)
+    worker.join(30)
+    # the scan after the lock sees one page: at the bound, nothing more goes
+    assert sorted(p.name for p in (tmp_path / "ds").glob("*.page")) == ["1.page"] and cache.evicted == 0
 
 
 def test_dead_temp_files_are_reclaimed_and_counted_until_then(tmp_path):

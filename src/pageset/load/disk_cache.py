@@ -11,8 +11,12 @@ deadlock), looks again, and only then fetches; the others wait on the lock and t
 lock not obtained within ``lock_timeout`` seconds is skipped (the page is fetched anyway: slower, never wrong).
 
 Size bound: when the pages written push the directory past ``limit_bytes``, the least recently used pages (by
-mtime; a hit touches its page) are deleted down to 90 % of the bound (never below the newest page: a bound
-smaller than one page is refused at construction). Temporary files count towards the bound.
+mtime; a hit touches its page) are deleted down to 90 % of the bound, never the newest page in the folder nor
+the page the evicting call has just read or written (a bound smaller than one page is refused at construction).
+Temporary files count towards the bound. Evictions run one at a time on a host (a thread lock, then an exclusive
+``flock`` on ``locks/evict.lock``) and each scans the folder afresh: two evictions working from two scans taken
+a moment apart (pages touched in between reorder the LRU list) could otherwise each delete the page the other
+kept, and leave none.
 
 Temporary files of a writer that died mid-write (SIGKILL, OOM, power loss of a node with a shared folder) are
 reclaimed when a cache opens: the writer holds an exclusive ``flock`` on its temporary file from creation to
@@ -83,6 +87,7 @@ class DiskPageCache:
         self.lock_timeout = float(lock_timeout)
         self.hits = self.misses = self.evicted = 0
         self._lock = threading.Lock()
+        self._evict_lock = threading.Lock()
         self.reclaimed = self._reclaim_dead_temps()
         self._size = self._scan_size()
 
@@ -230,25 +235,34 @@ class DiskPageCache:
             self._size += written
             over = self._size > self.limit_bytes
         if over:
-            self._evict()
+            self._evict(os.fspath(self._path(k1 - 1)))
         return out
 
-    def _evict(self) -> None:
-        every = self._entries(temps=True)  # live writers' temporary files count, but are never deleted
-        entries = [e for e in every if e[2].endswith(".page")]
-        total = sum(size for _, size, _ in every)
-        # 90 % of the bound, but never below one page: the page just written stays (limit >= page_size)
-        target = max(int(self.limit_bytes * 0.9), self.page_size)
-        evicted = 0
-        for _, size, path in sorted(entries):
-            if total <= target:
-                break
+    def _evict(self, keep: str) -> None:
+        """Delete the least recently used pages down to 90 % of the bound, sparing ``keep`` (the path of the
+        page this call read or wrote last) and the newest page; one eviction at a time on the host."""
+        with self._evict_lock:
+            fd = os.open(self.lock_dir / "evict.lock", os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                os.unlink(path)
-                evicted += 1
-            except FileNotFoundError:
-                pass
-            total -= size
+                fcntl.flock(fd, fcntl.LOCK_EX)  # short (one scan, a few unlinks); dropped if this process dies
+                every = self._entries(temps=True)  # live writers' temporary files count, but are never deleted
+                entries = sorted(e for e in every if e[2].endswith(".page"))
+                total = sum(size for _, size, _ in every)
+                target = max(int(self.limit_bytes * 0.9), self.page_size)
+                evicted = 0
+                for _, size, path in entries[:-1]:  # never the newest
+                    if total <= target:
+                        break
+                    if path == keep:
+                        continue
+                    try:
+                        os.unlink(path)
+                        evicted += 1
+                    except FileNotFoundError:
+                        pass
+                    total -= size
+            finally:
+                os.close(fd)
         with self._lock:
             self._size = total
             self.evicted += evicted
