@@ -29,6 +29,7 @@ from pageset import Bytes, Int, Loader, Mixture, TokenWindows, merge_datasets, o
 from pageset.format.errors import FileChangedError, MemberMismatchError, TruncatedFileError
 from pageset.format.manifest import Member, build_manifest, common_schema, schema_digest
 from pageset.load import manyfile as load_manyfile
+from pageset.ops import spans
 from pageset.order import StateMismatchError
 from pageset.read import Dataset
 from pageset.read.manyfile import many_file_members
@@ -125,13 +126,13 @@ def test_members_open_lazily_and_a_bounded_number_stay_open(record_set, monkeypa
         assert src.opened_count > 8  # closed members were opened again
 
 
-def test_a_token_set_reads_each_members_windows(tmp_path):
-    folder = tmp_path / "tokens"
+def _token_members(folder, lengths):
+    """A hand-made token set: one member per length (one document of ``arange`` tokens, EOS 60001) + a manifest
+    (formats/manyfile.md). Returns each member's token stream (its document and EOS)."""
     folder.mkdir()
-    # member 2 holds 1600 tokens with its EOS: 100 * seq_len, so (T - 1) // seq_len = 99 windows, not 100
-    docs = [np.arange(k * 1000, k * 1000 + n, dtype=np.uint16) for k, n in enumerate([3000, 10, 1599, 2110])]
+    docs = [np.arange(k * 1000, k * 1000 + n, dtype=np.uint16) for k, n in enumerate(lengths)]
     entries = []
-    for k, doc in enumerate(docs):  # a hand-made set: token members + a manifest (formats/manyfile.md)
+    for k, doc in enumerate(docs):
         name = f"m0001-{k:06d}.pageset"
         write_tokens(folder / name, [doc], eos_id=60001, num_workers=0, page_size=4096, progress=False)
         with Dataset(folder / name) as ds:
@@ -140,7 +141,13 @@ def test_a_token_set_reads_each_members_windows(tmp_path):
     members = [Member(n, i, b, p, schema_digest(s), tokens=t, documents=d) for n, i, b, p, s, t, d in entries]
     assert {m.schema_digest for m in members} == {schema_digest(common_schema(entries[0][4]))}
     commit_manifest(str(folder), build_manifest("tokens", 1, entries[0][4], 4096, members), None)
-    streams = [np.append(doc, np.uint16(60001)) for doc in docs]
+    return [np.append(doc, np.uint16(60001)) for doc in docs]
+
+
+def test_a_token_set_reads_each_members_windows(tmp_path):
+    folder = tmp_path / "tokens"
+    # member 2 holds 1600 tokens with its EOS: 100 * seq_len, so (T - 1) // seq_len = 99 windows, not 100
+    streams = _token_members(folder, [3000, 10, 1599, 2110])
     seq = 16
     counts = [(len(s) - 1) // seq for s in streams]  # member 1 (11 tokens) holds no window
     starts = np.cumsum([0] + counts)
@@ -160,6 +167,55 @@ def test_a_token_set_reads_each_members_windows(tmp_path):
     np.testing.assert_array_equal(got, np.array(want))
     np.testing.assert_array_equal(np.concatenate([b["_index"] for b in batches]),
                                   [i for i, _ in ref.global_stream(0, 0, ref.steps)])
+
+
+@pytest.mark.parametrize("change", ["touched", "truncated", "replaced"])
+@pytest.mark.parametrize("max_open,kernel", [(1, True), (8, True), (8, False)])
+def test_a_token_member_changed_after_it_was_read_is_named_before_its_windows(tmp_path, monkeypatch, change,
+                                                                              max_open, kernel):
+    """The flat token reader checks each member it read in the same kernel call (ops.tokens.pread_set_windows;
+    ``kernel=False``: where libc's fstat layout is not the one expected, an ``os.fstat`` each): a member modified
+    in place or truncated while open, or replaced while closed (max_open 1), raises naming the member, and no
+    batch with its windows comes out; every batch before holds the member's tokens."""
+    monkeypatch.setattr(load_manyfile, "MAX_OPEN_FILES", max_open)
+    if not kernel:
+        monkeypatch.setattr(spans, "fstat_layout_ok", lambda fd: False)
+    folder, seq = tmp_path / "tokens", 16
+    streams = _token_members(folder, [16 * 5] * 3)  # 81 tokens with the EOS: 5 windows each ((T - 1) // seq_len)
+    victim = many_file_members(folder).paths[1]
+
+    def want(g):
+        k, w = divmod(g, 5)
+        return streams[k][w * seq : w * seq + seq]
+
+    with Loader(folder, batch_size=5, order="sequential", pipelines={"tokens": [TokenWindows(seq)]}, num_threads=1,
+                array_type="numpy") as ld:
+        assert ld._sources[0]._flat is not None
+        for b in ld:  # one epoch: every member read once
+            np.testing.assert_array_equal(b["input"], [want(g) for g in b["_index"].tolist()])
+        if change == "touched":
+            st = os.stat(victim)
+            os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+            error = FileChangedError
+        elif change == "truncated":
+            os.truncate(victim, os.path.getsize(victim) - 7)
+            error = (TruncatedFileError, FileChangedError)
+        else:
+            shutil.copyfile(victim, victim + ".new")
+            os.replace(victim + ".new", victim)
+            error = FileChangedError
+        seen = []
+        if change == "replaced" and max_open > 1:  # still open: read as opened, as one file's reader reads it
+            for b in ld:
+                np.testing.assert_array_equal(b["input"], [want(g) for g in b["_index"].tolist()])
+                seen += b["_index"].tolist()
+            assert seen == list(range(15))
+            return
+        with pytest.raises(error, match=r"m0001-000001\.pageset.*member 1"):
+            for b in ld:
+                np.testing.assert_array_equal(b["input"], [want(g) for g in b["_index"].tolist()])
+                seen += b["_index"].tolist()
+        assert seen == list(range(5))  # member 0's windows, none of member 1's
 
 
 def test_a_mixture_member_may_be_a_set(record_set, tmp_path):

@@ -14,6 +14,7 @@ from pageset.ops.tokens import (
     copy_windows,
     pin_windows,
     pread_mixed_windows,
+    pread_set_windows,
     pread_windows,
     split_windows,
     unpin_pages,
@@ -131,6 +132,49 @@ def test_pread_mixed_windows_reads_each_row_from_its_own_file(tmp_path):
     finally:
         for fd in fds.tolist():
             os.close(fd)
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_pread_set_windows_reads_each_window_from_its_member_and_checks_them(tmp_path, check):
+    """A set of three members (windows 0-4 in member 0, none in member 1, 5-8 in member 2): each global window read
+    from its member at ``base + (g - start) * stride``; the members read are fstat-ed and their flags cleared
+    (with ``check``); a member modified since gives ``-2 - member``; a window past its member's end gives its
+    index, nothing checked."""
+    L = 8
+    (pa, ta), (pc, tc) = (_token_bytes(tmp_path, "a.bin", np.uint16, 5 * L + 1, 40, 1),
+                          _token_bytes(tmp_path, "c.bin", np.uint16, 4 * L + 1, 7, 2))
+    fds = np.array([os.open(pa, os.O_RDONLY), -1, os.open(pc, os.O_RDONLY)], dtype=np.int64)
+    try:
+        bases, starts = np.array([40, 0, 7], dtype=np.int64), np.array([0, 5, 5], dtype=np.int64)
+        window_member = np.array([0] * 5 + [2] * 4, dtype=np.int16)
+        sts = [os.fstat(int(fds[0])), None, os.fstat(int(fds[2]))]
+        sizes = np.array([sts[0].st_size, 0, sts[2].st_size], dtype=np.int64)
+        mtimes = np.array([sts[0].st_mtime_ns, 0, sts[2].st_mtime_ns], dtype=np.int64)
+        ids = np.array([8, 0, 4, 5, 2, 6], dtype=np.int64)
+        inp, tgt = np.zeros((6, L), dtype=np.int64), np.zeros((6, L), dtype=np.int64)
+        row, touched, buf = np.empty(L + 1, dtype=np.uint16), np.zeros(3, dtype=np.uint8), np.zeros(18, np.int64)
+        args = (fds, bases, starts, 2 * L, window_member)
+        assert pread_set_windows(*args, ids, row, inp, tgt, touched, sizes, mtimes, buf, check) == -1
+        for j, g in enumerate(ids.tolist()):
+            t, local = (ta, g) if g < 5 else (tc, g - 5)
+            np.testing.assert_array_equal(inp[j], t[local * L : local * L + L])
+            np.testing.assert_array_equal(tgt[j], t[local * L + 1 : local * L + L + 1])
+        assert touched.tolist() == ([0, 0, 0] if check else [1, 0, 1])
+        touched[:] = 0
+        os.utime(pc, ns=(sts[2].st_atime_ns, sts[2].st_mtime_ns + 10**9))  # member 2 modified in place
+        got = pread_set_windows(*args, ids[1:3], row, inp, tgt, touched, sizes, mtimes, buf, check)
+        assert got == -1 and touched.tolist() == ([0, 0, 0] if check else [1, 0, 0])  # only member 0 read
+        touched[:] = 0
+        got = pread_set_windows(*args, ids, row, inp, tgt, touched, sizes, mtimes, buf, check)
+        assert got == (-2 - 2 if check else -1) and touched.tolist() == ([0, 0, 0] if check else [1, 0, 1])
+        touched[:] = 0
+        os.truncate(pa, 40 + 4 * 2 * L)  # member 0 loses its last window's bytes: window 4 comes up short
+        got = pread_set_windows(*args, ids, row, inp, tgt, touched, sizes, mtimes, buf, check)
+        assert got == 2 and touched.tolist() == [1, 0, 1]  # windows 8 and 0 read, then window 4 short
+    finally:
+        for fd in fds.tolist():
+            if fd >= 0:
+                os.close(fd)
 
 
 def test_pin_copy_unpin_windows_out_of_a_slot_arena():

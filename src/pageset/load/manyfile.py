@@ -211,8 +211,10 @@ class ManyFileSource:
             self._flat = None
             if can_flatten(info, first.stages, inp.remote, page_cache, verify_pages):
                 fds = self.max_open if max_open is not None else _max_open_files()
-                self._flat = (SetWindows(first, k0, self.starts, self.path, info.paths, fds) if self._token else
-                              SetRecords(first, k0, self.starts, self.path, self.dataset_id, info.paths, fds))
+                if self._token:
+                    self._flat = SetWindows(first, k0, self.starts, self._window_member, self.path, info.paths, fds)
+                else:
+                    self._flat = SetRecords(first, k0, self.starts, self.path, self.dataset_id, info.paths, fds)
                 first.close()
                 first.ds.close()  # its descriptor lives on (a duplicate) in the flat reader
             else:
@@ -365,8 +367,8 @@ class ManyFileSource:
         flat = self._flat
         if flat is not None:
             if flat.all_loaded and flat.files.fit:  # every member read once and kept open: nothing to hold
-                if self._token:
-                    flat.fill(arrays, lo, hi, ids, self.members_of(ids), ctx)
+                if self._token:  # (the kernel looks each window's member up)
+                    flat.fill(arrays, lo, hi, ids, ctx)
                 else:  # (the offsets name the members)
                     flat.fill(arrays, lo, hi, ids, keys, ctx)
                 return
@@ -374,7 +376,7 @@ class ManyFileSource:
             self._flat_members(member)
             try:
                 if self._token:
-                    flat.fill(arrays, lo, hi, ids, member, ctx)
+                    flat.fill(arrays, lo, hi, ids, ctx)
                 else:
                     flat.fill(arrays, lo, hi, ids, keys, ctx)
             finally:
@@ -418,7 +420,7 @@ class ManyFileSource:
                 if self._token:  # one call per run of consecutive rows
                     cuts = [0, *(np.flatnonzero(np.diff(rows) != 1) + 1).tolist(), rows.shape[0]]
                     for a, b in zip(cuts[:-1], cuts[1:]):
-                        self._flat.fill(arrays, int(rows[a]), int(rows[a]) + b - a, ids[a:b], member[a:b], ctx)
+                        self._flat.fill(arrays, int(rows[a]), int(rows[a]) + b - a, ids[a:b], ctx)
                 else:
                     self._flat.fill_rows(arrays, rows, ids, keys, ctx)
             finally:

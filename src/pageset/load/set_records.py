@@ -153,6 +153,13 @@ class MemberFiles:
             self.fds[k] = -1
             self._n_open -= 1
 
+    def use_kernel(self, k: int) -> bool:
+        """True when the members can be checked by the nogil ``fstat`` kernels (decided at the first read, on
+        member ``k``'s descriptor: the first kernel call of a process loads Numba, ~1 s)."""
+        if self._kernel is None:
+            self._kernel = spans.fstat_layout_ok(int(self.fds[k]))
+        return self._kernel
+
     def check_touched(self, touched: np.ndarray, buf: np.ndarray) -> None:
         """:meth:`check` of the members flagged in ``touched`` (uint8[members], cleared); ``buf`` int64[18]."""
         if self._kernel is None:  # at the first read (the first kernel call of a process loads Numba: ~1 s)
@@ -315,22 +322,24 @@ class SetRecords(FileSource):
 
 class SetWindows:
     """A local token set's stride windows read flat: window ``g`` of the set is window ``g - starts[k]`` of member
-    ``k``; a batch's windows, whatever their members, are read and widened in one kernel call
-    (``ops.tokens.pread_mixed_windows``, as a Mixture of token files is), each from its member's descriptor at
-    that member's token-0 offset. ``stage`` is the first member's TokenStage (its outputs, seq_len, dtype,
-    document outputs), ``load(k, src)`` records member k's token-0 offset and descriptor (once), ``files``."""
+    ``k = window_member[g]``; a batch's windows, whatever their members, are read, widened and their members
+    checked unchanged in one kernel call (``ops.tokens.pread_set_windows``), each window from its member's
+    descriptor at that member's token-0 offset. ``stage`` is the first member's TokenStage (its outputs, seq_len,
+    dtype, document outputs), ``load(k, src)`` records member k's token-0 offset and descriptor (once), ``files``.
+    """
 
-    def __init__(self, first: FileSource, k0: int, starts: np.ndarray, path, paths, max_open: int):
+    def __init__(self, first: FileSource, k0: int, starts: np.ndarray, window_member: np.ndarray, path, paths,
+                 max_open: int):
         self.stage = st = first.stages[0]
         st.path = path
         self.starts, self.path = starts, path
+        self.window_member = window_member  # int16|int32[windows]: each global window's member
         self.files = MemberFiles(paths, max_open)
         n = len(paths)
         self._bases = np.zeros(n, dtype=np.int64)
-        self._strides = np.full(n, st.stride, dtype=np.int64)
+        self._stride = int(st.stride)  # every member's (the layout check refuses others)
         self.is_loaded = np.zeros(n, dtype=bool)  # members whose token-0 offset and descriptor are known
         self.all_loaded = False
-        self._src_dtype = np.int16 if n <= np.iinfo(np.int16).max else np.int32
         self._row_bytes = (st.seq_len + 1) * st.itemsize
         self.load(k0, first)
 
@@ -343,33 +352,39 @@ class SetWindows:
         self.is_loaded[k] = True
         self.all_loaded = bool(self.is_loaded.all())
 
-    def fill(self, arrays: list, lo: int, hi: int, ids: np.ndarray, member: np.ndarray, ctx: dict) -> None:
-        """Rows ``[lo, hi)``: global windows ``ids`` of members ``member`` (held by the caller)."""
-        st = self.stage
+    def fill(self, arrays: list, lo: int, hi: int, ids: np.ndarray, ctx: dict) -> None:
+        """Rows ``[lo, hi)``: global windows ``ids`` (int64; their members loaded and held by the caller).
+
+        Raises TruncatedFileError (a member shrank) / FileChangedError (a member modified in place), naming it."""
+        st, files = self.stage, self.files
         scratch = ctx.get(self)
         if scratch is None:  # the thread's window row and flags of the members read
             scratch = ctx[self] = (np.empty(st.seq_len + 1, dtype=st.dtype),
                                    np.zeros(self._bases.shape[0], dtype=np.uint8), np.zeros(18, np.int64))
         row, touched, stat_buf = scratch
         inp, tgt = arrays[0]["input"][lo:hi], arrays[0]["target"][lo:hi]
-        src = member if member.dtype == self._src_dtype else member.astype(self._src_dtype)
-        local = ids - self.starts[member]
-        fds = self.files.fds
+        check = files.use_kernel(int(self.window_member[ids[0]])) if ids.shape[0] else False
         try:
-            done = 0
-            while done < src.shape[0]:
-                bad = token_ops.pread_mixed_windows(fds, self._bases, self._strides, src[done:], local[done:], row,
-                                                    inp[done:], tgt[done:], touched)
-                if bad < 0:
+            done, partial = 0, False
+            while done < ids.shape[0]:
+                r = token_ops.pread_set_windows(files.fds, self._bases, self.starts, self._stride, self.window_member,
+                                                ids[done:], row, inp[done:], tgt[done:], touched, files._sizes,
+                                                files._mtimes, stat_buf, check)
+                if r == -1:
                     break
-                j = done + bad  # a short read: read_into finishes it or raises TruncatedFileError naming the member
-                k = int(member[j])
-                self.files.read_into(k, int(self._bases[k] + local[j] * self._strides[k]), row)
+                if r <= -2:  # a member changed: named (check raises; one changed back meanwhile reads on)
+                    files.check([-2 - r])
+                    break
+                j = done + r  # a short read: read_into finishes it or raises TruncatedFileError naming the member
+                k = int(self.window_member[ids[j]])
+                files.read_into(k, int(self._bases[k] + (ids[j] - self.starts[k]) * self._stride), row)
                 token_ops.split_windows(row[None], inp[j : j + 1], tgt[j : j + 1])
-                done = j + 1
-            self.files.check_touched(touched, stat_buf)
-        finally:
+                done, partial = j + 1, True
+            if partial or not check:  # members flagged before a short read (or every member, without the kernel)
+                files.check_touched(touched, stat_buf)
+        except BaseException:
             touched.fill(0)
+            raise
         stats = ctx.get(STATS_KEY)
         if stats is not None:
             stats.read_bytes += (hi - lo) * self._row_bytes

@@ -59,6 +59,14 @@ if numba.config.DISABLE_JIT:
                 bad = i
         return bad
 
+    def file_changed(fd, size, mtime, buf):
+        """Plain-Python twin of the kernel below (``NUMBA_DISABLE_JIT=1``)."""
+        try:
+            st = os.fstat(int(fd))
+        except OSError:
+            return True
+        return st.st_size != size or st.st_mtime_ns != mtime
+
     def pread_full(fd, dst, off):
         """Plain-Python twin of the kernel below (``NUMBA_DISABLE_JIT=1``)."""
         view = memoryview(dst).cast("B")
@@ -135,6 +143,14 @@ else:
             elif buf[6] != sizes[i] or buf[11] * 1000000000 + buf[12] != mtimes[i]:
                 bad = i
         return bad
+
+    @numba.njit(nogil=True)
+    def file_changed(fd, size, mtime, buf):
+        """True when ``fstat(fd)`` fails or gives another size (bytes) or modification time (ns) than ``size`` /
+        ``mtime``; ``buf`` int64[18] scratch. Called from other kernels (after :func:`fstat_layout_ok`)."""
+        if _fstat(np.int32(fd), np.int64(buf.ctypes.data)) != 0:
+            return True
+        return buf[6] != size or buf[11] * 1000000000 + buf[12] != mtime
 
     @numba.njit(nogil=True)
     def pread_full(fd, dst, off):

@@ -6,11 +6,11 @@ Windows are a pure function of ``seq_len`` (chosen at load time, never stored): 
 first is a target exactly once (the < seq_len trailing tokens that do not fill a window are the only ones left
 out), whatever order the windows are visited in.
 
-The loader's kernels (:func:`split_windows`, :func:`pread_windows`, :func:`pread_mixed_windows`, and
-:func:`pin_windows` + :func:`copy_windows` for a page cache) are Numba: a batch of windows read and widened
-uint16/uint32 -> int64 in one nogil call. Everything else is vectorised numpy (a 2048-token uint16 window is
-4 KiB; nanoGPT's per-row ``torch.from_numpy(...).astype`` + ``torch.stack`` costs several times more than one
-gather).
+The loader's kernels (:func:`split_windows`, :func:`pread_windows`, :func:`pread_mixed_windows`,
+:func:`pread_set_windows`, and :func:`pin_windows` + :func:`copy_windows` for a page cache) are Numba: a batch of
+windows read and widened uint16/uint32 -> int64 in one nogil call. Everything else is vectorised numpy (a
+2048-token uint16 window is 4 KiB; nanoGPT's per-row ``torch.from_numpy(...).astype`` + ``torch.stack`` costs
+several times more than one gather).
 
 Document outputs (``position_ids``, ``doc_ids``, ``cu_seqlens``, ``labels``) are computed from the POSITIONS of
 ``eos_id`` in the input rows, never by comparing with a pad id. Segments:
@@ -35,7 +35,7 @@ import numpy as np
 
 from ..format.errors import plural
 from . import kernel_cache, spans
-from .spans import pread_full
+from .spans import file_changed, pread_full
 
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
 
@@ -155,6 +155,42 @@ def pread_mixed_windows(fds, bases, strides, sources, ids, row, out_input, out_t
             return j
         _widen(row, out_input[j], out_target[j])
     return -1
+
+
+@numba.njit(nogil=True)
+def pread_set_windows(fds, bases, starts, stride, window_member, ids, row, out_input, out_target, touched, sizes,
+                      mtimes, buf, check):
+    """:func:`pread_windows` over the member files of a token set, then the members read checked unchanged, in
+    one nogil call: window ``j`` is the set's window ``g = ids[j]``, i.e. window ``g - starts[i]`` of member
+    ``i = window_member[g]``, read from ``fds[i]`` at byte ``bases[i] + (g - starts[i]) * stride``.
+
+    fds, bases (token-0 offsets), starts (the members' first global windows), sizes (bytes), mtimes (ns): int64
+    [members]; stride: bytes between window starts; window_member: int16|int32[windows]; ids: int64[n]; row, out_*
+    as in :func:`pread_windows`; touched: uint8[members] (set for each member read; with ``check``, cleared again
+    for the members of these windows, each ``fstat``-ed once through :func:`~pageset.ops.spans.file_changed`,
+    ``buf`` int64[18] its scratch). Returns -1 when every window was read (and, with ``check``, no member read
+    changed); ``j >= 0``, the first window not read in full (nothing checked: the caller finishes it, reads the rest
+    and checks the members still flagged); ``-2 - i`` for the first member ``i`` that changed (size or mtime
+    differ) or whose ``fstat`` failed.
+    """
+    for j in range(ids.shape[0]):
+        g = ids[j]
+        i = window_member[g]
+        touched[i] = 1
+        if not pread_full(fds[i], row, bases[i] + (g - starts[i]) * stride):
+            return j
+        _widen(row, out_input[j], out_target[j])
+    if not check:
+        return -1
+    bad = -1
+    for j in range(ids.shape[0]):
+        i = window_member[ids[j]]
+        if touched[i] == 0:
+            continue
+        touched[i] = 0
+        if bad < 0 and file_changed(fds[i], sizes[i], mtimes[i], buf):
+            bad = i
+    return -1 if bad < 0 else -2 - bad
 
 
 @numba.njit(nogil=True)
