@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,10 +27,11 @@ from reference import manifest as ref_manifest
 from reference import order as model
 from resume_contract import model_layout
 
-from pageset import Bytes, Int, Loader, Mixture, TokenWindows, merge_datasets, open_dataset, write_dataset, write_tokens
+from pageset import JSON, Bytes, Int, Loader, Mixture, TokenWindows, merge_datasets, open_dataset, write_dataset, write_tokens
 from pageset.format.errors import FileChangedError, MemberMismatchError, TruncatedFileError
 from pageset.format.manifest import Member, build_manifest, common_schema, schema_digest
 from pageset.load import manyfile as load_manyfile
+from pageset.load.stages import DecodeError
 from pageset.ops import spans
 from pageset.order import StateMismatchError
 from pageset.read import Dataset
@@ -216,6 +219,28 @@ def test_a_token_member_changed_after_it_was_read_is_named_before_its_windows(tm
                 np.testing.assert_array_equal(b["input"], [want(g) for g in b["_index"].tolist()])
                 seen += b["_index"].tolist()
         assert seen == list(range(5))  # member 0's windows, none of member 1's
+
+
+def test_a_record_that_cannot_be_decoded_names_its_member(tmp_path):
+    """A flat set's DecodeError names the set's sample id, and the member file and the id within it (a stored
+    JSON value damaged on disk: sample 23 is sample 3 of member 2, 10 records per member)."""
+    folder = tmp_path / "set"
+    write_dataset(folder, [{"meta": {"name": f"MARK{i:04d}"}} for i in range(40)], {"meta": JSON()},
+                  records_per_member=10, num_workers=0, page_size=4096, progress=False, lineage=False)
+    victim = many_file_members(folder).paths[2]
+    data = Path(victim).read_bytes()
+    assert data.count(b'"MARK0023"') == 1
+    Path(victim).write_bytes(data.replace(b'"MARK0023"', b'xMARK0023"'))  # not JSON any more; same length
+    seen = []
+    with Loader(folder, batch_size=4, order="sequential", num_threads=1, array_type="numpy") as ld:
+        assert ld._sources[0]._flat is not None
+        match = (rf"{re.escape(str(folder))}: sample 23 \(sample 3 of member 2, {re.escape(victim)}\), "
+                 r"field 'meta': stored JSON is not valid")
+        with pytest.raises(DecodeError, match=match) as err:
+            for b in ld:
+                seen += b["_index"].tolist()
+                assert [m["name"] for m in b["meta"]] == [f"MARK{i:04d}" for i in b["_index"].tolist()]
+    assert err.value.sample == 23 and seen == list(range(20))
 
 
 def test_a_mixture_member_may_be_a_set(record_set, tmp_path):

@@ -33,7 +33,7 @@ from ..ops import spans
 from ..ops import tokens as token_ops
 from .pages import _staging, contiguous_runs
 from .source import FileSource
-from .stages import ArrayStage, BytesStage, ImageStage, JSONStage, ScalarStage, TokenStage
+from .stages import ArrayStage, BytesStage, DecodeError, ImageStage, JSONStage, ScalarStage, TokenStage
 from .stats import STATS_KEY
 
 MEMBER_SHIFT = 40  # virtual offset = (member << 40) | byte offset: members below 1 TiB (checked from the manifest)
@@ -315,6 +315,22 @@ class SetRecords(FileSource):
         self.files.register(k, src.ds)
         self.is_loaded[k] = True
         self.all_loaded = bool(self.is_loaded.all())
+
+    def fill(self, arrays: list, lo: int, hi: int, ids: np.ndarray, keys, ctx: dict, stages=None) -> None:
+        """FileSource.fill over the set; a DecodeError names the member file and the sample's id in it too."""
+        try:
+            super().fill(arrays, lo, hi, ids, keys, ctx, stages)
+        except DecodeError as exc:
+            raise self._in_member(exc) from exc
+
+    def _in_member(self, exc: DecodeError) -> DecodeError:
+        g = exc.sample
+        prefix = f"{self.path}: sample {g},"
+        if g is None or not str(exc).startswith(prefix):
+            return exc
+        k = int(np.searchsorted(self.starts, g, side="right")) - 1
+        where = f"{self.path}: sample {g} (sample {g - int(self.starts[k])} of member {k}, {self.files.paths[k]}),"
+        return DecodeError(where + str(exc)[len(prefix):], g)
 
     def close(self) -> None:
         self.files.close()

@@ -32,7 +32,15 @@ class PipelineError(ValueError):
 
 
 class DecodeError(ValueError):
-    """A stored record could not be decoded while loading; names the file, sample index and field."""
+    """A stored record could not be decoded while loading; names the file, sample index and field. ``sample``:
+    the sample's id in what the message names (None where unknown)."""
+
+    def __init__(self, message: str, sample: int | None = None):
+        super().__init__(message)
+        self.sample = sample
+
+    def __reduce__(self):  # pickled with its sample (process mode forwards it)
+        return type(self), (str(self), self.sample)
 
 
 def _numpy_refuses(name, op) -> PipelineError:
@@ -209,7 +217,7 @@ class ImageStage(Stage):
             detail = jpeg.error_string(handle) if code == jpeg.ERR_LIBJPEG else jpeg.STATUS_MESSAGES.get(code, "")
             raise DecodeError(f"{self.path}: sample {int(ids[bad])}, field {self.name!r}: the stored JPEG could "
                               f"not be decoded (status {code}: {detail}); rewrite the file or verify it with "
-                              "`pageset verify`")
+                              "`pageset verify`", int(ids[bad]))
 
 
 class ScalarStage(Stage):
@@ -298,7 +306,7 @@ class JSONStage(Stage):
                 values[lo + j] = json.loads(buf[offs[j] : offs[j] + lens[j]].tobytes())
             except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError: damaged page bytes
                 raise DecodeError(f"{self.path}: sample {int(ids[j])}, field {self.name!r}: stored JSON is not "
-                                  f"valid ({exc}); the page is damaged: check it with `pageset verify`") from exc
+                                  f"valid ({exc}); the page is damaged: check it with `pageset verify`", int(ids[j])) from exc
 
     def handout(self, arrays, view):
         return {self.name: list(arrays[self.name])}
