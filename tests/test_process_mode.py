@@ -413,7 +413,7 @@ def test_every_pageset_exception_pickles_to_the_same_class_message_and_attribute
             if isinstance(cls, type) and issubclass(cls, errors.FormatError)]
     made += [StateError("seed", "must be an int"), StateMismatchError("order", "random", "sequential", "use ..."),
              SampleError("photos/", 7, "image", "not a JPEG", "skip it"), JpegDecodeError("bad JPEG", 3),
-             DecodeError("a: sample 1, field 'x'"), PipelineError("field 'x': no")]
+             DecodeError("a: sample 1, field 'x'", 1), PipelineError("field 'x': no")]
     assert len(made) >= 15
     for exc in made:
         back = pickle.loads(pickle.dumps(exc))
