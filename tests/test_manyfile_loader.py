@@ -389,13 +389,17 @@ from test_object_store import moto_s3  # noqa: E402,F401  (the S3 server fixture
 
 
 @pytest.mark.parametrize("change", ["replaced", "touched", "truncated"])
-@pytest.mark.parametrize("max_open", [1, 8])
-def test_a_member_changed_after_it_was_read_is_named_when_read_again(tmp_path, monkeypatch, change, max_open):
+@pytest.mark.parametrize("max_open,kernel", [(1, True), (8, True), (8, False)])
+def test_a_member_changed_after_it_was_read_is_named_when_read_again(tmp_path, monkeypatch, change, max_open,
+                                                                     kernel):
     """A flat set (load/set_records.py) keeps only descriptors of members it read: a member re-opened (max_open 1:
     every member is closed between its reads) that is no longer the file first read, or one still open (8) that
     changed in place, raises naming the member before any batch with its records; a member replaced by a rename
-    while open is read as opened (the old file), as one file is."""
+    while open is read as opened (the old file), as one file is. ``kernel=False``: the members checked with
+    ``os.fstat`` (where libc's fstat layout is not the one expected), not in the read kernel."""
     monkeypatch.setattr(load_manyfile, "MAX_OPEN_FILES", max_open)
+    if not kernel:
+        monkeypatch.setattr(spans, "fstat_layout_ok", lambda fd: False)
     folder = tmp_path / "set"
     write_set(folder, 80, 20)  # 4 members of 20 records
     victim = many_file_members(folder).paths[1]

@@ -49,11 +49,16 @@ def test_page_sources_return_the_file_bytes_for_every_record(mixed_file, source)
                 ids = np.arange(lo, lo + int(rng.integers(1, 7)))
             else:
                 ids = rng.choice(offs.shape[0], size=int(rng.integers(1, 9)), replace=False)
-            buf, out_offs = pages.gather(offs[ids], lens[ids], staging)
-            assert out_offs[0] == 0 and (np.diff(out_offs) == lens[ids][:-1]).all()  # back to back from 0
-            for j, rid in enumerate(ids):
-                got = buf[out_offs[j] : out_offs[j] + lens[rid]]
-                assert np.array_equal(got, raw[offs[rid] : offs[rid] + lens[rid]]), (t, rid)
+            for ordered in (True, False):
+                buf, out_offs = pages.gather(offs[ids], lens[ids], staging, ordered=ordered)
+                # back to back from 0: in batch order, or (ordered=False) pread packs them in file order (one read
+                # per run of neighbours, even when the batch holds them out of order)
+                in_file_order = source == "os" and not ordered
+                packed = np.argsort(offs[ids], kind="stable") if in_file_order else np.arange(ids.shape[0])
+                assert out_offs[packed[0]] == 0 and (np.diff(out_offs[packed]) == lens[ids][packed][:-1]).all()
+                for j, rid in enumerate(ids):
+                    got = buf[out_offs[j] : out_offs[j] + lens[rid]]
+                    assert np.array_equal(got, raw[offs[rid] : offs[rid] + lens[rid]]), (t, rid)
         # the staging buffer grows to a batch of the largest records, and is reused when big enough
         order = np.argsort(lens)[::-1][:4]
         buf, _ = pages.gather(offs[order], lens[order], staging)
@@ -274,3 +279,23 @@ def test_default_process_cache_checks_each_page_once_as_it_enters(tmp_path, kind
                 pass
     with Loader(path, page_cache="os", **kw) as loader:  # documented: per-record reads are not checked
         assert sum(1 for _ in loader) == loader.steps_per_epoch
+
+
+def test_contiguous_runs_pack_records_in_file_order_one_read_per_run_of_neighbours():
+    """Hand-counted: records at 30, 0, 10, 50 (lengths 10, 10, 10, 5), in batch order: 3 reads (0 and 10 touch);
+    with ordered=False they pack as 0-10 | 10-20 | 30-40 | 50-55 in file
+    order; 0 and 10 touch (one read of 20 bytes), 30 and 50 do not; each record is found at its packed offset.
+    The same offset twice is read twice (a repeated id), in batch order."""
+    from pageset.load.pages import contiguous_runs
+
+    offs, lens = np.array([30, 0, 10, 50]), np.array([10, 10, 10, 5])
+    out_offs, total, run_offs, run_dst, run_lens = contiguous_runs(offs, lens)  # ordered: batch order, 3 reads
+    assert out_offs.tolist() == [0, 10, 20, 30] and total == 35 and run_offs.tolist() == [30, 0, 50]
+    out_offs, total, run_offs, run_dst, run_lens = contiguous_runs(offs, lens, ordered=False)
+    assert out_offs.tolist() == [20, 0, 10, 30] and total == 35
+    assert run_offs.tolist() == [0, 30, 50] and run_dst.tolist() == [0, 20, 30] and run_lens.tolist() == [20, 10, 5]
+    out_offs, total, run_offs, run_dst, run_lens = contiguous_runs(np.array([7, 2, 7]), np.array([3, 5, 3]), False)
+    assert out_offs.tolist() == [5, 0, 8] and total == 11  # 2-7 and 7-10 touch; the second 7 is a new read
+    assert run_offs.tolist() == [2, 7] and run_dst.tolist() == [0, 8] and run_lens.tolist() == [8, 3]
+    out_offs, total, run_offs, run_dst, run_lens = contiguous_runs(np.array([4, 9]), np.array([5, 1]), False)
+    assert out_offs.tolist() == [0, 5] and total == 6 and run_offs.tolist() == [4] and run_lens.tolist() == [6]

@@ -9,7 +9,15 @@ import sys
 import numpy as np
 import pytest
 
-from pageset.ops.spans import changed_files, copy_spans, fstat_into, fstat_layout_ok, pread_spans, pread_spans_fds
+from pageset.ops.spans import (
+    changed_files,
+    copy_spans,
+    fstat_into,
+    fstat_layout_ok,
+    pread_set_spans,
+    pread_spans,
+    pread_spans_fds,
+)
 from pageset.ops.tokens import (
     copy_windows,
     pin_windows,
@@ -171,6 +179,43 @@ def test_pread_set_windows_reads_each_window_from_its_member_and_checks_them(tmp
         os.truncate(pa, 40 + 4 * 2 * L)  # member 0 loses its last window's bytes: window 4 comes up short
         got = pread_set_windows(*args, ids, row, inp, tgt, touched, sizes, mtimes, buf, check)
         assert got == 2 and touched.tolist() == [1, 0, 1]  # windows 8 and 0 read, then window 4 short
+    finally:
+        for fd in fds.tolist():
+            if fd >= 0:
+                os.close(fd)
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_pread_set_spans_reads_runs_of_virtual_offsets_and_checks_their_members(tmp_path, check):
+    """Runs at virtual offsets ``(member << 8) | offset`` of three members (member 1 never read): each run's bytes
+    from its member's file; its members fstat-ed and their flags cleared (with ``check``); a member modified since
+    gives ``-2 - member``; a run past its member's end gives its index, nothing checked."""
+    files = [tmp_path / f"m{k}.bin" for k in range(3)]
+    blobs = [bytes(range(k * 50, k * 50 + 90)) for k in range(3)]
+    for f, b in zip(files, blobs):
+        f.write_bytes(b)
+    fds = np.array([os.open(files[0], os.O_RDONLY), -1, os.open(files[2], os.O_RDONLY)], dtype=np.int64)
+    try:
+        sts = [os.fstat(int(fds[0])), None, os.fstat(int(fds[2]))]
+        sizes = np.array([90, 0, 90], dtype=np.int64)
+        mtimes = np.array([sts[0].st_mtime_ns, 0, sts[2].st_mtime_ns], dtype=np.int64)
+        run_v = np.array([(2 << 8) | 5, 0 | 40, (2 << 8) | 80], dtype=np.int64)
+        run_lens = np.array([30, 10, 10], dtype=np.int64)
+        dst_offs = np.array([0, 30, 40], dtype=np.int64)
+        want = blobs[2][5:35] + blobs[0][40:50] + blobs[2][80:90]
+        dst, touched, buf = np.zeros(50, np.uint8), np.zeros(3, np.uint8), np.zeros(18, np.int64)
+        got = pread_set_spans(fds, run_v, run_lens, dst, dst_offs, touched, sizes, mtimes, buf, check, 8)
+        assert got == -1 and dst.tobytes() == want
+        assert touched.tolist() == ([0, 0, 0] if check else [1, 0, 1])
+        touched[:] = 0
+        os.utime(files[0], ns=(sts[0].st_atime_ns, sts[0].st_mtime_ns + 10**9))  # member 0 modified in place
+        got = pread_set_spans(fds, run_v, run_lens, dst, dst_offs, touched, sizes, mtimes, buf, check, 8)
+        assert got == (-2 - 0 if check else -1) and touched.tolist() == ([0, 0, 0] if check else [1, 0, 1])
+        touched[:] = 0
+        run_lens[2] = 11  # one byte past member 2's end: run 2 comes up short
+        got = pread_set_spans(fds, run_v, run_lens, np.zeros(51, np.uint8), dst_offs, touched, sizes, mtimes, buf,
+                              check, 8)
+        assert got == 2 and touched.tolist() == [1, 0, 1]
     finally:
         for fd in fds.tolist():
             if fd >= 0:

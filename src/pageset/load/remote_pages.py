@@ -320,7 +320,8 @@ class RemotePages:
                 self._frontier += 1
 
     # ---- the loader's interface ------------------------------------------------------------------------
-    def gather(self, offs: np.ndarray, lens: np.ndarray, staging: dict) -> tuple[np.ndarray, np.ndarray]:
+    def gather(self, offs: np.ndarray, lens: np.ndarray, staging: dict,
+               ordered: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Copy the records ``[offs[j], offs[j] + lens[j])`` (absolute offsets) into the thread's staging buffer
         (grown when needed); return ``(buf, offsets)`` such that record j is ``buf[off[j] : off[j] + lens[j]]``."""
         total = int(lens.sum())

@@ -225,37 +225,41 @@ class SetPages:
     def reserve(staging: dict, nbytes: int) -> None:
         _staging(staging, nbytes)
 
-    def gather(self, offs: np.ndarray, lens: np.ndarray, staging: dict) -> tuple[np.ndarray, np.ndarray]:
+    def gather(self, offs: np.ndarray, lens: np.ndarray, staging: dict,
+               ordered: bool = True) -> tuple[np.ndarray, np.ndarray]:
         t0 = time.perf_counter()
         n = offs.shape[0]
-        out_offs, total, first, run_dst, run_lens = contiguous_runs(offs, lens) if n else (offs, 0, None, None, None)
+        out_offs, total, run_v, run_dst, run_lens = (contiguous_runs(offs, lens, ordered) if n else
+                                                     (offs, 0, None, None, None))
         buf = _staging(staging, total)
         if n:
-            # runs of bytes that follow each other (in one member: a run never crosses 1 TiB of virtual space)
-            run_v = offs[first]
-            member = run_v >> MEMBER_SHIFT
-            run_offs = run_v & _MASK
-            fds = self.files.fds[member]
-            done = 0
-            while True:
-                bad = spans.pread_spans_fds(fds[done:], run_offs[done:], run_lens[done:], buf, run_dst[done:])
-                if bad < 0:
-                    break
-                j = done + bad  # a short read (past the end, or > 2 GiB): read_into finishes it or raises
-                lo = int(run_dst[j])
-                self.files.read_into(int(member[j]), int(run_offs[j]), buf[lo : lo + int(run_lens[j])])
-                done = j + 1
-                if done == first.shape[0]:
-                    break
+            # runs of bytes that follow each other (in one member: a run never crosses 1 TiB of virtual space),
+            # read and their members checked in one kernel call
+            files = self.files
             scratch = staging.get(self)
             if scratch is None:  # the thread's flags of the members read, fstat buffer
-                scratch = staging[self] = (np.zeros(self.files.fds.shape[0], np.uint8), np.zeros(18, np.int64))
+                scratch = staging[self] = (np.zeros(files.fds.shape[0], np.uint8), np.zeros(18, np.int64))
             touched, stat_buf = scratch
-            touched[member] = 1
+            check = files.use_kernel(int(run_v[0] >> MEMBER_SHIFT))
+            done, partial, runs = 0, False, run_v.shape[0]
             try:
-                self.files.check_touched(touched, stat_buf)
-            finally:
+                while done < runs:
+                    r = spans.pread_set_spans(files.fds, run_v[done:], run_lens[done:], buf, run_dst[done:], touched,
+                                              files._sizes, files._mtimes, stat_buf, check, MEMBER_SHIFT)
+                    if r == -1:
+                        break
+                    if r <= -2:  # a member changed: named (check raises; one changed back meanwhile reads on)
+                        files.check([-2 - r])
+                        break
+                    j = done + r  # a short read (past the end, or > 2 GiB): read_into finishes it or raises
+                    lo, v = int(run_dst[j]), int(run_v[j])
+                    files.read_into(v >> MEMBER_SHIFT, v & _MASK, buf[lo : lo + int(run_lens[j])])
+                    done, partial = j + 1, True
+                if partial or not check:  # members flagged before a short read (or all, without the kernel)
+                    files.check_touched(touched, stat_buf)
+            except BaseException:
                 touched.fill(0)
+                raise
         st = staging.get(STATS_KEY)
         if st is not None:
             st.read_s += time.perf_counter() - t0

@@ -11,7 +11,7 @@ import torch
 from ..format.errors import plural
 from ..format.fields import NDArray
 from ..ops import image as image_ops
-from ..ops import image_batch, jpeg
+from ..ops import image_batch, jpeg, spans
 from ..ops import tokens as token_ops
 from ..ops.transforms import (
     BytesDecoder,
@@ -200,7 +200,7 @@ class ImageStage(Stage):
         if "decoder" not in ctx and (encodings != 0).any():
             ctx["decoder"] = jpeg.JpegDecoder()
         handle = ctx["decoder"].handle if "decoder" in ctx else 0
-        buf, offs = self.pages.gather(self.offs[ids], lens, ctx)
+        buf, offs = self.pages.gather(self.offs[ids], lens, ctx, ordered=False)
         status = self._buffer(ctx, "status", n, np.int64)[:n]
         for attempt in range(2):
             bad = image_batch.image_slice(
@@ -249,12 +249,20 @@ class ArrayStage(Stage):
         self.nbytes = field.nbytes
         self.offs = ds.index[f"{name}.offset"].astype(np.int64)
         self.outputs = {name: (self.shape, self.dtype, None)}
+        # stored little-endian (formats/v1.md): copied as bytes where the output's byte order is the same
+        self._copy = self.dtype.newbyteorder("<") == self.dtype and self.nbytes > 0
+        spans.prepare()
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
-        lens = np.full(ids.shape[0], self.nbytes, dtype=np.int64)
-        buf, offs = self.pages.gather(self.offs[ids], lens, ctx)
-        raw = buf[offs[:, None] + np.arange(self.nbytes)]  # [n, nbytes] gather
+        n = ids.shape[0]
+        lens = np.full(n, self.nbytes, dtype=np.int64)
+        buf, offs = self.pages.gather(self.offs[ids], lens, ctx, ordered=False)
         out = arrays[self.name][lo:hi]
+        if self._copy and out.flags.c_contiguous:  # stored bytes = the array's bytes: one nogil copy per batch
+            dst = out.reshape(-1).view(np.uint8)
+            spans.copy_spans(buf, offs, lens, dst, np.arange(n, dtype=np.int64) * self.nbytes)
+            return
+        raw = buf[offs[:, None] + np.arange(self.nbytes)]  # [n, nbytes] gather
         out[...] = raw.view(self.dtype.newbyteorder("<")).reshape(out.shape)
 
 
@@ -274,7 +282,7 @@ class BytesStage(Stage):
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
         lens = self.lens[ids]
-        buf, offs = self.pages.gather(self.offs[ids], lens, ctx)
+        buf, offs = self.pages.gather(self.offs[ids], lens, ctx, ordered=False)
         data = arrays[self.name][lo:hi]
         data[...] = 0
         for j in range(ids.shape[0]):
@@ -299,7 +307,7 @@ class JSONStage(Stage):
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
         lens = self.lens[ids]
-        buf, offs = self.pages.gather(self.offs[ids], lens, ctx)
+        buf, offs = self.pages.gather(self.offs[ids], lens, ctx, ordered=False)
         values = arrays[self.name]
         for j in range(ids.shape[0]):
             try:

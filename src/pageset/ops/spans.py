@@ -168,6 +168,38 @@ else:
         return True
 
 
+@numba.njit(nogil=True)
+def pread_set_spans(fds, run_v, run_lens, dst, dst_offs, touched, sizes, mtimes, buf, check, shift):
+    """Read the runs of a many-file set's batch, then check the members read unchanged, in one nogil call.
+
+    Run ``j`` is ``run_lens[j]`` bytes at virtual offset ``run_v[j]`` = ``(member << shift) | byte offset`` (int64
+    [n]), read from ``fds[member]`` into ``dst[dst_offs[j]:]`` (uint8[:]); ``touched[member]`` (uint8[members]) is
+    set for each member read and, with ``check``, cleared again for the members of these runs, each ``fstat``-ed
+    once (:func:`file_changed` against ``sizes`` / ``mtimes``, int64 bytes / ns; ``buf`` int64[18] scratch). Returns
+    -1 when every run was read (and no member read changed); ``j >= 0``, the first run not read in full (nothing
+    checked: the caller finishes it, reads the rest and checks the members still flagged); ``-2 - member`` for the
+    first member that changed or whose ``fstat`` failed.
+    """
+    mask = (np.int64(1) << shift) - 1
+    for j in range(run_lens.shape[0]):
+        i = run_v[j] >> shift
+        touched[i] = 1
+        lo = dst_offs[j]
+        if not pread_full(fds[i], dst[lo : lo + run_lens[j]], run_v[j] & mask):
+            return j
+    if not check:
+        return -1
+    bad = -1
+    for j in range(run_lens.shape[0]):
+        i = run_v[j] >> shift
+        if touched[i] == 0:
+            continue
+        touched[i] = 0
+        if bad < 0 and file_changed(fds[i], sizes[i], mtimes[i], buf):
+            bad = i
+    return -1 if bad < 0 else -2 - bad
+
+
 _LAYOUT: dict = {}
 
 
