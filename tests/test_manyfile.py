@@ -422,4 +422,32 @@ def test_s3_many_file_write_and_read(tmp_path, moto_s3):  # noqa: F811
         assert ds.dataset_id == ref.dataset_id and ds[9]["blob"] == ref.records[9]["blob"]
 
 
+def test_clean_aborts_the_incomplete_uploads_of_stray_members_on_s3(moto_s3):  # noqa: F811
+    """A member upload killed mid-way leaves a multipart upload with its parts (billed, invisible to a listing):
+    `pageset clean` (clean_folder, also run by the next write) aborts the uploads of member names the manifest
+    does not list, directly in the folder, and leaves the others (a listed member's name, another folder's, a
+    file that is not a member) alone."""
+    import s3fs
+
+    from pageset.write.members import clean_folder
+
+    url = "s3://pageset-test/sets/clean"
+    write_dataset(url, Samples(6), FIELDS, records_per_member=4, num_workers=0, storage_options=moto_s3, **KW)
+    fs = s3fs.S3FileSystem(**moto_s3)
+    listed = many_file_members(url, storage_options=moto_s3).paths[0].rsplit("/", 1)[1]
+    keys = ["sets/clean/m0002-000000.pageset", "sets/clean/m0002-000001.pageset", f"sets/clean/{listed}",
+            "sets/clean/sub/m0002-000000.pageset", "sets/clean/notes.txt", "sets/cleanup/m0002-000000.pageset"]
+    ids = {}
+    for key in keys:
+        ids[key] = fs.call_s3("create_multipart_upload", Bucket="pageset-test", Key=key)["UploadId"]
+        fs.call_s3("upload_part", Bucket="pageset-test", Key=key, UploadId=ids[key], PartNumber=1, Body=b"x" * 100)
+    removed = clean_folder(url, moto_s3)
+    assert sorted(removed) == sorted(f"s3://pageset-test/{k} (incomplete upload {ids[k]})" for k in keys[:2])
+    left = fs.call_s3("list_multipart_uploads", Bucket="pageset-test").get("Uploads", [])
+    assert sorted((u["Key"], u["UploadId"]) for u in left) == sorted((k, ids[k]) for k in keys[2:])
+    assert clean_folder(url, moto_s3) == []  # nothing left to abort
+    for key in keys[2:]:
+        fs.call_s3("abort_multipart_upload", Bucket="pageset-test", Key=key, UploadId=ids[key])
+
+
 from test_object_store import moto_s3  # noqa: E402,F401  (the S3 server fixture, shared)

@@ -92,13 +92,15 @@ def is_stray(name: str) -> bool:
 
 def clean_folder(folder: str, storage_options: dict | None = None, manifest=None) -> list[str]:
     """Remove what killed or failed writes left in ``folder``: member files (``m<generation>-<k>.pageset``) that
-    the current manifest does not list, and temp files of members and of the manifest. ``manifest``: the
-    current one when the caller has it (else it is read). Returns the paths removed. Only one write at a time
-    may use a folder: this also removes the temp files of a write still running."""
+    the current manifest does not list, temp files of members and of the manifest, and on S3 the incomplete
+    multipart uploads of such members (a writer killed mid-upload leaves its parts stored, and billed, until
+    they are aborted). ``manifest``: the current one when the caller has it (else it is read). Returns the paths
+    removed (an aborted upload as ``"<url> (incomplete upload <id>)"``). Only one write at a time may use a
+    folder: this also removes the temp files and uploads of a write still running."""
     if manifest is None:
         manifest = read_manifest(folder, storage_options)
     keep = {m.name for m in manifest.members} if manifest is not None else set()
-    removed = []
+    removed = _abort_uploads(folder, storage_options, keep)
     for name in list_names(folder, storage_options):
         if name in keep or not is_stray(name):
             continue
@@ -113,6 +115,38 @@ def clean_folder(folder: str, storage_options: dict | None = None, manifest=None
         except FileNotFoundError:
             pass
     return removed
+
+
+MAX_UPLOAD_PAGES = 10_000  # list_multipart_uploads pages (1,000 uploads each) looked at, at most
+
+
+def _abort_uploads(folder: str, storage_options: dict | None, keep: set) -> list[str]:
+    """Abort the incomplete multipart uploads of member names directly in the s3:// ``folder`` that ``keep``
+    (the manifest's members) does not hold; other stores have no such uploads. Returns what was aborted."""
+    if not folder.startswith(("s3://", "s3a://")):
+        return []
+    from .upload import WritePolicy, bounded
+
+    fs, path = _fs(folder, storage_options)
+    bucket, _, prefix = path.rstrip("/").partition("/")
+    prefix = prefix + "/" if prefix else ""
+    args, out = {"Bucket": bucket, "Prefix": prefix}, []
+    for _ in range(MAX_UPLOAD_PAGES):
+        page = bounded(fs, lambda: fs._call_s3("list_multipart_uploads", **args), folder,
+                       "listing incomplete uploads", WritePolicy())
+        for up in page.get("Uploads", []):
+            name = up["Key"][len(prefix):]
+            if "/" in name or name in keep or not is_stray(name):
+                continue
+            key, upload_id = up["Key"], up["UploadId"]
+            bounded(fs, lambda k=key, u=upload_id: fs._call_s3("abort_multipart_upload", Bucket=bucket, Key=k,
+                                                               UploadId=u),
+                    folder, "aborting an incomplete upload", WritePolicy())
+            out.append(f"{join(folder, name)} (incomplete upload {upload_id})")
+        if not page.get("IsTruncated"):
+            break
+        args["KeyMarker"], args["UploadIdMarker"] = page.get("NextKeyMarker", ""), page.get("NextUploadIdMarker", "")
+    return out
 
 
 def prepare_folder(folder: str, storage_options: dict | None, kind: str, schema: dict, append: bool,
