@@ -33,7 +33,6 @@ from ..format.manifest import (
     schema_difference,
     schema_digest,
 )
-from ..format.schema import canonical_json
 from ..format.store_errors import one_try_options
 from .filewriter import Output, fsync_dir, is_url, local_path, temp_file
 
