@@ -64,9 +64,10 @@ def _make_data(folder: str) -> dict:
         write_tokens(paths[dtype], [rng.integers(0, vocab, 40_000).astype(np.int64)], None, eos_id=vocab - 1,
                      dtype=dtype, num_workers=0, progress=False)
     # many-file sets (read flat: load/set_records.py), of token files and of records with a Bytes field
-    paths["token_set"] = os.path.join(folder, "token_set")
-    write_tokens(paths["token_set"], [rng.integers(0, 50_257, 3_000).astype(np.int64) for _ in range(4)], None,
-                 eos_id=50_256, dtype="uint16", docs_per_member=2, num_workers=0, progress=False)
+    for dtype in ("uint16", "uint32"):  # (the set kernels are compiled per token dtype, as the file ones)
+        path = paths[f"token_set_{dtype}"] = os.path.join(folder, f"token_set_{dtype}")
+        write_tokens(path, [rng.integers(0, 50_257, 3_000).astype(np.int64) for _ in range(4)], None,
+                     eos_id=50_256, dtype=dtype, docs_per_member=2, num_workers=0, progress=False)
     paths["record_set"] = os.path.join(folder, "record_set")
     write_dataset(paths["record_set"], [{"label": i, "blob": bytes(i + 1)} for i in range(8)],
                   {"label": Int(), "blob": Bytes()}, records_per_member=4, num_workers=0, progress=False)
@@ -112,7 +113,10 @@ def run_family(name: str, paths: dict) -> None:
         for dtype in ("uint16", "uint32"):
             _batches(Loader(Mixture([paths[dtype], paths[dtype]], [0.5, 0.5]), batch_size=2, num_threads=1,
                             pipelines={"tokens": [TokenWindows(seq_len=64)]}))
-        _batches(Loader(paths["token_set"], batch_size=8, num_threads=1, pipelines={"tokens": [TokenWindows(64)]}))
+        for dtype in ("uint16", "uint32"):
+            for input_dtype in ("int64", "int32"):
+                _batches(Loader(paths[f"token_set_{dtype}"], batch_size=8, num_threads=1,
+                                pipelines={"tokens": [TokenWindows(64, input_dtype=input_dtype)]}))
         _batches(Loader(paths["record_set"], batch_size=8, num_threads=1))
     else:
         raise ValueError(f"unknown warm-up family {name!r}; one of {', '.join(FAMILIES)}")
