@@ -96,7 +96,8 @@ class FaultProxy:
     (every k-th range GET answers 503 SlowDown), ``drop_every`` (every k-th range GET is cut off mid-body and the
     connection closed), ``truncate_every`` (every k-th range GET answers a complete-looking response with half
     the body), ``corrupt_every`` (every k-th range GET has one byte of its body flipped), ``hang`` (requests are
-    read and never answered, until ``stop()``), ``shift_every`` (every k-th range GET is forwarded for the range
+    read and never answered, until ``stop()`` or ``hang = False``: then their connections are closed unanswered),
+    ``shift_every`` (every k-th range GET is forwarded for the range
     ``shift`` bytes later: the answer is that range, honestly labelled in its Content-Range), ``short_range_every``
     (every k-th range GET is forwarded for the first half of its range only: a complete, consistent 206 of fewer
     bytes than asked), ``ignore_range_every`` (every k-th range GET is forwarded without its Range header: the
@@ -189,8 +190,8 @@ class FaultProxy:
                         break
             error, shift = self.error, self.shift
         if hang:
-            for _ in range(2400):  # bounded: 120 s, or until stop()
-                if self._stop.wait(0.05):
+            for _ in range(2400):  # bounded: 120 s, or until stop() or ``hang`` is set False
+                if self._stop.wait(0.05) or not self.hang:
                     break
             h.close_connection = True
             return

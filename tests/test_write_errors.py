@@ -257,3 +257,71 @@ def test_worker_killed_is_reported(tmp_path):
         write_dataset(tmp_path / "k.pageset", KillsWorker(), {"y": Int()}, num_workers=2, progress=False)
     assert time.monotonic() - t0 < 600  # a hang check (the error must come, not a speed): room for a cold compile on a loaded machine
     assert not (tmp_path / "k.pageset").exists()
+
+
+# ---- the executor's shard writer, called in this process (mutmut traces no worker process) ---------------------
+
+def test_a_shard_that_cannot_be_renamed_into_place_names_the_shard_and_the_fix(tmp_path):
+    import errno
+    import socket
+
+    from pageset.write.ranges import write_shard
+
+    folder = tmp_path / "x.shards-1"
+    folder.mkdir()
+    (folder / "_writing").write_bytes(b"")
+    target = folder / "000000000000-000000000002.shard"
+    target.mkdir()  # a directory (not empty) where the shard goes: the rename fails
+    (target / "keep").write_bytes(b"1")
+    with pytest.raises(OSError) as ei:
+        write_shard(str(target), {"kind": "records"}, [("rows", b"abc"), ("payloads", b"")], None)
+    msg = str(ei.value)
+    assert ei.value.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST), msg
+    assert f"writing a shard (renaming {target}.tmp-{socket.gethostname()}-{os.getpid()}-" in msg, msg
+    assert f"bytes written, at {target} (folder {folder}: " in msg, msg
+    assert msg.endswith(f"; check that {folder} is writable and its disk healthy, or choose another shard_dir"), msg
+    assert sorted(p.name for p in folder.iterdir()) == ["000000000000-000000000002.shard", "_writing"]  # no temp
+    assert (target / "keep").read_bytes() == b"1"
+
+
+def test_a_shard_whose_job_has_ended_is_discarded_with_its_folder(tmp_path):
+    from pageset.write.ranges import write_shard
+
+    folder = tmp_path / "x.shards-2"
+    folder.mkdir()
+    with pytest.raises(RuntimeError) as ei:  # no marker: the job removed it before the folder
+        write_shard(str(folder / "0-1.shard"), {"kind": "records"}, [("rows", b"abc")], None)
+    assert str(ei.value) == f"{folder}: the write this shard belongs to has ended; shard discarded"
+    assert not folder.exists()
+
+
+def test_shard_error_words_a_store_fault_and_keeps_a_bug():
+    from pageset.write.ranges import shard_error
+
+    err = shard_error(ConnectionResetError(104, "Connection reset by peer"), "s3://b/tmp/x.shards-1",
+                      "writing a shard on worker host h")
+    assert type(err) is OSError
+    assert str(err) == ("s3://b/tmp/x.shards-1: writing a shard on worker host h in shard_dir failed "
+                        "(ConnectionResetError: [Errno 104] Connection reset by peer); shard_dir must be a folder or "
+                        "URL every worker can write (check its endpoint and credentials in storage_options)")
+    bug = TypeError("unsupported operand")
+    assert shard_error(bug, "s3://b/tmp/x.shards-1", "writing a shard") is bug
+    denied = shard_error(PermissionError("Access Denied"), "s3://b/tmp/x.shards-1", "writing a shard")
+    assert type(denied) is PermissionError
+    assert str(denied).startswith("s3://b/tmp/x.shards-1: writing a shard in shard_dir: access denied (Access "
+                                  "Denied); check the credentials"), str(denied)
+
+
+def test_a_worker_unpickles_a_shared_object_once_and_keeps_the_latest():
+    from pageset.write.ranges import pickled_once, unpickled
+
+    assert pickled_once(None, None) is None and unpickled(None) is None
+    a = pickled_once({"vocab": [1, 2, 3]}, None)
+    assert a[0] == __import__("hashlib").sha256(a[1]).hexdigest()
+    first = unpickled(a)
+    assert first == {"vocab": [1, 2, 3]}
+    assert unpickled(a) is first  # once per process
+    b = pickled_once(("other", 4), None)
+    assert unpickled(b) == ("other", 4)
+    again = unpickled(a)
+    assert again == first and again is not first  # only the latest object is kept
