@@ -304,6 +304,11 @@ def test_cli_workers_without_credentials_one_line_naming_shard_dir(tmp_path, pho
 
     if not cluster.submit(_worker_has_no_credentials, pure=False).result(timeout=60):
         pytest.skip("the Dask workers find AWS credentials of their own")
+    import s3fs
+
+    # the endpoint comes from the environment, so fsspec's cached instance for "no options" would keep the endpoint
+    # of an earlier moto server (another module's, when tests run in another order, as mutmut runs them)
+    s3fs.S3FileSystem.clear_instance_cache()
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", moto_s3["key"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", moto_s3["secret"])
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_s3["endpoint_url"])

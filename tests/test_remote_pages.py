@@ -221,8 +221,14 @@ def test_a_run_is_fetched_once_while_threads_wait_on_it(env):
 
 # ---- the plan: prefetch in step order, pins ----------------------------------------------------------------
 
-def _one_page_steps(pages):
-    return lambda s: np.array([pages[s]], dtype=np.int64)
+def _one_page_steps(pages, calls=None):
+    """``pages_of_step`` for steps of one page each; ``calls`` records the steps the source planned, in order."""
+    def pages_of_step(s):
+        if calls is not None:
+            calls.append(s)
+        return np.array([pages[s]], dtype=np.int64)
+
+    return pages_of_step
 
 
 def _settled(rp, pages) -> None:
@@ -233,27 +239,35 @@ def _settled(rp, pages) -> None:
 def test_plan_requests_the_next_steps_up_to_prefetch_bytes_in_step_order(env):
     ref, proxy = env["ref"], env["proxy"]
     rp = env["make"](max_requests=1, prefetch_bytes=3 * PS)
-    order = [6, 2, 9, 4, 0, 8]
-    rp.plan(_one_page_steps(order), 0, len(order))
+    order, calls = [6, 2, 9, 4, 0, 8], []
+    rp.plan(_one_page_steps(order, calls), 0, len(order))
+    assert calls == [0, 1, 2]  # planned (and requested) before any thread asks
     _settled(rp, order[:3])
     assert proxy.range_gets() == [_page_range(ref, k, k + 1) for k in order[:3]]  # step order, 3 pages
     st = rp.stats()
     assert st["requests"] == 3 and st["memory_hits"] + st["waits"] >= 1
     rp.advance(1)  # step 0's page is released: one more step fits
+    assert calls == [0, 1, 2, 3]
     _settled(rp, order[1:4])
     assert proxy.range_gets() == [_page_range(ref, k, k + 1) for k in order[:4]]
+    rp.advance(3)  # steps 1 and 2 released: two more steps fit
+    assert calls == [0, 1, 2, 3, 4, 5]
     rp.advance(6)  # past the end: nothing more to plan
-    assert rp.stats()["requests"] == 4
+    assert calls == [0, 1, 2, 3, 4, 5]
+    _settled(rp, order[3:])
+    assert rp.stats()["requests"] == 6
 
 
 def test_the_steps_threads_work_on_are_planned_whatever_the_budget(env):
     ref, proxy = env["ref"], env["proxy"]
     rp = env["make"](max_requests=1, prefetch_bytes=0)  # the budget is one page
-    order = [6, 2, 9, 4, 0, 8]
-    rp.plan(_one_page_steps(order), 1, len(order), min_ahead=3)  # resumed at step 1, 3 steps in flight
+    order, calls = [6, 2, 9, 4, 0, 8], []
+    rp.plan(_one_page_steps(order, calls), 1, len(order), min_ahead=3)  # resumed at step 1, 3 steps in flight
+    assert calls == [1, 2, 3]
     _settled(rp, order[1:4])
     assert proxy.range_gets() == [_page_range(ref, k, k + 1) for k in order[1:4]]
     rp.advance(2)
+    assert calls == [1, 2, 3, 4]
     _settled(rp, order[2:5])
     assert proxy.range_gets() == [_page_range(ref, k, k + 1) for k in order[1:5]]
 
@@ -328,6 +342,17 @@ def test_the_first_failure_fails_the_pending_fetches_at_once_and_later_waits_unt
     assert {k: bytes(v) for k, v in got.items()} == {k: ref.pages[k] for k in (0, 1, 2)}
 
 
+def test_a_refused_fetch_reaches_the_waiting_thread_as_the_stores_error(env):
+    proxy = env["proxy"]
+    rp = env["make"](max_requests=1)
+    proxy.error = (403, "AccessDenied", "Access Denied")
+    with pytest.raises(PermissionError, match=re.escape(env["url"])):
+        rp.pages(np.array([3]))
+    with pytest.raises(PermissionError, match=re.escape(env["url"])):
+        rp.gather(*_spans(env["ref"], [5]), {})  # until the next plan
+    assert len(proxy.range_gets()) == 1
+
+
 def test_when_several_fetches_fail_later_waits_raise_one_kept_error_without_asking_again(env):
     proxy = env["proxy"]
     rp = env["make"](max_requests=2, max_run_bytes=PS)
@@ -393,3 +418,16 @@ def test_arguments_are_checked(env):
     assert env["make"](max_run_bytes=3 * PS + 1).max_run_pages == 3
     assert env["make"](max_run_bytes=10).max_run_pages == 1
     assert env["make"]().prefetch_bytes == 64 << 20
+
+
+def test_cache_dir_waits_for_another_processs_fetch_twice_its_retry_budget(env, tmp_path):
+    rp = env["make"](cache_dir=tmp_path / "c")
+    # request_attempts 2 x (request_timeout 5 s + backoff_max 5 s), twice, + 30 s
+    assert rp.disk.lock_timeout == 70.0
+    assert rp.disk.limit_bytes == 10 << 30
+    ref = env["ref"]
+    buf, out = rp.gather(*_spans(ref, [5]), {})
+    assert bytes(buf[out[0]: out[0] + ref.records[5]["_length"]]) == _record_bytes(ref, 5)
+    assert rp.stats()["disk_misses"] >= 1 and rp.stats()["disk_hits"] == 0
+    with pytest.raises(ValueError, match="^" + re.escape(env["url"]) + ": "):
+        env["make"](cache_dir=tmp_path / "d", cache_limit_bytes=100)  # smaller than one page
