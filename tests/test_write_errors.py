@@ -325,3 +325,80 @@ def test_a_worker_unpickles_a_shared_object_once_and_keeps_the_latest():
     assert unpickled(b) == ("other", 4)
     again = unpickled(a)
     assert again == first and again is not first  # only the latest object is kept
+
+
+def test_a_shard_is_read_back_as_its_layout_says_and_each_damage_is_named(tmp_path):
+    """The shard of a local executor task, byte by byte against the layout in write/ranges.py's docstring
+    (``PGSHARD1``, u64 LE header length, JSON header, arrays back to back), read back by ShardPart, then damaged
+    in each way the reader checks: magic, CRC-32, truncation, size and record count, array order."""
+    import json
+    import zlib
+    from pathlib import Path
+
+    from pageset import Bytes
+    from pageset.format.schema import build_schema, parse_schema
+    from pageset.write.ranges import Shard, ShardPart, encode_range_to_shard, new_shard_folder, shard_name
+    from pageset.write.sources import open_source
+
+    values = [(b"abc", 1), (b"", 2), (bytes(range(256)) * 20, 3), ("not bytes", 4)]
+    src, fields = open_source(values, {"blob": Bytes(), "y": Int()})
+    _, row_dtype = parse_schema(build_schema(fields, {}, {"page_size": 4096, "checksum": "crc32"}))
+    folder = new_shard_folder(str(tmp_path / "out.pageset"), None)
+    summary = encode_range_to_shard(src, fields, row_dtype, 0, 4, "skip", folder, None)
+    url = shard_name(folder, 0, 4)
+    raw = Path(url).read_bytes()
+    assert summary == {"url": url, "bytes": len(raw), "records": 3}
+    assert url.endswith("/000000000000-000000000004.shard")
+    assert raw[:8] == b"PGSHARD1"
+    n = int.from_bytes(raw[8:16], "little")
+    head, body = json.loads(raw[16:16 + n]), raw[16 + n:]
+    nrows = 3 * row_dtype.itemsize
+    assert head["arrays"] == [["rows", nrows], ["payloads", 3 + 0 + 5120]]
+    assert head["crc32"] == zlib.crc32(body) and len(body) == nrows + 5123
+    assert (head["kind"], head["start"], head["stop"], head["records"]) == ("records", 0, 4, 3)
+    assert [(s["index"], s["field"]) for s in head["skipped"]] == [(3, "blob")]
+
+    part = ShardPart(summary, row_dtype, None)
+    assert part.error is None and part.skipped == head["skipped"]
+    assert part.rows.dtype == row_dtype
+    assert part.rows["_length"].tolist() == [3, 0, 5120] and part.rows["y"].tolist() == [1, 2, 3]
+    assert list(part.payloads()) == [b"abc", b"", bytes(range(256)) * 20]
+
+    failed = ShardPart({"error": [5, "blob", "bad value", "Traceback ...", "a list"]}, row_dtype, None)
+    assert failed.error == (5, "blob", "bad value", "Traceback ...", "a list")
+    assert failed.rows.dtype == row_dtype and len(failed.rows) == 0 and failed.skipped == []
+
+    def damaged(data: bytes, **change):
+        Path(url).write_bytes(data)
+        return ShardPart({**summary, **change}, row_dtype, None)
+
+    with pytest.raises(ValueError) as ei:
+        damaged(b"X" + raw[1:])
+    assert str(ei.value) == (f"{url}: not a pageset shard (magic b'XGSHARD1'); it was changed or truncated by "
+                             "something other than this write")
+    flipped = bytearray(raw)
+    flipped[-7] ^= 1
+    with pytest.raises(ValueError) as ei:
+        list(damaged(bytes(flipped)).payloads())
+    assert str(ei.value) == (f"{url}: shard checksum mismatch (CRC-32 {zlib.crc32(bytes(flipped[16 + n:])):08x}, "
+                             f"written {head['crc32']:08x}); a task's output was damaged in transit")
+    with pytest.raises(ValueError) as ei:
+        list(damaged(raw[:-10]).payloads())
+    assert str(ei.value) == f"{url}: truncated shard (wanted 5120 bytes at {16 + n + nrows + 3}, got 5110)"
+    with pytest.raises(ValueError) as ei:
+        list(damaged(raw, bytes=len(raw) + 1).payloads())
+    assert str(ei.value) == f"{url}: shard has {len(raw)} bytes, its task wrote {len(raw) + 1}"
+    with pytest.raises(ValueError) as ei:
+        damaged(raw, records=4)
+    assert str(ei.value) == f"{url}: 3 records, its task wrote 4"
+    Path(url).write_bytes(raw)
+    shard = Shard(url, None)
+    with pytest.raises(ValueError) as ei:
+        shard.begin("payloads")
+    assert str(ei.value) == f"{url}: expected array 'rows' next, asked for 'payloads'"
+    assert shard.read("payloads")[:3] == body[:3]  # read from where the header ends: the rows' bytes
+    with pytest.raises(ValueError) as ei:
+        shard.begin("more")
+    assert str(ei.value) == f"{url}: no array 'more' in the shard"
+    shard.close(check=False)
+    assert shard.f.closed
