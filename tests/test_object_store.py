@@ -553,3 +553,37 @@ def test_store_failures_are_classified_by_status_and_code(exc, kind, words):
         assert (err.status, err.code) == (400, "InvalidArgument")
     bug = TypeError("a bug")
     assert classify(bug, "u", "put") is bug  # a bug or a bad argument is raised as is
+
+
+@pytest.mark.parametrize("kind", ["records", "tokens"])
+def test_merge_to_s3_retries_as_many_times_as_the_caller_says(tmp_path, moto_s3, kind):
+    """merge_datasets' request_timeout / request_attempts reach every request of an S3 output: the check of an
+    existing object and the upload (a store answering 500 to them fails after the 2 attempts asked, not the
+    default 5)."""
+    from remote_servers import FaultProxy
+
+    kw = {"num_workers": 0, "progress": False}
+    inputs = [tmp_path / "a.pageset", tmp_path / "b.pageset"]
+    for k, p in enumerate(inputs):
+        if kind == "records":
+            write_dataset(p, [(i + 10 * k,) for i in range(5)], {"y": Int()}, **kw)
+        else:
+            write_tokens(p, [np.arange(7) + k], None, eos_id=0, **kw)
+    proxy = FaultProxy(moto_s3["endpoint_url"])
+    try:
+        # one try per botocore call: every retry is pageset's own
+        opts = {**moto_s3, "endpoint_url": proxy.url, "config_kwargs": {"retries": {"total_max_attempts": 1}}}
+        url = f"s3://pageset-test/retry/{kind}.pageset"
+        # (not 503 SlowDown: s3fs retries throttling 5 times inside each attempt, with its own sleeps)
+        proxy.error = (500, "InternalError", "We encountered an internal error. Please try again.")
+        for methods, what in ((("HEAD", "GET"), ": checking the existing output failed"),
+                              (("PUT", "POST"), ": starting the upload failed")):
+            proxy.error_methods = methods
+            with pytest.raises(OSError) as ei:
+                merge_datasets(url, inputs, storage_options=opts, progress=False, request_timeout=5,
+                               request_attempts=2)
+            assert "failed after 2 attempts (request_timeout 5" in str(ei.value), str(ei.value)
+            assert str(ei.value).startswith(url + what), str(ei.value)
+        assert not _fs(moto_s3).exists(f"pageset-test/retry/{kind}.pageset")
+    finally:
+        proxy.stop()
