@@ -102,7 +102,8 @@ class FaultProxy:
     (every k-th range GET is forwarded for the first half of its range only: a complete, consistent 206 of fewer
     bytes than asked), ``ignore_range_every`` (every k-th range GET is forwarded without its Range header: the
     server answers 200 with the whole object). ``error = (status, code, message)`` answers an S3-style XML error instead of forwarding,
-    to every ``error_every``-th request whose method is in ``error_methods`` (``"GET"``: range GETs only).
+    to every ``error_every``-th request whose method is in ``error_methods`` (``"GET"``: range GETs only) and whose
+    path contains ``error_path`` (default ``""``: any).
     ``counts`` maps ``(method, path)`` to requests seen; ``ranges`` lists ``(path, Range header)`` of every range
     GET.
     """
@@ -115,7 +116,7 @@ class FaultProxy:
         self.shift_every = self.short_range_every = self.ignore_range_every = 0
         self.shift = 1
         self.error: tuple[int, str, str] | None = None
-        self.error_every, self.error_methods = 1, ("GET",)
+        self.error_every, self.error_methods, self.error_path = 1, ("GET",), ""
         self._m = 0
         self.hang = False
         self.counts: collections.Counter = collections.Counter()
@@ -151,6 +152,7 @@ class FaultProxy:
             self.shift_every = self.short_range_every = self.ignore_range_every = 0
             self.shift = 1
             self.error, self.error_every, self.error_methods, self._m = None, 1, ("GET",), 0
+            self.error_path = ""
             self.hang = False
             self.counts.clear()
             self.ranges.clear()
@@ -174,7 +176,8 @@ class FaultProxy:
                 self._n += 1
             n, hang, latency = self._n, self.hang, self.latency
             fault = None
-            if self.error is not None and h.command in self.error_methods and (h.command != "GET" or is_range):
+            if (self.error is not None and h.command in self.error_methods and (h.command != "GET" or is_range)
+                    and self.error_path in path):
                 self._m += 1
                 if self._m % self.error_every == 0:
                     fault = "error"

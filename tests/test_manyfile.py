@@ -422,6 +422,31 @@ def test_s3_many_file_write_and_read(tmp_path, moto_s3):  # noqa: F811
         assert ds.dataset_id == ref.dataset_id and ds[9]["blob"] == ref.records[9]["blob"]
 
 
+def test_s3_manifest_write_retries_as_many_times_as_the_caller_says(moto_s3):  # noqa: F811
+    """request_attempts reaches the manifest's PUT too: a store answering 500 to it fails after the 2 attempts
+    asked (not the default 5), naming the manifest; the members went up, no manifest did."""
+    import s3fs
+    from remote_servers import FaultProxy
+
+    proxy = FaultProxy(moto_s3["endpoint_url"])
+    try:
+        opts = {**moto_s3, "endpoint_url": proxy.url}
+        proxy.error = (500, "InternalError", "We encountered an internal error. Please try again.")
+        proxy.error_methods, proxy.error_path = ("PUT",), "pageset.manifest.json"
+        url = "s3://pageset-test/sets/retry"
+        with pytest.raises(OSError) as ei:
+            write_dataset(url, Samples(6), FIELDS, records_per_member=4, num_workers=0, storage_options=opts,
+                          request_timeout=5, request_attempts=2, **KW)
+        assert str(ei.value).startswith(f"{url}/pageset.manifest.json: writing the manifest failed after 2 attempts "
+                                        "(request_timeout 5"), str(ei.value)
+        assert proxy.counts[("PUT", "/pageset-test/sets/retry/pageset.manifest.json")] == 2
+        fs = s3fs.S3FileSystem(**moto_s3)
+        fs.invalidate_cache()
+        assert not fs.exists("pageset-test/sets/retry/pageset.manifest.json")
+    finally:
+        proxy.stop()
+
+
 def test_clean_aborts_the_incomplete_uploads_of_stray_members_on_s3(moto_s3):  # noqa: F811
     """A member upload killed mid-way leaves a multipart upload with its parts (billed, invisible to a listing):
     `pageset clean` (clean_folder, also run by the next write) aborts the uploads of member names the manifest
