@@ -249,7 +249,14 @@ def test_mixture_weighted_by_tokens_refuses_record_files(tmp_path, photos):
     from pageset import Int, Mixture, write_dataset
 
     write_dataset(tmp_path / "r.pageset", [(k,) for k in range(8)], {"label": Int()}, progress=False)
-    with pytest.raises(ValueError, match=r"r\.pageset: source 0 of the mixture has no token rows"):
+    with pytest.raises(ValueError) as ei:
         Loader(Mixture([tmp_path / "r.pageset"], [1], weight_unit="tokens"), batch_size=2)
+    assert str(ei.value) == (f"{tmp_path / 'r.pageset'}: source 0 of the mixture has no token rows, so "
+                             "weight_unit='tokens' cannot weigh it; load token files with TokenWindows(...) or use "
+                             "weight_unit='samples'")
+    mix = Mixture([tmp_path / "r.pageset", "s3://b/x.pageset"], [3, 0.5], weight_unit="tokens",
+                  samples_per_epoch=40)
+    assert repr(mix) == (f"Mixture([{str(tmp_path / 'r.pageset')!r}, 's3://b/x.pageset'], weights=[3.0, 0.5], "
+                         "weight_unit='tokens', samples_per_epoch=40)")
     with pytest.raises(ValueError, match=r"weight_unit must be 'samples' or 'tokens'"):
         Mixture([tmp_path / "r.pageset"], [1], weight_unit="bytes")
