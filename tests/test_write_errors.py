@@ -293,6 +293,13 @@ def test_a_shard_whose_job_has_ended_is_discarded_with_its_folder(tmp_path):
         write_shard(str(folder / "0-1.shard"), {"kind": "records"}, [("rows", b"abc")], None)
     assert str(ei.value) == f"{folder}: the write this shard belongs to has ended; shard discarded"
     assert not folder.exists()
+    from pageset.write.ranges import remove_shard_folder
+
+    remove_shard_folder(str(folder), None)  # already gone: fine (the job's cleanup after its stragglers)
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "0-1.shard").write_bytes(b"x")
+    remove_shard_folder(str(folder), None)
+    assert not folder.exists()
 
 
 def test_shard_error_words_a_store_fault_and_keeps_a_bug():
