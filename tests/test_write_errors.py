@@ -409,3 +409,39 @@ def test_a_shard_is_read_back_as_its_layout_says_and_each_damage_is_named(tmp_pa
     assert str(ei.value) == f"{url}: no array 'more' in the shard"
     shard.close(check=False)
     assert shard.f.closed
+
+
+def test_a_shard_folder_that_cannot_be_made_names_the_output_and_shard_dir(tmp_path):
+    from pageset.write.ranges import new_shard_folder
+
+    (tmp_path / "a_file").write_bytes(b"")
+    with pytest.raises(OSError) as ei:
+        new_shard_folder(str(tmp_path / "out.pageset"), str(tmp_path / "a_file"))  # a file, not a folder
+    msg = str(ei.value)
+    assert f"writing the shard folder of the output {tmp_path / 'out.pageset'} failed after 0 bytes written" in msg
+    assert msg.endswith("or choose another shard_dir (shard_dir=, a folder every worker can write)"), msg
+    assert os.listdir(tmp_path) == ["a_file"]
+
+
+def test_executors_get_the_pickler_they_use(tmp_path):
+    """Dask and Ray pickle work with cloudpickle (lambdas are fine there); other executors with pickle, so a
+    lambda in the source is refused before any work, naming where it is."""
+    import pickle
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+    cloudpickle = pytest.importorskip("cloudpickle")
+    from pageset.write.ranges import check_picklable, dumps_for
+
+    class FakeDask:  # the engine is told by the executor's module, as for distributed.Client
+        pass
+
+    FakeDask.__module__ = "distributed.client"
+    with ThreadPoolExecutor(1) as ex:
+        assert dumps_for(ex) is pickle.dumps
+    assert dumps_for(FakeDask()) is cloudpickle.dumps
+    source = {"paths": ["a.jpg"], "open": lambda p: p}
+    with ProcessPoolExecutor(1) as ex, pytest.raises(TypeError) as ei:  # no worker starts before a submit
+        check_picklable(source, "source", ex)
+    assert str(ei.value).startswith("executor= sends the source to worker processes, but source['open'] (function) "
+                                    "cannot be pickled"), str(ei.value)
+    check_picklable(source, "source", FakeDask())  # cloudpickle pickles a lambda
