@@ -442,6 +442,32 @@ def test_executors_get_the_pickler_they_use(tmp_path):
     source = {"paths": ["a.jpg"], "open": lambda p: p}
     with ProcessPoolExecutor(1) as ex, pytest.raises(TypeError) as ei:  # no worker starts before a submit
         check_picklable(source, "source", ex)
-    assert str(ei.value).startswith("executor= sends the source to worker processes, but source['open'] (function) "
-                                    "cannot be pickled"), str(ei.value)
+    msg = str(ei.value)
+    assert msg.startswith("executor= sends the source to worker processes, but source['open'] (function) cannot be "
+                          "pickled ("), msg
+    assert msg.endswith("). Keep only paths, URLs and plain values in the source and open files, connections or "
+                        "handles lazily inside __getitem__ (or write with num_workers= on one machine, which forks "
+                        "and needs no pickling)"), msg
     check_picklable(source, "source", FakeDask())  # cloudpickle pickles a lambda
+
+
+def test_a_bad_sample_in_a_worker_range_carries_its_cause_and_traceback():
+    """A worker's range returns the first bad sample as (index, field, detail, traceback text, source) instead of
+    raising (its exception would lose its chain on the way back): the traceback is the cause's."""
+    from pageset.format.schema import build_schema, parse_schema
+    from pageset.write.ranges import encode_range
+    from pageset.write.sources import open_source
+
+    src, fields = open_source(RaisesAt(8, 5), {"y": Int()})
+    _, row_dtype = parse_schema(build_schema(fields, {}, {"page_size": 4096, "checksum": "crc32"}))
+    part = encode_range(src, fields, row_dtype, 2, 8, "raise")
+    index, field, detail, tb, source = part.error
+    assert (index, field) == (5, None)
+    assert detail == "reading the sample raised RuntimeError: corrupt record 5 in upstream store"
+    assert tb.startswith("Traceback (most recent call last):\n"), tb
+    assert tb.rstrip().endswith("RuntimeError: corrupt record 5 in upstream store"), tb
+    assert "raise RuntimeError(f\"corrupt record {i} in upstream store\")" in tb, tb
+    assert part.rows["y"].tolist() == [2, 3, 4] and part.skipped == []
+    with pytest.raises(SampleError) as ei:
+        encode_range(src, fields, row_dtype, 2, 8, "raise", in_process=True)
+    assert ei.value.index == 5
