@@ -883,3 +883,33 @@ def test_a_batch_size_change_over_s3_equals_local(files, servers):
     assert state["cursor"] == 20 and state["global_batch_size"] == 4
     remote, _ = run(url, storage_options=opts, prefetch_bytes=4 * 4096)
     assert remote == local
+
+
+def test_a_whole_object_range_may_be_answered_200_a_tail_range_may_not(files, servers):
+    """Asking bytes 0..size-1 (the whole object): a server that ignores Range answers 200 with the whole object,
+    which is exactly what was asked; asking a tail range (up to the end), the same 200 is the server's fault."""
+    url = f"{servers['http_proxy'].url}/train.pageset"
+    local = (files / "train.pageset").read_bytes()
+    proxy = servers["http_proxy"]
+    with open_dataset(url, request_attempts=2) as ds:
+        remote = ds.remote
+        proxy.reset()
+        proxy.ignore_range_every = 1
+        assert remote.read(0, remote.size) == local
+        with pytest.raises(RemoteReadError) as info:
+            remote.read(remote.size - 100, remote.size)
+        assert str(info.value).startswith(f"{url}: GET bytes {remote.size - 100}-{remote.size - 1}: the server "
+                                          "answered HTTP 200, the whole object (it ignores Range requests)")
+
+
+def test_a_backends_own_missing_or_denied_is_named_as_such(files, servers):
+    """gcsfs / adlfs translate a store's 404 / 403 into FileNotFoundError / PermissionError with no answer
+    underneath: those are named as the missing object and the denied access, not retried."""
+    url = f"{servers['http_proxy'].url}/train.pageset"
+    with open_dataset(url) as ds:
+        missing = ds.remote._classify(FileNotFoundError("gs://b/train.pageset"), "GET bytes 0-9")
+        denied = ds.remote._classify(PermissionError("Forbidden"), "GET bytes 0-9")
+    assert type(missing) is FileNotFoundError
+    assert str(missing).startswith(f"{url}: no such object or bucket (")
+    assert type(denied) is PermissionError
+    assert str(denied).startswith(f"{url}: access denied (") and "check credentials" in str(denied)
