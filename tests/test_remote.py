@@ -913,3 +913,33 @@ def test_a_backends_own_missing_or_denied_is_named_as_such(files, servers):
     assert str(missing).startswith(f"{url}: no such object or bucket (")
     assert type(denied) is PermissionError
     assert str(denied).startswith(f"{url}: access denied (") and "check credentials" in str(denied)
+
+
+def test_missing_backends_and_fsspec_are_named_with_the_fix(monkeypatch):
+    with pytest.raises(ImportError) as ei:
+        open_dataset("dropbox://x/y.pageset")  # fsspec knows the scheme, its backend is not installed
+    assert str(ei.value).startswith("dropbox://x/y.pageset: reading dropbox:// URLs needs the fsspec backend package (")
+    assert str(ei.value).endswith("; install the fsspec backend for dropbox://")
+    monkeypatch.setitem(sys.modules, "fsspec", None)  # import fsspec fails
+    with pytest.raises(ImportError) as ei:
+        open_dataset("s3://b/y.pageset")
+    assert str(ei.value) == "s3://b/y.pageset: reading URLs needs fsspec and s3fs: pip install 'pageset[remote]'"
+
+
+def test_a_prefix_is_not_an_object_and_open_counts_its_bytes(files, servers):
+    import fsspec
+
+    memory = fsspec.filesystem("memory")  # fsspec's in-process store: its info() says what a directory is
+    memory.pipe("/pageset-test-folder/x.bin", b"123")
+    try:
+        with pytest.raises(FileNotFoundError) as ei:
+            open_dataset("memory://pageset-test-folder")
+    finally:
+        memory.rm("/pageset-test-folder", recursive=True)
+    assert str(ei.value) == "memory://pageset-test-folder: no such object (a directory or an object of unknown size)"
+    proxy = servers["http_proxy"]
+    proxy.reset()
+    url = f"{proxy.url}/train.pageset"
+    with open_dataset(url) as ds:
+        spans = [tuple(map(int, r.removeprefix("bytes=").split("-"))) for r in proxy.range_gets()]
+        assert ds.remote.bytes_read == sum(b - a + 1 for a, b in spans) > 0  # what the open's range GETs carried
