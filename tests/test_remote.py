@@ -442,8 +442,9 @@ def test_never_answering_store_ends_in_a_clear_error(servers):
     with Loader(url, batch_size=4, pipelines=PIPE, num_threads=2, request_timeout=0.5, request_attempts=2) as loader:
         proxy.hang = True
         t0 = time.monotonic()
-        with pytest.raises(RemoteReadError, match=re.escape(url) + r": GET bytes \d+-\d+ failed after 2 attempts"):
+        with pytest.raises(RemoteReadError, match=re.escape(url) + r": GET bytes \d+-\d+ failed after 2 attempts") as ei:
             next(iter(loader))
+        assert "no answer within request_timeout 0.5 s" in str(ei.value), str(ei.value)
         assert time.monotonic() - t0 < 300  # a hang check, as above
 
 
@@ -943,3 +944,15 @@ def test_a_prefix_is_not_an_object_and_open_counts_its_bytes(files, servers):
     with open_dataset(url) as ds:
         spans = [tuple(map(int, r.removeprefix("bytes=").split("-"))) for r in proxy.range_gets()]
         assert ds.remote.bytes_read == sum(b - a + 1 for a, b in spans) > 0  # what the open's range GETs carried
+
+
+def test_an_object_in_a_versioned_bucket_is_pinned_to_its_version(files, servers):
+    client = servers["client"]
+    client.create_bucket(Bucket="pageset-versioned")
+    client.put_bucket_versioning(Bucket="pageset-versioned", VersioningConfiguration={"Status": "Enabled"})
+    client.upload_file(str(files / "train.pageset"), "pageset-versioned", "train.pageset")
+    version = client.head_object(Bucket="pageset-versioned", Key="train.pageset")["VersionId"]
+    with open_dataset("s3://pageset-versioned/train.pageset", servers["opts"]) as ds:
+        assert version and ds.remote.version_id == version
+    with open_dataset(f"{servers['http_proxy'].url}/train.pageset") as ds:
+        assert ds.remote.version_id is None  # HTTP has no versions
