@@ -442,7 +442,8 @@ def test_never_answering_store_ends_in_a_clear_error(servers):
     with Loader(url, batch_size=4, pipelines=PIPE, num_threads=2, request_timeout=0.5, request_attempts=2) as loader:
         proxy.hang = True
         t0 = time.monotonic()
-        with pytest.raises(RemoteReadError, match=re.escape(url) + r": GET bytes \d+-\d+ failed after 2 attempts") as ei:
+        failed = re.escape(url) + r": GET bytes \d+-\d+ failed after 2 attempts"
+        with pytest.raises(RemoteReadError, match=failed) as ei:
             next(iter(loader))
         assert "no answer within request_timeout 0.5 s" in str(ei.value), str(ei.value)
         assert time.monotonic() - t0 < 300  # a hang check, as above

@@ -9,6 +9,7 @@ the proxy's own log of the range GETs it saw.
 
 from __future__ import annotations
 
+import concurrent.futures
 import re
 import time
 
@@ -209,8 +210,6 @@ def test_a_run_is_fetched_once_while_threads_wait_on_it(env):
     ref, proxy = env["ref"], env["proxy"]
     proxy.latency = 0.3
     rp = env["make"](max_requests=4)
-    import concurrent.futures
-
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         outs = list(pool.map(lambda _: rp.pages(np.array([2, 3, 4])), range(4)))
     for got in outs:

@@ -320,11 +320,13 @@ def test_shard_error_words_a_store_fault_and_keeps_a_bug():
 
 
 def test_a_worker_unpickles_a_shared_object_once_and_keeps_the_latest():
+    import hashlib
+
     from pageset.write.ranges import pickled_once, unpickled
 
     assert pickled_once(None, None) is None and unpickled(None) is None
     a = pickled_once({"vocab": [1, 2, 3]}, None)
-    assert a[0] == __import__("hashlib").sha256(a[1]).hexdigest()
+    assert a[0] == hashlib.sha256(a[1]).hexdigest()
     first = unpickled(a)
     assert first == {"vocab": [1, 2, 3]}
     assert unpickled(a) is first  # once per process
