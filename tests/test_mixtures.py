@@ -113,7 +113,7 @@ def _lookup_reference(order, seed, start, stop):
     for s, kj in zip(src.tolist(), k.tolist()):
         n = order.n_records[s]
         ep = EpochOrder(order.page_sizes[s], source_seed(seed, s), kj // n, order.order,
-                        order.window_pages)
+                        order.window_pages[s])
         ids.append(int(ep.ids(kj % n, kj % n + 1)[0]))
     return src, np.array(ids, dtype=np.int64)
 

@@ -437,6 +437,23 @@ MUTATIONS += [
              (f"{TM}::test_merge_lineage_names_both_sources_and_shifts_skips_past_the_error_log",)),
 ]
 
+# -- issue 28: quasi-random windows sized in records (formats/order.md section 4.1): caught by tests that compare
+# with the rule worked out by hand and with tests/reference/order.py
+WM = "tests/test_window_mixing.py"
+MUTATIONS += [
+    Mutation("a window sized in records rounds its pages down (fewer records than window_records)",
+             "order/shuffle.py", "return min(k, max(1, -(-(r * k) // n)))", "return min(k, max(1, (r * k) // n))",
+             (f"{WM}::test_window_size_by_hand",)),
+    Mutation("every mixture source takes the first source's window", "order/mixture.py",
+             "                               self.window_pages[source])", "                               self.window_pages[0])",
+             (f"{WM}::test_each_source_of_a_mixture_gets_its_own_window",)),
+    Mutation("a subset's window sized on the file's pages, not the subset's", "order/subset.py",
+             "super().__init__(self.layout.page_sizes, dataset_id, params, path)",
+             "super().__init__(self.layout.page_sizes, dataset_id, params, path); "
+             "self.window_pages = params.pages_per_window(sizes)",
+             (f"{RO}::test_windows_sized_in_records_stream_state_and_resume_equal_the_model[subset-9]",)),
+]
+
 def test_kept_kernel_caches_skip_every_module_that_sees_the_mutation():
     """A mutant's copy keeps Numba's cache files only of modules that cannot hold the mutated code: never the
     mutated module's, nor those of modules importing it (relative or absolute, directly or not)."""

@@ -29,6 +29,7 @@ from pageset.order import (
     quasi_random_range,
     rank_positions,
     sample_keys,
+    window_pages_for,
 )
 from pageset.order.mixture import MixtureOrder, MixtureSchedule, mixture_id, quotas
 from pageset.order.subset import SubsetLayout, subset_digest
@@ -326,6 +327,71 @@ def test_mixture_streams_and_resume_equal_the_model(files, order, drop_last):
     rng = random.Random(f"{order}{drop_last}")
     _check_loader(mix, ref, state_of, [1, 2, 4], g, 3, [rng.randrange(1, 3 * ref.steps), ref.steps], mixture=True,
                   **kw)
+
+
+# --- windows sized in records (formats/order.md section 4.1): the Loader's default ---------------------------
+
+@FAST
+@given(layouts, st.one_of(st.none(), st.integers(1, 6)), st.integers(1, 60))
+def test_window_size_equals_the_model(sizes, window_pages, window_records):
+    assert window_pages_for(sizes, window_pages, window_records) == model.window_pages_for(
+        sizes, window_pages, window_records)
+
+
+@pytest.mark.parametrize(("kind", "window_records"), [("file", 40), ("subset", 9), ("tokens", 70), ("mixture", 11)])
+def test_windows_sized_in_records_stream_state_and_resume_equal_the_model(files, kind, window_records):
+    """window_pages left out (the default): every layout gets the M of section 4.1 for ``window_records``, a
+    mixture each source its own; streams, the state (window_pages 0 and window_records) and resume on other
+    world sizes equal the model's."""
+    seed, g, drop_last = 13, 4, kind != "subset"
+    kw = dict(order="quasi_random", seed=seed, drop_last=drop_last, window_records=window_records)
+    if kind == "mixture":
+        names, weights = ["tiny", "varied", "single"], [0.2, 0.5, 0.3]
+        layouts = [_layout(files[n]) for n in names]
+        ref = model.MixtureModel(weights, [s for s, _ in layouts], seed, "quasi_random", None, drop_last, g,
+                                 window_records=window_records)
+        assert ref.m[0] != ref.m[1] < len(ref.sizes[1])  # the sources' windows differ; varied's is not the file
+        _check_loader(Mixture([files[n] for n in names], weights), ref,
+                      lambda e, c: ref.state_dict([i for _, i in layouts], e, c), [1, 2, 4], g, 2,
+                      [3, ref.steps], mixture=True, pipelines={"payload": None}, **kw)
+        return
+    seq_len = 32 if kind == "tokens" else None
+    sizes, dataset_id = _layout(files["tokens" if seq_len else "varied"], seq_len)
+    idx = random.Random(4).sample(range(150), 60) + [20, 20] if kind == "subset" else None
+    ref = model.FileOrder(sizes, seed, "quasi_random", None, drop_last, g, subset=idx, window_records=window_records)
+    assert 1 < ref.m < len(ref.vsizes), (ref.m, len(ref.vsizes))  # a window of several pages, not the whole file
+    pipelines = {"tokens": [TokenWindows(seq_len)]} if seq_len else {"payload": None}
+
+    def state_of(epoch, cursor):
+        st_ = model.state_dict(dataset_id, seed, epoch, cursor, g, "quasi_random", None, drop_last, subset=idx,
+                               seq_len=seq_len or 0, window_records=window_records)
+        assert st_["window_pages"] == 0 and st_["window_records"] == window_records
+        return st_
+
+    _check_loader(files["tokens" if seq_len else "varied"], ref, state_of, [1, 2, 4], g, 2, [5, ref.steps],
+                  pipelines=pipelines, indices=idx, **kw)
+
+
+def test_a_state_of_another_window_is_refused(files):
+    """window_pages / window_records name themselves: a window given in pages against one sized in records (the
+    state of a pageset whose default was window_pages=8), and another window_records."""
+    sizes, dataset_id = _layout(files["varied"])
+    saved = model.state_dict(dataset_id, 1, 0, 0, 4, "quasi_random", 8, True)
+    for other, field in ((dict(), "window_pages"), (dict(window_records=9), "window_pages")):
+        with Loader(files["varied"], batch_size=4, order="quasi_random", seed=1, num_threads=1,
+                    pipelines={"payload": None}, **other) as ld:
+            assert model.refused_field(saved, ld.state_dict(), 1) == field
+            with pytest.raises(StateMismatchError, match=r"window_pages=8.*window_pages=None"):
+                ld.load_state_dict(saved)
+    by_records = model.state_dict(dataset_id, 1, 0, 0, 4, "quasi_random", None, True, window_records=30)
+    with Loader(files["varied"], batch_size=4, order="quasi_random", seed=1, num_threads=1, window_records=31,
+                pipelines={"payload": None}) as ld:
+        assert model.refused_field(by_records, ld.state_dict(), 1) == "window_records"
+        with pytest.raises(StateMismatchError, match="window_records"):
+            ld.load_state_dict(by_records)
+    with Loader(files["varied"], batch_size=4, order="quasi_random", seed=1, num_threads=1, window_pages=8,
+                pipelines={"payload": None}) as ld:
+        ld.load_state_dict(saved)  # the old default, given: accepted
 
 
 # --- more cases (CI) -------------------------------------------------------------------------------------------

@@ -85,6 +85,16 @@ def permutation(page_sizes, seed: int, epoch: int, order: str, window_pages: int
     return out
 
 
+def window_pages_for(page_sizes, window_pages=None, window_records=16384) -> int:
+    """Section 4.1: M given, or sized in records (R = window_records) for this layout."""
+    if window_pages is not None:
+        return window_pages
+    k, n = len(page_sizes), sum(int(s) for s in page_sizes)
+    if n == 0:
+        return 1
+    return min(k, max(1, math.ceil(Fraction(window_records * k, n))))
+
+
 # --- 5. epochs, steps, ranks -------------------------------------------------------------------------------
 
 def epoch_length(n: int, global_batch: int, drop_last: bool) -> int:
@@ -113,13 +123,16 @@ def aug_key(seed: int, epoch: int, position: int) -> int:
 class FileOrder:
     """Order v1 of one record layout (a whole file, or a subset of it: mixture.md section 1).
 
-    ``FileOrder(page_sizes, seed, order, window_pages, drop_last, global_batch, subset=None)``: page_sizes,
-    the file's records (or token windows) per page (sections 6, 7); subset, the ``indices`` list (any order,
-    repeats allowed), None for the whole file.
+    ``FileOrder(page_sizes, seed, order, window_pages, drop_last, global_batch, subset=None,
+    window_records=16384)``: page_sizes, the file's records (or token windows) per page (sections 6, 7); subset,
+    the ``indices`` list (any order, repeats allowed), None for the whole file; window_pages None: M sized in
+    records on the layout the order runs on (section 4.1; a subset's virtual layout).
     """
 
-    def __init__(self, page_sizes, seed, order, window_pages, drop_last, global_batch, subset=None):
-        self.seed, self.order, self.m = seed, order, window_pages
+    def __init__(self, page_sizes, seed, order, window_pages, drop_last, global_batch, subset=None,
+                 window_records=16384):
+        self.seed, self.order = seed, order
+        self.window_pages, self.window_records = window_pages, window_records
         self.drop_last, self.g = drop_last, global_batch
         sizes = [int(s) for s in page_sizes]
         if subset is None:
@@ -134,6 +147,7 @@ class FileOrder:
             else:
                 self.members, self.vsizes = list(subset), [len(subset)]
         self.n = sum(self.vsizes)
+        self.m = window_pages_for(self.vsizes, window_pages, window_records)
         self.length = epoch_length(self.n, global_batch, drop_last)
         self.steps = self.length // global_batch
         self._perms: dict[int, list[int]] = {}
@@ -190,9 +204,13 @@ def window_page_sizes(count: int, seq_len: int, itemsize: int, page_size: int, p
 # --- 8. state -------------------------------------------------------------------------------------------------
 
 def state_dict(dataset_id, seed, epoch, cursor, global_batch, order, window_pages, drop_last, subset=None,
-               seq_len=0, packing="") -> dict:
+               seq_len=0, packing="", window_records=16384) -> dict:
+    """window_pages None: the window sized in records (saved as 0, with window_records)."""
     d = {"version": 1, "order_algo": 1, "dataset_id": dataset_id, "seed": seed, "epoch": epoch, "cursor": cursor,
-         "global_batch_size": global_batch, "order": order, "window_pages": window_pages, "drop_last": drop_last}
+         "global_batch_size": global_batch, "order": order,
+         "window_pages": 0 if window_pages is None else window_pages, "drop_last": drop_last}
+    if window_pages is None:
+        d["window_records"] = window_records
     if subset is not None:
         d["subset"] = subset_digest(subset)
     if seq_len:
@@ -237,8 +255,8 @@ def refused_field(saved: dict, current: dict, world_size: int) -> str | None:
             return name
     checks = ["dataset_id", "subset", "seq_len", "packing", "order_algo", "seed", "order", "drop_last"]
     if saved["order"] == "quasi_random":
-        checks.insert(checks.index("drop_last"), "window_pages")
-    absent = {"subset": "", "seq_len": 0, "packing": ""}  # optional keys: their value when missing
+        checks[checks.index("drop_last"):checks.index("drop_last")] = ["window_pages", "window_records"]
+    absent = {"subset": "", "seq_len": 0, "packing": "", "window_records": 0}  # optional keys: value when missing
     for name in checks:
         a, b = saved.get(name, absent.get(name)), current.get(name, absent.get(name))
         if name == "seq_len" and not a:
@@ -310,12 +328,15 @@ class MixtureModel:
     """mixture.md 2.3-2.5: global mixture positions -> (source, record id), per-source epochs, the state."""
 
     def __init__(self, weights, source_page_sizes, seed, order, window_pages, drop_last, global_batch,
-                 samples_per_epoch=None):
+                 samples_per_epoch=None, window_records=16384):
         self.q = quotas(weights)
         self.slots = schedule(self.q)
         self.period = len(self.slots)
-        self.seed, self.order, self.m, self.drop_last, self.g = seed, order, window_pages, drop_last, global_batch
+        self.seed, self.order, self.drop_last, self.g = seed, order, drop_last, global_batch
+        self.window_pages, self.window_records = window_pages, window_records
         self.sizes = [[int(s) for s in p] for p in source_page_sizes]
+        # section 4.1 of order.md per source: each its own M when the window is sized in records
+        self.m = [window_pages_for(p, window_pages, window_records) for p in self.sizes]
         self.n = [sum(p) for p in self.sizes]
         self.spe = samples_per_epoch if samples_per_epoch is not None else sum(self.n)
         self.length = epoch_length(self.spe, global_batch, drop_last)
@@ -339,7 +360,7 @@ class MixtureModel:
         k = self.count(g, i)
         e, pos = divmod(k, self.n[i])
         if (i, e) not in self._perms:
-            self._perms[(i, e)] = permutation(self.sizes[i], self.source_seeds[i], e, self.order, self.m)
+            self._perms[(i, e)] = permutation(self.sizes[i], self.source_seeds[i], e, self.order, self.m[i])
         return i, self._perms[(i, e)][pos]
 
     def batch(self, epoch: int, step: int, rank: int, world_size: int) -> tuple[list[int], list[int]]:
@@ -358,8 +379,8 @@ class MixtureModel:
     def state_dict(self, source_ids, epoch, cursor, seq_len=0, origin=None) -> dict:
         """origin: the global position of the epoch's first sample (default epoch * L; mixture.md 2.4, 2.5)."""
         first = epoch * self.length if origin is None else origin
-        d = state_dict(self.dataset_id(source_ids), self.seed, epoch, cursor, self.g, self.order, self.m,
-                       self.drop_last, seq_len=seq_len)
+        d = state_dict(self.dataset_id(source_ids), self.seed, epoch, cursor, self.g, self.order, self.window_pages,
+                       self.drop_last, seq_len=seq_len, window_records=self.window_records)
         d["mixture"] = {"mixture_algo": 1, "quotas": list(self.q), "samples_per_epoch": self.spe,
                         "sources": [{"dataset_id": sid, "epoch": e, "cursor": c}
                                     for sid, (e, c) in zip(source_ids, self.cursors(first + cursor))]}

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..format import arguments as check
-from ..order import ORDERS, enable_kernel_cache, resolve_rank, sample_keys
+from ..order import DEFAULT_WINDOW_RECORDS, ORDERS, enable_kernel_cache, resolve_rank, sample_keys, window_pages_of
 from ..order.keys import MASK64
 from ..order.plan import Member, OrderParams, PlanSpec
 from ..order.subset import OneFile
@@ -75,7 +75,7 @@ class Loader:
         pipelines: ``{field: [ops]}``; a field mapped to ``None`` is not loaded; fields left out get their
             default decoder (images have none: give them a crop). See ``pageset.ops.transforms``.
         order: ``"random"`` (full shuffle), ``"quasi_random"`` (shuffle pages, then ids inside windows of
-            ``window_pages`` pages: bounded memory, page-local reads) or ``"sequential"``.
+            about ``window_records`` records: bounded memory, page-local reads) or ``"sequential"``.
         seed: u64; with the epoch it fixes the order and every augmentation.
         drop_last: ``True`` (default): drop the last incomplete global batch (up to ``G - 1`` samples of each
             epoch are not seen that epoch; which ones changes with the epoch's order). ``False``: complete it by
@@ -95,12 +95,23 @@ class Loader:
         page_cache: ``"os"`` (records read with ``pread``; the OS page cache keeps what is hot) or
             ``"process"`` (a bounded LRU of whole pages read with ``pread``, at most ``cache_pages`` pages
             resident: ``cache_pages * page_size`` bytes whatever the file size; default, for each file (of a
-            Mixture too): the pages of the quasi-random windows the batches in flight read, ``window_pages *
-            ceil((batches_ahead + 1) * global_batch / records_per_window) + 2``, never more than the file's pages;
+            Mixture too): the pages of the quasi-random windows the batches in flight read, ``M *
+            ceil((batches_ahead + 1) * global_batch / records_per_window) + 2`` (M: pages per window, below),
+            never more than the file's pages;
             a given ``cache_pages`` bounds the whole loader: a Mixture's files share it evenly, at least one page
             each, ValueError if it is smaller than the number of files). Neither maps the file: a file truncated or modified in
             place under the loader raises TruncatedFileError / FileChangedError at the next batch, never SIGBUS.
-        window_pages: pages per quasi-random window (M).
+        window_pages, window_records: the size of a ``quasi_random`` window (``formats/order.md`` section 4.1).
+            ``window_pages=None`` (default) sizes it in records: each page layout (a file, a subset, each file
+            of a Mixture, a many-file set) gets the fewest pages M whose windows hold at least
+            ``window_records`` records on average (default 16,384; ``M = min(K, ceil(window_records * K / N))``
+            for N records on K pages), whatever the record size. A batch is a uniform draw without
+            replacement from its window (two windows at a boundary), so on data sorted by class (an
+            ImageFolder) it mixes about ``window_records / records_per_class`` classes. Memory: the windows
+            in flight, about ``window_records`` records' bytes each (``page_cache="process"``; a URL's
+            in-memory pages; the OS page cache's working set otherwise): lower ``window_records`` for large
+            records. ``window_pages=M`` (an int >= 1) gives M pages per window instead, as before
+            (``window_pages=8`` reproduces orders and states saved by pageset versions whose default it was).
         storage_options: for a URL ``path`` (``s3://``, ``http(s)://``, any fsspec protocol): options of the fsspec
             filesystem (endpoint, credentials); see ``pageset.read.remote``. In a Mixture they go to its URL
             members only (ValueError when no member is a URL). A URL is read in whole pages by range
@@ -110,7 +121,9 @@ class Loader:
             the file's page size). Temporary files of writers that died mid-write are deleted when a cache opens and
             count towards the bound.
         prefetch_bytes, max_requests: URL only: bytes of the next steps' pages requested ahead (default 64
-            MiB) and range requests running at once (default 8).
+            MiB) and range requests running at once (default 8). Arrived pages stay in memory up to
+            ``2 * prefetch_bytes`` or, when more, the default ``cache_pages`` above (the windows in flight) plus
+            ``2 * prefetch_bytes``: each page of a quasi-random window is then fetched once per epoch.
         request_timeout, request_attempts: URL only: seconds per request and attempts per request (retries
             with exponential backoff and jitter, of what can succeed on a retry: timeouts, resets, refused
             connections, 5xx, 429); then RemoteReadError names the URL, byte range and attempts. A stopped store
@@ -165,7 +178,8 @@ class Loader:
     def __init__(self, path, *, batch_size: int, pipelines: dict | None = None, order: str = "random",
                  seed: int = 0, drop_last: bool = True, num_threads: int | None = None,
                  batches_ahead: int | None = None, rank: int | None = None, world_size: int | None = None,
-                 page_cache: str = "os", window_pages: int = 8, cache_pages: int | None = None,
+                 page_cache: str = "os", window_pages: int | None = None,
+                 window_records: int = DEFAULT_WINDOW_RECORDS, cache_pages: int | None = None,
                  verify_pages: bool = False, indices=None, storage_options: dict | None = None, cache_dir=None,
                  cache_limit_bytes: int | None = None, prefetch_bytes: int | None = None, max_requests: int = 8,
                  request_timeout: float = 30.0, request_attempts: int = 5, array_type: str = "torch",
@@ -184,7 +198,8 @@ class Loader:
         rank = check.integer("rank", rank, minimum=0, optional=True)
         world_size = check.integer("world_size", world_size, minimum=1, optional=True)
         page_cache = check.choice("page_cache", page_cache, ("os", "process"))
-        window_pages = check.integer("window_pages", window_pages, minimum=1)
+        window_pages = check.integer("window_pages", window_pages, minimum=1, optional=True)
+        window_records = check.integer("window_records", window_records, minimum=1)
         cache_pages = check.integer("cache_pages", cache_pages, minimum=1, optional=True)
         verify_pages = check.boolean("verify_pages", verify_pages)
         storage_options = check.mapping("storage_options", storage_options, optional=True)
@@ -214,7 +229,8 @@ class Loader:
         self.dist = Distributed(r, w)
         self.batch_size, self.global_batch_size = batch_size, batch_size * w
         self.order, self.seed, self.drop_last = order, int(seed), bool(drop_last)
-        self.window_pages, self.num_threads, self.batches_ahead = int(window_pages), num_threads, batches_ahead
+        self.window_pages, self.window_records = window_pages, int(window_records)
+        self.num_threads, self.batches_ahead = num_threads, batches_ahead
         # what is read, in what order: a file, a subset, a Mixture, a FileSet (order/plan.py); the Loader holds
         # one plan built from it (in _setup) and never asks which kind it is
         spec = (path if isinstance(path, PlanSpec) else OneFile(path)).with_indices(indices)
@@ -224,7 +240,8 @@ class Loader:
         # process mode: the child process builds this Loader again from these arguments (pickled; checked below)
         child_args = dict(path=path, batch_size=batch_size, pipelines=pipelines, order=order, seed=seed,
                           drop_last=drop_last, num_threads=num_threads, batches_ahead=batches_ahead,
-                          page_cache=page_cache, window_pages=window_pages, cache_pages=cache_pages,
+                          page_cache=page_cache, window_pages=window_pages, window_records=window_records,
+                          cache_pages=cache_pages,
                           verify_pages=verify_pages, indices=indices, array_type=array_type) if num_workers else None
         self._sources: list[FileSource] = []
         self._datasets = []
@@ -279,6 +296,10 @@ class Loader:
         n = len(self._datasets)
         if cache_pages is None:  # the default, per file (a function of the file's records and pages)
             per_file = [self._default_cache_pages] * n
+            subset = getattr(spec, "indices", None)
+            if subset is not None and hasattr(subset, "__len__"):  # a subset's windows: its ids on the file's pages
+                # (ids that are no sequence are refused by the plan, naming them)
+                per_file = [functools.partial(self._default_cache_pages, subset_records=len(subset))]
         elif page_cache == "process":  # the whole loader's budget: a Mixture's files share it
             per_file = split_cache_pages(cache_pages, n)
         else:  # not used
@@ -295,7 +316,8 @@ class Loader:
         # each row of a batch is read from its own file (all from file 0 when the plan names no sources)
         self._reader = RowReader(self._sources, self._stages)
         params = OrderParams(self.seed, self.order, self.window_pages, self.global_batch_size, self.drop_last,
-                             self._seq_len(), next((s.packing for s in self._stages if hasattr(s, "packing")), ""))
+                             self._seq_len(), next((s.packing for s in self._stages if hasattr(s, "packing")), ""),
+                             self.window_records)
         self._plan = spec.plan([Member(s.path, s.dataset_id, s.page_sizes, getattr(s, "tokens", None))
                                  for s in self._sources], params)
         plan = self._plan
@@ -319,8 +341,14 @@ class Loader:
                         and all(getattr(s, "inline", False) for s in self._stages))
         self._fill_times: list[float] = []  # seconds of the inline fills since the last check
 
-    def _default_cache_pages(self, n_records: int, page_count: int) -> int:
-        """Default ``cache_pages`` of a file: ``window_pages * ceil(in_flight / records_per_window) + 2``.
+    def _default_cache_pages(self, n_records: int, page_count: int, subset_records: int | None = None) -> int:
+        """Default ``cache_pages`` of a file: ``M * ceil(in_flight / records_per_window) + 2``.
+
+        M is the quasi-random window's pages (formats/order.md section 4.1: ``window_pages``, or sized by
+        ``window_records`` over the file's ``n_records`` on ``page_count`` pages; for a subset of
+        ``subset_records`` ids, over those ids on the file's pages: at least the subset's own M). The other
+        orders have no windows: M is ``window_pages`` or 8, as the default was before windows were sized in
+        records.
 
         The batches being filled at once (``batches_ahead + 1`` global batches) read from the window(s) their
         positions fall in; the quasi-random order visits a window's pages in every batch, so the cache must
@@ -329,8 +357,12 @@ class Loader:
         measured, a 256 MB token file with 8 MiB pages then reads each page exactly once per epoch). The cache
         itself never takes more slots than the file has pages.
         """
-        m = self.window_pages
-        per_window = max(1, n_records * m // max(page_count, 1))
+        if self.order != "quasi_random":
+            m = self.window_pages or 8
+        else:
+            n = n_records if subset_records is None else subset_records
+            m = window_pages_of(n, max(page_count, 1), self.window_pages, self.window_records)
+        per_window = max(1, (n_records if subset_records is None else subset_records) * m // max(page_count, 1))
         in_flight = (self.batches_ahead + 1) * self.global_batch_size
         return m * -(-in_flight // per_window) + 2
 

@@ -115,6 +115,12 @@ class FileSource:
                 for stage in self.stages:
                     if hasattr(stage, "pages"):
                         stage.pages = self.pages
+            elif ds.remote is not None and callable(cache_pages):
+                # a URL's in-memory pages hold the quasi-random windows in flight too, as the process cache
+                # does, plus what is prefetched ahead of them (the next window's first pages): a window's pages
+                # are then fetched once, not once per batch that reads them
+                in_flight = cache_pages(self.n_records, ds.page_count) * ds.page_size
+                self.pages.memory_bytes = max(self.pages.memory_bytes, in_flight + 2 * self.pages.prefetch_bytes)
             self.verifier = PageVerifier(ds) if verify_pages else None
             self.row_bytes = sum(int(np.prod(shape)) * np.dtype(dt).itemsize
                                  for st in self.stages for shape, dt, _ in st.outputs.values())

@@ -10,6 +10,7 @@ import functools
 from .keys import key, key_py, sample_keys
 from .sharding import epoch_end, epoch_length, local_batch, rank_positions, rank_span, resolve_rank, steps_per_epoch
 from .shuffle import (
+    DEFAULT_WINDOW_RECORDS,
     ORDERS,
     EpochOrder,
     epoch_permutation,
@@ -18,6 +19,8 @@ from .shuffle import (
     random_permutation,
     sequential_range,
     window_layout,
+    window_pages_for,
+    window_pages_of,
 )
 from .state import (
     ORDER_ALGO,
@@ -32,6 +35,7 @@ from .state import (
 )
 
 __all__ = [
+    "DEFAULT_WINDOW_RECORDS",
     "EpochOrder",
     "ORDERS",
     "ORDER_ALGO",
@@ -59,6 +63,8 @@ __all__ = [
     "sequential_range",
     "steps_per_epoch",
     "window_layout",
+    "window_pages_for",
+    "window_pages_of",
 ]
 
 

@@ -113,4 +113,4 @@ class ManyFilePlan(FilePlan):
 
     def epoch(self, epoch: int, shift: int = 0) -> PlanEpoch:
         p = self.params
-        return ManyFileEpoch(EpochOrder(self.page_sizes, p.seed, epoch, p.order, p.window_pages), self.starts)
+        return ManyFileEpoch(EpochOrder(self.page_sizes, p.seed, epoch, p.order, self.window_pages), self.starts)

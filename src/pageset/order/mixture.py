@@ -261,18 +261,24 @@ class MixtureOrder:
     """Global mixture positions -> (source, record id), each source in its own order v1 and epoch counter.
 
     ``MixtureOrder(schedule, page_sizes, seed, order, window_pages)``: page_sizes is one int64[K_i] per
-    source (records per page; N_i = sum). Source i's k-th sample is position ``k % N_i`` of its epoch
-    ``k // N_i`` under ``EpochOrder(page_sizes[i], source_seed(seed, i), k // N_i, order, window_pages)``.
+    source (records per page; N_i = sum); window_pages is M (int >= 1) for every source, or a sequence of one
+    M_i per source (a loader's window sized in records gives each source its own, formats/order.md section 4.1).
+    Source i's k-th sample is position ``k % N_i`` of its epoch ``k // N_i`` under
+    ``EpochOrder(page_sizes[i], source_seed(seed, i), k // N_i, order, M_i)``.
     Keeps the orders of the last two epochs of each source (a tiny source wraps often) and, in one flat
     buffer, the ids of the two order windows each source read last: a lookup is one kernel call
     (:func:`_mixture_ids`) unless a sample lies in a window not loaded yet. One caller at a time (the
     loader's main thread).
     """
 
-    def __init__(self, schedule: MixtureSchedule, page_sizes, seed: int, order: str, window_pages: int = 1):
+    def __init__(self, schedule: MixtureSchedule, page_sizes, seed: int, order: str, window_pages=1):
         if len(page_sizes) != schedule.n_sources:
             raise ValueError(f"{len(page_sizes)} page layouts for {schedule.n_sources} sources")
-        self.schedule, self.order, self.window_pages = schedule, order, int(window_pages)
+        per_source = ([int(window_pages)] * schedule.n_sources if isinstance(window_pages, numbers.Integral)
+                      else [int(m) for m in window_pages])
+        if len(per_source) != schedule.n_sources:
+            raise ValueError(f"{len(per_source)} window_pages for {schedule.n_sources} sources")
+        self.schedule, self.order, self.window_pages = schedule, order, per_source
         self.page_sizes = [np.asarray(p, dtype=np.int64) for p in page_sizes]
         self.n_records = [int(p.sum()) for p in self.page_sizes]
         for i, (n, q) in enumerate(zip(self.n_records, schedule.quotas)):
@@ -291,7 +297,7 @@ class MixtureOrder:
         cap = np.zeros(2 * s, dtype=np.int64)
         for i, (sizes, q) in enumerate(zip(self.page_sizes, schedule.quotas)):
             if q > 0:
-                m = sizes.shape[0] if order == "random" else self.window_pages
+                m = sizes.shape[0] if order == "random" else self.window_pages[i]
                 cap[2 * i : 2 * i + 2] = np.sort(sizes)[::-1][:m].sum()
         self._capacity = cap
         np.cumsum(cap[:-1], out=self._windows[3, 1:])
@@ -304,7 +310,8 @@ class MixtureOrder:
         key = (source, epoch)
         order = self._orders.get(key)
         if order is None:
-            order = EpochOrder(self.page_sizes[source], self.seeds[source], epoch, self.order, self.window_pages)
+            order = EpochOrder(self.page_sizes[source], self.seeds[source], epoch, self.order,
+                               self.window_pages[source])
             self._orders[key] = order
             mine = [k for k in self._orders if k[0] == source]
             for k in mine[:-2]:
@@ -620,7 +627,7 @@ class MixturePlan(Plan):
         self.source_ids = [m.dataset_id for m in members]
         self.n_records = samples_per_epoch or sum(m.n_records for m in members)
         self.order = MixtureOrder(MixtureSchedule(quota_values), [m.page_sizes for m in members], params.seed,
-                                  params.order, params.window_pages)
+                                  params.order, [params.pages_per_window(m.page_sizes) for m in members])
         self.path = f"Mixture of {len(members)} files ({', '.join(m.path for m in members)})"
         self.dataset_id = mixture_id(self.source_ids, self.order.schedule.quotas, self.n_records)
         self.epoch_length = self._epoch_length()

@@ -45,23 +45,30 @@ from typing import NamedTuple
 import numpy as np
 
 from .sharding import epoch_end, epoch_length
-from .shuffle import EpochOrder, _as_page_sizes
+from .shuffle import DEFAULT_WINDOW_RECORDS, EpochOrder, _as_page_sizes, window_pages_for
 from .state import OrderState, StateMismatchError, check_compatible, resume_cursor
 
 
 @dataclass(frozen=True)
 class OrderParams:
     """The loader's order parameters (validated by the Loader): seed in ``[0, 2**64)``, order (one of ORDERS),
-    window_pages (M >= 1), global_batch_size (G >= 1), drop_last, seq_len (the TokenWindows length of token
-    files, 0 for record files: recorded in the state)."""
+    window_pages (M >= 1, or None: sized by window_records per page layout, :meth:`pages_per_window`),
+    global_batch_size (G >= 1), drop_last, seq_len (the TokenWindows length of token files, 0 for record files:
+    recorded in the state), packing, window_records (R >= 1, used when window_pages is None)."""
 
     seed: int
     order: str
-    window_pages: int
+    window_pages: int | None
     global_batch_size: int
     drop_last: bool
     seq_len: int = 0
     packing: str = ""  # "" for stride windows and record files, else a token file's packing (formats/packing.md)
+    window_records: int = DEFAULT_WINDOW_RECORDS
+
+    def pages_per_window(self, page_sizes) -> int:
+        """M of the quasi-random windows over the layout ``page_sizes`` (int64[K] records per page):
+        ``window_pages``, or sized by ``window_records`` (formats/order.md section 4.1)."""
+        return window_pages_for(page_sizes, self.window_pages, self.window_records)
 
 
 @dataclass(frozen=True)
@@ -160,7 +167,9 @@ class Plan(ABC):
     def _order_state(self, epoch: int, cursor: int, subset: str = "") -> OrderState:
         p = self.params
         return OrderState(dataset_id=self.dataset_id, seed=p.seed, epoch=epoch, cursor=cursor,
-                          global_batch_size=p.global_batch_size, order=p.order, window_pages=p.window_pages,
+                          global_batch_size=p.global_batch_size, order=p.order,
+                          window_pages=0 if p.window_pages is None else p.window_pages,
+                          window_records=p.window_records if p.window_pages is None else 0,
                           drop_last=p.drop_last, subset=subset, seq_len=p.seq_len,
                           packing=p.packing, batch_offset=cursor % p.global_batch_size)
 
@@ -249,11 +258,12 @@ class FilePlan(Plan):
         self.page_sizes = _as_page_sizes(page_sizes)
         self.dataset_id, self.path = dataset_id, path
         self.n_records = int(self.page_sizes.sum())
+        self.window_pages = params.pages_per_window(self.page_sizes)  # M of this layout
         self.epoch_length = self._epoch_length()
 
     def epoch(self, epoch: int, shift: int = 0) -> PlanEpoch:
         p = self.params
-        return FileEpoch(EpochOrder(self.page_sizes, p.seed, epoch, p.order, p.window_pages))
+        return FileEpoch(EpochOrder(self.page_sizes, p.seed, epoch, p.order, self.window_pages))
 
     def _subset(self) -> str:
         """The state's ``subset`` key ("" for a whole file)."""

@@ -186,6 +186,44 @@ def _check_range(start: int, stop: int, limit: int | None) -> tuple[int, int]:
     return start, stop
 
 
+# --- window size: pages per window, given or sized in records ----------------------------------------
+
+DEFAULT_WINDOW_RECORDS = 16384  # R of formats/order.md section 4.1: records a quasi-random window holds, on average
+
+
+def window_pages_for(page_sizes, window_pages: int | None = None,
+                     window_records: int = DEFAULT_WINDOW_RECORDS) -> int:
+    """M, the pages per quasi-random window of one page layout (formats/order.md section 4.1).
+
+    ``window_pages`` (an int >= 1) is M as given. ``None`` sizes the window in records: the smallest M whose
+    windows hold at least ``window_records`` (R >= 1) records on average, ``M = min(K, max(1, ceil(R*K / N)))``
+    for K = ``len(page_sizes)`` pages (empty pages counted) holding N records; 1 when N = 0. So a window holds
+    about R records whatever the record size (8 MiB pages of ~140 KB JPEGs: ~60 a page, M ~ R / 60; of 2 KiB
+    token windows: ~4,096 a page, M ~ R / 4096), and a loader's memory (the pages of the windows in flight) is
+    about R records' bytes. Raises ValueError / TypeError on bad arguments.
+    """
+    sizes = _as_page_sizes(page_sizes)
+    return window_pages_of(int(sizes.sum()), sizes.shape[0], window_pages, window_records)
+
+
+def window_pages_of(n_records: int, n_pages: int, window_pages: int | None = None,
+                    window_records: int = DEFAULT_WINDOW_RECORDS) -> int:
+    """:func:`window_pages_for` of a layout of ``n_records`` records on ``n_pages`` pages (ints >= 0)."""
+    if window_pages is not None:
+        window_pages = _as_int("window_pages", window_pages)
+        if window_pages < 1:
+            raise ValueError(f"window_pages must be >= 1 (1 = page-local order) or None (sized by window_records), "
+                             f"got {window_pages}")
+        return window_pages
+    r = _as_int("window_records", window_records)
+    if r < 1:
+        raise ValueError(f"window_records must be >= 1, got {r}")
+    k, n = max(_as_int("n_pages", n_pages), 1), _as_int("n_records", n_records)
+    if n <= 0:
+        return 1
+    return min(k, max(1, -(-(r * k) // n)))
+
+
 # --- layout: page order and window bounds -------------------------------------------------------------
 
 

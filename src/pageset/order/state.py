@@ -41,7 +41,9 @@ FIELDS = (
 # section 7): the rows are the records, so the cursor means nothing under another packing.
 # batch_offset: cursor % global_batch_size, not 0 only in an epoch in which the global batch changed (the steps
 # of the rest of that epoch start at positions batch_offset + k*G).
-OPTIONAL_FIELDS = {"subset": "", "seq_len": 0, "packing": "", "batch_offset": 0}
+# window_records: R when the quasi-random window is sized in records (window_pages is then 0, formats/order.md
+# section 4.1); absent when window_pages gives M.
+OPTIONAL_FIELDS = {"window_records": 0, "subset": "", "seq_len": 0, "packing": "", "batch_offset": 0}
 
 
 class StateError(ValueError):
@@ -76,7 +78,7 @@ class OrderState:
     seed: int in [0, 2**64). epoch: int >= 0. cursor: int >= 0, global samples (epoch positions) consumed in
     this epoch (``cursor % global_batch_size == batch_offset``). global_batch_size: int >= 1, G, the global
     batch of the loader that saved the state. order: one of ORDERS. window_pages:
-    int >= 1, M. drop_last: bool. subset: str, ``""`` for a whole file, else the subset's digest
+    int >= 1, M, or 0 when M is sized by ``window_records`` (int >= 1; 0 otherwise). drop_last: bool. subset: str, ``""`` for a whole file, else the subset's digest
     (``"<n>:<sha256>"``, see ``subset.py``). seq_len: int >= 0, the window length of a token file's loader
     (0 for a record file): windows are the records, so the cursor means nothing under another seq_len.
     packing: str, ``""`` for stride windows, else the packing of packed rows (``"best_fit:pages=<P>"``).
@@ -95,6 +97,7 @@ class OrderState:
     order: str
     window_pages: int = 1
     drop_last: bool
+    window_records: int = 0
     subset: str = ""
     seq_len: int = 0
     packing: str = ""
@@ -118,7 +121,8 @@ class OrderState:
             ("epoch", 0),
             ("cursor", 0),
             ("global_batch_size", 1),
-            ("window_pages", 1),
+            ("window_pages", 0),
+            ("window_records", 0),
             ("seq_len", 0),
             ("batch_offset", 0),
         ):
@@ -128,6 +132,11 @@ class OrderState:
         _expect(self.seed <= MASK64, "seed", f"must be < 2**64, got {self.seed}")
         _expect(self.order in ORDERS, "order", f"must be one of {ORDERS}, got {self.order!r}")
         _expect(type(self.drop_last) is bool, "drop_last", f"must be a bool, got {self.drop_last!r}")
+        _expect(self.window_pages >= 1 or self.window_records >= 1, "window_pages",
+                "must be >= 1 (M), or 0 with window_records >= 1 (a window sized in records), got 0 without "
+                "window_records")
+        _expect(self.window_pages == 0 or self.window_records == 0, "window_records",
+                f"must be absent (0) when window_pages gives M ({self.window_pages}), got {self.window_records}")
         _expect(isinstance(self.subset, str), "subset", f"must be a str, got {self.subset!r}")
         _expect(isinstance(self.packing, str), "packing", f"must be a str, got {self.packing!r}")
         _expect(
@@ -200,7 +209,9 @@ _HINTS = {
     "order_algo": "The order algorithm changed: resume with the pageset version that wrote the state.",
     "seed": "Construct the loader with the saved seed, or start fresh instead of loading the state.",
     "order": "Construct the loader with the saved order, or start fresh instead of loading the state.",
-    "window_pages": "Construct the loader with the saved window_pages, or start fresh.",
+    "window_pages": ("Construct the loader with the saved window_pages (0: window_pages=None, the window sized "
+                     "in records by window_records), or start fresh."),
+    "window_records": "Construct the loader with the saved window_records (and window_pages=None), or start fresh.",
     "drop_last": "Construct the loader with the saved drop_last: it changes the epoch length.",
     "subset": "The state was saved on another subset of records (indices=, '' = the whole file): construct "
               "the loader with the same indices, in the same order.",
@@ -218,7 +229,7 @@ def check_compatible(
     """Raise unless the loader described by ``current`` can resume ``saved`` on ``world_size`` ranks.
 
     Compares dataset_id, subset, seq_len (when the saved one is not 0), packing, order_algo, seed, order, window_pages
-    (only for ``"quasi_random"``, the one order it changes) and drop_last: StateMismatchError naming the first
+    and window_records (only for ``"quasi_random"``, the one order they change) and drop_last: StateMismatchError naming the first
     differing field with both values. ``global_batch_size`` may differ (the epoch continues at the saved position
     in steps of the current G: :func:`resume_cursor`); ``current.epoch`` and ``current.cursor`` are ignored (the
     saved ones win). Then requires ``current.global_batch_size % world_size == 0`` (StateError on
@@ -228,7 +239,7 @@ def check_compatible(
     """
     fields = ["dataset_id", "subset", "seq_len", "packing", "order_algo", "seed", "order", "drop_last"]
     if saved.order == "quasi_random":
-        fields.insert(fields.index("drop_last"), "window_pages")
+        fields[fields.index("drop_last"):fields.index("drop_last")] = ["window_pages", "window_records"]
     for name in fields:
         a, b = getattr(saved, name), getattr(current, name)
         if name == "seq_len" and a == 0:

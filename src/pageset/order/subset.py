@@ -165,7 +165,7 @@ class SubsetPlan(FilePlan):
 
     def epoch(self, epoch: int, shift: int = 0) -> PlanEpoch:
         p = self.params
-        return FileEpoch(EpochOrder(self.layout.page_sizes, p.seed, epoch, p.order, p.window_pages),
+        return FileEpoch(EpochOrder(self.layout.page_sizes, p.seed, epoch, p.order, self.window_pages),
                          self.layout.members)
 
     def _subset(self) -> str:
