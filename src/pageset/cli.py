@@ -29,7 +29,15 @@ import sys
 import numpy as np
 
 from .format import FormatError
-from .format.constants import DEFAULT_PAGE_SIZE, ENCODING_NAMES, FORMAT_MAJOR, FORMAT_MINOR, MAGIC
+from .format.constants import (
+    DEFAULT_PAGE_SIZE,
+    ENCODING_NAMES,
+    FORMAT_MAJOR,
+    FORMAT_MINOR,
+    MAGIC,
+    MAX_PAGE_SIZE,
+    MIN_PAGE_SIZE,
+)
 from .format.errors import plural
 from .format.fields import Int, RGBImage
 from .read import Dataset
@@ -430,14 +438,32 @@ def version() -> str:
     return pageset.__version__
 
 
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
-    return value
+class _Int:
+    """An argparse ``type=``: an int in ``[minimum, maximum]`` (``power_of_two``: also a power of two), else an
+    ``ArgumentTypeError`` that argparse prints as ``argument --OPTION: must be ..., got 'VALUE'`` (exit status 2),
+    before any work. ``valid`` is that range in words."""
+
+    def __init__(self, minimum: int, maximum: int | None = None, power_of_two: bool = False):
+        self.minimum, self.maximum, self.power_of_two = minimum, maximum, power_of_two
+        bounds = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+        self.valid = f"a power of two {bounds}" if power_of_two else f"an int {bounds}"
+        self.__name__ = "int"  # argparse's name for the type, in its own messages
+
+    def __call__(self, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if (value is None or value < self.minimum or (self.maximum is not None and value > self.maximum)
+                or (self.power_of_two and value & (value - 1))):
+            raise argparse.ArgumentTypeError(f"must be {self.valid}, got {text!r}")
+        return value
+
+
+_at_least_one = _Int(1)
+_workers = _Int(0)  # 0: in this process
+_page_size = _Int(MIN_PAGE_SIZE, MAX_PAGE_SIZE, power_of_two=True)  # formats/v1.md
+_token_id = _Int(0, int(np.iinfo(np.uint32).max))  # the tokenizer's vocabulary and the dtype are checked later
 
 
 def cmd_warmup(args) -> int:
@@ -467,21 +493,23 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("convert", help="ImageFolder directory or image-path list -> pageset file")
     c.add_argument("output", help="output file or URL, e.g. train.pageset")
     c.add_argument("source", help="ImageFolder directory (root/<class>/<image>) or a text file of image paths")
-    c.add_argument("--max-resolution", type=int, default=None, help="shrink so the longer side is at most this")
+    c.add_argument("--max-resolution", type=_at_least_one, default=None, help="shrink so the longer side is at most this")
     c.add_argument("--encoding", choices=["jpeg", "raw", "auto"], default="jpeg")
-    c.add_argument("--jpeg-quality", type=int, default=90)
+    c.add_argument("--jpeg-quality", type=_Int(1, 100), default=90, help="JPEG quality, 1-100")
     c.add_argument("--jpeg-subsampling", choices=["4:4:4", "4:2:2", "4:2:0"], default="4:2:0")
     c.add_argument("--jpeg-passthrough", action="store_true",
                    help="store JPEG inputs as they are when no conversion is needed (no re-encoding)")
     c.add_argument("--no-jpeg-draft", dest="jpeg_draft", action="store_false",
                    help="decode every JPEG in full before shrinking (default: a large JPEG is decoded at a reduced "
                         "DCT scale that keeps >= 2x max_resolution)")
-    c.add_argument("--num-workers", type=int, default=None, help="encoding processes (default: all cores)")
-    c.add_argument("--page-size", type=int, default=DEFAULT_PAGE_SIZE, help="bytes per page (power of two)")
+    c.add_argument("--num-workers", type=_workers, default=None,
+                   help="encoding processes (default: all cores; 0: in this process)")
+    c.add_argument("--page-size", type=_page_size, default=DEFAULT_PAGE_SIZE,
+                   help=f"bytes per page (a power of two in [{MIN_PAGE_SIZE}, {MAX_PAGE_SIZE}])")
     c.add_argument("--on-error", choices=["raise", "skip"], default="raise")
     c.add_argument("--no-progress", action="store_true")
     _cluster_args(c)
-    c.add_argument("--chunk-size", type=int, default=None,
+    c.add_argument("--chunk-size", type=_at_least_one, default=None,
                    help="samples per task (default 8 locally, 1024 per shard with --scheduler)")
     c.set_defaults(func=cmd_convert)
     t = sub.add_parser("convert-text", help="text corpus -> token file (tokenize + pack)")
@@ -490,13 +518,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--tokenizer", required=True,
                    help="tokenizer.json, a cl100k_base .tiktoken file, or GPT-2 encoder.json/vocab.json with --merges")
     t.add_argument("--merges", default=None, help="vocab.bpe / merges.txt for a GPT-2-style BPE")
-    t.add_argument("--eos-id", type=int, default=None)
-    t.add_argument("--bos-id", type=int, default=None)
+    t.add_argument("--eos-id", type=_token_id, default=None)
+    t.add_argument("--bos-id", type=_token_id, default=None)
     t.add_argument("--dtype", choices=["auto", "uint16", "uint32"], default="auto")
     t.add_argument("--text-key", default="text", help="JSONL key / Parquet column")
     t.add_argument("--separator", default=None, help="split text files at lines equal to this, e.g. %%")
-    t.add_argument("--num-workers", type=int, default=None)
-    t.add_argument("--page-size", type=int, default=DEFAULT_PAGE_SIZE)
+    t.add_argument("--num-workers", type=_workers, default=None)
+    t.add_argument("--page-size", type=_page_size, default=DEFAULT_PAGE_SIZE)
     t.add_argument("--no-progress", action="store_true")
     _cluster_args(t)
     t.set_defaults(func=cmd_convert_text)
