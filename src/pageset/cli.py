@@ -6,6 +6,7 @@
     pageset convert s3://bucket/train.pageset PHOTOS/ --scheduler tcp://HOST:8786   # on a Dask cluster
     pageset convert s3://bucket/train.pageset PHOTOS/ --ray auto                    # on a Ray cluster
     pageset merge all.pageset part1.pageset part2.pageset
+    pageset merge all.pageset train/                 # a many-file dataset's members -> one file
     pageset inspect train.pageset [--json]
     pageset verify train.pageset
     pageset verify s3://bucket/train.pageset --storage-options '{"client_kwargs": {"endpoint_url": "..."}}'
@@ -244,9 +245,22 @@ def cmd_merge(args) -> int:
         return 1
     count = (f"{_n(r.documents, 'document')}, {_n(r.tokens, 'token')}" if hasattr(r, "tokens")
              else _n(r.records, "record"))
-    print(f"wrote {r.path}: {count} from {_n(len(args.inputs), 'file')}, {r.bytes / 1e6:.1f} MB in {r.seconds:.1f} s, "
-          f"id {r.dataset_id[:16]}")
+    print(f"wrote {r.path}: {count} from {_inputs(args.inputs, _storage_options(args))}, {r.bytes / 1e6:.1f} MB in "
+          f"{r.seconds:.1f} s, id {r.dataset_id[:16]}")
     return 0
+
+
+def _inputs(inputs, storage_options) -> str:
+    """``"2 files"``, ``"1 file and 1 many-file set (3 members)"``: what merge read."""
+    from .read.manyfile import many_file_members
+
+    members = [len(many_file_members(p if not is_url(p) or p.endswith("/") else p + "/", storage_options).paths)
+               for p in inputs if _many(p, storage_options)]
+    files = len(inputs) - len(members)
+    parts = [_n(files, "file")] if files else []
+    if members:
+        parts.append(f"{_n(len(members), 'many-file set')} ({_n(sum(members), 'member')})")
+    return " and ".join(parts)
 
 
 def _many(path: str, storage_options=None) -> bool:
@@ -530,7 +544,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_convert_text)
     m = sub.add_parser("merge", help="concatenate pageset files with one schema into one file")
     m.add_argument("output", help="output file or URL, e.g. all.pageset")
-    m.add_argument("inputs", nargs="+", help="pageset files (or URLs) with one schema, in this order")
+    m.add_argument("inputs", nargs="+", help="pageset files (or URLs) with one schema, in this order; a many-file "
+                   "set's folder (or URL prefix) stands for its members, in manifest order")
     m.add_argument("--storage-options", default=None,
                    help="JSON fsspec options for every URL: the output and URL inputs")
     m.add_argument("--no-progress", action="store_true")
