@@ -366,3 +366,49 @@ def test_merge_of_a_set_of_many_members_stays_within_a_low_open_file_limit(tmp_p
                            capture_output=True, text=True, timeout=600)
         assert r.returncode == 0 and r.stdout.strip() == "150", r.stderr[-2000:]
         assert (tmp_path / "m.pageset").read_bytes() == (tmp_path / "one.pageset").read_bytes()
+
+
+# -- issue 28 item 5: a pre-tokenized set stores the dtype the single file of the same input stores
+
+def _set_dtypes(folder) -> set:
+    """The stored token dtype of every member, read by the reference reader (tests/reference/format.py)."""
+    from reference import format as ref_format
+
+    return {ref_format.read_file(p).schema["tokens"]["dtype"] for p in _member_paths(folder)}
+
+
+@pytest.mark.parametrize("high", [60_000, 65_535, 65_536, 200_000])
+@pytest.mark.parametrize("one_shot", [False, True], ids=["list", "generator"])
+def test_pre_tokenized_set_members_merge_to_the_single_file(tmp_path, high, one_shot):
+    """dtype="auto": uint16 iff the largest id (BOS/EOS included) fits, decided from the whole input for every
+    member alike, as the single file decides; so merging the members gives the single file, byte for byte. The
+    largest id sits in the last member only: a per-member choice would give members of two dtypes."""
+    rng = np.random.default_rng(high)
+    docs = [rng.integers(2, 50_000, size=int(rng.integers(1, 200))) for _ in range(30)]
+    docs[-1][0] = high  # the largest id, in the last member
+    kw = {"eos_id": 1, "progress": False, "lineage": False, "page_size": 1 << 12}
+    one = write_tokens(tmp_path / "one.pageset", docs, None, num_workers=0, **kw)
+    assert one.dtype == ("uint16" if high <= 65_535 else "uint32")  # the single file's documented rule
+    for workers in (0, 2):
+        folder = tmp_path / f"set{workers}"
+        src = (d for d in docs) if one_shot else docs
+        res = write_tokens(folder, src, None, num_workers=workers, docs_per_member=8, **kw)
+        assert len(res.members) == 4 and res.dtype == one.dtype
+        assert _set_dtypes(folder) == {one.dtype}
+        merge_datasets(tmp_path / "m.pageset", _member_paths(folder), progress=False, lineage=False)
+        assert (tmp_path / "m.pageset").read_bytes() == (tmp_path / "one.pageset").read_bytes()
+    assert list(tmp_path.glob("**/*spill*")) == []
+
+
+def test_appending_pre_tokenized_ids_keeps_the_sets_dtype(tmp_path):
+    kw = {"eos_id": 1, "num_workers": 0, "progress": False, "lineage": False, "docs_per_member": 2}
+    small = [np.arange(2, 40) + k for k in range(4)]
+    write_tokens(tmp_path / "s16", small, None, **kw)
+    write_tokens(tmp_path / "s16", small[:2], None, append=True, **kw)
+    assert _set_dtypes(tmp_path / "s16") == {"uint16"}
+    with pytest.raises(ValueError, match=r"token id 70000 > 65535.*the set stores uint16.*dtype='uint32'"):
+        write_tokens(tmp_path / "s16", [np.array([5, 70_000])], None, append=True, **kw)
+    assert len(_member_paths(tmp_path / "s16")) == 3 and _set_dtypes(tmp_path / "s16") == {"uint16"}
+    write_tokens(tmp_path / "s32", [np.array([5, 70_000])], None, **kw)
+    write_tokens(tmp_path / "s32", small, None, append=True, **kw)  # ids that fit uint16, stored as the set's
+    assert _set_dtypes(tmp_path / "s32") == {"uint32"}
