@@ -9,7 +9,9 @@ notice stays silent.
 The warm-up builds tiny real files in a temporary folder (a few JPEGs, two token files) and pulls one batch
 through each pipeline family the Loader compiles a separate specialization for: images written as float32,
 float16 / bfloat16 and uint8, with both page caches; tokens of uint16 and uint32 files, plain and with
-document outputs, in every order, a mixture, and many-file sets of tokens and of records. Families run in
+document outputs, in every order, a mixture, and many-file sets of tokens and of records; packed rows
+(``packing="best_fit"``: ops/packing.py) of token files and chat files (a loss mask: labels), with both
+page caches and both input dtypes. Families run in
 ``num_workers`` processes: the first wave compiles the shared helpers (JPEG, crop, resize, spans) once, the later
 waves load them from the cache.
 
@@ -42,7 +44,8 @@ class WarmupResult:
 
 
 def _make_data(folder: str) -> dict:
-    """Tiny real files for the warm-up: 8 JPEGs (two classes), uint16 and uint32 token files."""
+    """Tiny real files for the warm-up: 8 JPEGs (two classes), uint16 and uint32 token files, sets and chat files
+    (a loss mask)."""
     import numpy as np
     from PIL import Image
 
@@ -68,10 +71,32 @@ def _make_data(folder: str) -> dict:
         path = paths[f"token_set_{dtype}"] = os.path.join(folder, f"token_set_{dtype}")
         write_tokens(path, [rng.integers(0, 50_257, 3_000).astype(np.int64) for _ in range(4)], None,
                      eos_id=50_256, dtype=dtype, docs_per_member=2, num_workers=0, progress=False)
+    for dtype in ("uint16", "uint32"):  # chat files: tokens with a loss mask (packed: another kernel argument)
+        paths[f"chat_{dtype}"] = os.path.join(folder, f"chat_{dtype}.pageset")
+        _chat_file(paths[f"chat_{dtype}"], dtype, rng)
     paths["record_set"] = os.path.join(folder, "record_set")
     write_dataset(paths["record_set"], [{"label": i, "blob": bytes(i + 1)} for i in range(8)],
                   {"label": Int(), "blob": Bytes()}, records_per_member=4, num_workers=0, progress=False)
     return paths
+
+
+def _chat_file(path: str, dtype: str, rng) -> None:
+    """A token file with a loss mask, as ``write_tokens(messages_key=...)`` writes (no tokenizer needed here):
+    40 documents ending in EOS (id 1), the second half of each trained on."""
+    import numpy as np
+
+    from .write.tokens import TokenFileWriter
+
+    lengths = rng.integers(4, 60, 40)
+    ends = np.cumsum(lengths)
+    ids = rng.integers(2, 50_000 if dtype == "uint16" else 100_000, int(ends[-1]))
+    ids[ends - 1] = 1
+    mask = np.concatenate([np.repeat([0, 1], [n // 2, n - n // 2]) for n in lengths.tolist()]).astype(np.uint8)
+    writer = TokenFileWriter(path, dtype)
+    writer.write(ids)
+    info = {"eos_id": 1, "bos_id": None, "tokenizer": None, "source": "chat", "max_id": int(ids.max()),
+            "loss_mask": {"train_on": ["assistant"], "rule": "message", "template_sha256": "0" * 64}}
+    writer.finish(np.concatenate([[0], ends]).astype(np.uint64), info, None, 0.0, False, mask)
 
 
 def _batches(loader) -> None:
@@ -118,6 +143,17 @@ def run_family(name: str, paths: dict) -> None:
                 _batches(Loader(paths[f"token_set_{dtype}"], batch_size=8, num_threads=1,
                                 pipelines={"tokens": [TokenWindows(64, input_dtype=input_dtype)]}))
         _batches(Loader(paths["record_set"], batch_size=8, num_threads=1))
+        # packed rows: the packing kernels, and the row kernel per token dtype x input dtype x mask (a chat file's
+        # loss mask is a read-only array, another type than the empty mask of a plain file)
+        for dtype in ("uint16", "uint32"):
+            for path in (paths[dtype], paths[f"chat_{dtype}"]):
+                for page_cache in ("os", "process"):
+                    for input_dtype in ("int64", "int32"):
+                        _batches(Loader(path, batch_size=2, num_threads=1, page_cache=page_cache, pipelines={
+                            "tokens": [TokenWindows(seq_len=64, packing="best_fit", input_dtype=input_dtype)]}))
+            for document_outputs in (False, True):  # chat windows: labels from the loss mask
+                _batches(Loader(paths[f"chat_{dtype}"], batch_size=2, num_threads=1, pipelines={
+                    "tokens": [TokenWindows(seq_len=16, document_outputs=document_outputs)]}))
     else:
         raise ValueError(f"unknown warm-up family {name!r}; one of {', '.join(FAMILIES)}")
 
