@@ -138,6 +138,28 @@ def test_print_cache_dir_names_numbas_folder(tmp_path):
     assert r.stdout.strip() == str(tmp_path / "c")
 
 
+@needs_jit
+def test_print_cache_dir_names_every_folder_numba_fills(tmp_path, files):
+    """Without NUMBA_CACHE_DIR numba caches each module's kernels in ``__pycache__`` next to it (when writable):
+    pageset's kernels live in two packages, ops and order, so there are two folders, and --print-cache-dir names
+    both. Checked on a copy of the package (its own folders, empty): the folders printed are exactly those in
+    which a token Loader's compiled kernels (token, span and order kernels) land."""
+    import shutil
+
+    copy = tmp_path / "src"
+    shutil.copytree(Path(SRC) / "pageset", copy / "pageset", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["PYTHONPATH"] = str(copy)
+    r = subprocess.run([sys.executable, "-m", "pageset.cli", "warmup", "--print-cache-dir"], env=env,
+                       capture_output=True, text=True, timeout=600, check=True)
+    want = {str(copy / "pageset" / "ops" / "__pycache__"), str(copy / "pageset" / "order" / "__pycache__")}
+    assert set(r.stdout.split()) == want and len(r.stdout.splitlines()) == 2, r.stdout
+    r = subprocess.run([sys.executable, "-c", LOADERS, "-", files[1]], env=env, capture_output=True, text=True,
+                       timeout=1800, check=True)
+    assert json.loads(r.stdout.strip().splitlines()[-1]), "nothing compiled: the copy was not what ran"
+    assert {str(p.parent) for p in (copy / "pageset").rglob("*.nbi")} == want
+
+
 @pytest.mark.parametrize("value", ["0", "-2", "two"])
 def test_warmup_refuses_a_bad_worker_count(capsys, value):
     with pytest.raises(SystemExit) as exc:

@@ -481,19 +481,19 @@ _token_id = _Int(0, int(np.iinfo(np.uint32).max))  # the tokenizer's vocabulary 
 
 
 def cmd_warmup(args) -> int:
-    from .warmup import cache_dir, warmup  # torch and numba: loaded only for this command
+    from .warmup import cache_dirs, warmup  # torch and numba: loaded only for this command
 
     if args.print_cache_dir:
-        print(cache_dir() or "none (no writable cache location: kernels compile in each process)")
+        print("\n".join(cache_dirs()) or "none (no writable cache location: kernels compile in each process)")
         return 0
-    print(f"pageset warmup: compiling the Loader's Numba kernels into {cache_dir() or 'no cache'} ...",
-          flush=True)
+    where = " and ".join(cache_dirs()) or "no cache"
+    print(f"pageset warmup: compiling the Loader's Numba kernels into {where} ...", flush=True)
     res = warmup(args.num_workers, log=None if args.quiet else print)
-    if res.cache_dir is None:
+    if not res.cache_dirs:
         print("pageset warmup: numba found no writable cache location, so nothing was kept; set NUMBA_CACHE_DIR "
               "to a writable folder (the same one for training)", file=sys.stderr)
         return 1
-    print(f"pageset warmup: done in {res.seconds:.1f} s; kernels cached in {res.cache_dir}")
+    print(f"pageset warmup: done in {res.seconds:.1f} s; kernels cached in {' and '.join(res.cache_dirs)}")
     return 0
 
 
@@ -570,10 +570,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Compile every Numba kernel the Loader uses into numba's on-disk cache, so that "
                        "later processes start without compiling (run it after pip install, e.g. in a Dockerfile). "
                        "The cache is NUMBA_CACHE_DIR when set, else __pycache__ next to pageset's modules "
-                       "(when writable), else a user cache folder.")
+                       "(two folders: pageset/ops/__pycache__ and pageset/order/__pycache__, when writable), else "
+                       "a user cache folder (again one per package).")
     w.add_argument("--num-workers", type=_at_least_one, default=None,
                    help="processes compiling at once (default: min(2, cores); 1: in this process)")
-    w.add_argument("--print-cache-dir", action="store_true", help="print where the kernels are cached and exit")
+    w.add_argument("--print-cache-dir", action="store_true",
+                   help="print the folders the kernels are cached in (one a line: NUMBA_CACHE_DIR when set, else "
+                        "the ops and the order kernels' folders) and exit")
     w.add_argument("--quiet", action="store_true", help="no per-family progress lines")
     w.set_defaults(func=cmd_warmup)
     return p

@@ -16,7 +16,9 @@ page caches and both input dtypes. Families run in
 waves load them from the cache.
 
 Where the cache lives is numba's choice (``NUMBA_CACHE_DIR`` if set, else ``__pycache__`` next to pageset's
-modules when writable, else a user cache folder); :func:`warmup` returns it and the CLI prints it.
+modules when writable, else a user cache folder): without ``NUMBA_CACHE_DIR`` that is two folders, one for the
+ops kernels and one for the order kernels; :func:`cache_dirs` names them, :func:`warmup` returns them and the CLI
+prints them.
 """
 
 from __future__ import annotations
@@ -35,12 +37,14 @@ FAMILIES = tuple(name for wave in WAVES for name in wave)
 
 @dataclass(frozen=True)
 class WarmupResult:
-    """What :func:`warmup` did: ``families`` run, ``seconds`` of wall time, ``cache_dir`` (str, or None when
-    numba found no writable cache location: then nothing was kept and each process compiles again)."""
+    """What :func:`warmup` did: ``families`` run, ``seconds`` of wall time, ``cache_dirs`` (every folder the
+    kernels are cached in: see :func:`cache_dirs`; empty when numba found no writable cache location: then
+    nothing was kept and each process compiles again) and ``cache_dir`` (the first of them, or None)."""
 
     families: tuple
     seconds: float
     cache_dir: str | None
+    cache_dirs: tuple = ()
 
 
 def _make_data(folder: str) -> dict:
@@ -158,17 +162,31 @@ def run_family(name: str, paths: dict) -> None:
         raise ValueError(f"unknown warm-up family {name!r}; one of {', '.join(FAMILIES)}")
 
 
-def cache_dir() -> str | None:
-    """Where numba caches pageset's kernels in this process: ``NUMBA_CACHE_DIR`` when set, else the folder of
-    the ops kernels (``.../pageset/ops/__pycache__``; order's kernels sit in ``.../pageset/order/__pycache__``).
-    None: no writable location, nothing is kept."""
+def cache_dirs() -> tuple[str, ...]:
+    """Every folder numba caches pageset's kernels in, in this process: ``(NUMBA_CACHE_DIR,)`` when that is set
+    (numba files each module's kernels in a sub-folder of it); else one per package holding kernels,
+    ``.../pageset/ops/__pycache__`` and ``.../pageset/order/__pycache__`` (their counterparts in the user cache
+    folder where the install is read-only). Empty: no writable location, nothing is kept."""
     import numba
 
-    from .ops import image_batch, kernel_cache
+    from .ops import image_batch, kernel_cache, packing, spans, tokens
+    from .order import enable_kernel_cache, keys, mixture, shuffle
 
     image_batch.prepare()
-    where = kernel_cache.cache_dir(image_batch)
-    return (numba.config.CACHE_DIR or where) if where else None
+    tokens.prepare()
+    spans.prepare()
+    packing.prepare()
+    enable_kernel_cache()
+    found = [kernel_cache.cache_dir(m) for m in (image_batch, tokens, spans, packing, keys, mixture, shuffle)]
+    if None in found:
+        return ()
+    return (numba.config.CACHE_DIR,) if numba.config.CACHE_DIR else tuple(dict.fromkeys(found))
+
+
+def cache_dir() -> str | None:
+    """The first of :func:`cache_dirs` (the only one when ``NUMBA_CACHE_DIR`` is set), or None."""
+    dirs = cache_dirs()
+    return dirs[0] if dirs else None
 
 
 def warmup(num_workers: int | None = None, log=None) -> WarmupResult:
@@ -202,4 +220,5 @@ def warmup(num_workers: int | None = None, log=None) -> WarmupResult:
                         fut.result()
                         if log:
                             log(f"  {futures[fut]}: {time.perf_counter() - t0:.1f} s")
-    return WarmupResult(FAMILIES, time.perf_counter() - t0, cache_dir())
+    dirs = cache_dirs()
+    return WarmupResult(FAMILIES, time.perf_counter() - t0, dirs[0] if dirs else None, dirs)
