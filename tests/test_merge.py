@@ -343,6 +343,31 @@ def test_merge_of_a_set_refuses_a_replaced_member_and_a_folder_without_manifest(
         merge_datasets(members[0], [tmp_path / "set"], progress=False)
 
 
+def test_merge_refuses_an_input_replaced_between_its_check_and_its_copy(tmp_path, photos, monkeypatch):
+    """Inputs are checked in a first pass and copied in a second (one open at a time): a file replaced in between
+    (here: a valid pageset file of the same schema renamed over it) is refused, not merged unchecked."""
+    import os
+
+    import pageset.merge as merge_mod
+    from pageset.format.errors import FileChangedError
+
+    kw = {"num_workers": 0, "progress": False, "lineage": False, "page_size": 1 << 14}
+    write_dataset(tmp_path / "set", Rows(_rows(photos, 6)), FIELDS, records_per_member=3, **kw)
+    write_dataset(tmp_path / "other.pageset", Rows(_rows(photos, 3)[::-1]), FIELDS, **kw)
+    members = _member_paths(tmp_path / "set")
+    checked = merge_mod._open_inputs
+
+    def then_replace(*args):
+        opened = checked(*args)
+        os.replace(tmp_path / "other.pageset", members[1])  # after the check, before the copy
+        return opened
+
+    monkeypatch.setattr(merge_mod, "_open_inputs", then_replace)
+    with pytest.raises(FileChangedError, match=r"m0001-000001\.pageset: .*changed while it was merged"):
+        merge_datasets(tmp_path / "m.pageset", [tmp_path / "set"], progress=False)
+    assert not (tmp_path / "m.pageset").exists()
+
+
 MERGE_UNDER_LIMIT = r"""
 import resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
