@@ -263,3 +263,177 @@ def test_merge_sums_ignored_files_and_keeps_user_metadata_only_when_inputs_agree
     with pytest.raises(ValueError, match=r"junk\.bin exists and is not a pageset file: .*the order is "
                                          r"merge_datasets\(path, \[a, b, \.\.\.\]\)"):
         merge_datasets(tmp_path / "junk.bin", [tmp_path / "a.pageset", tmp_path / "b.pageset"], progress=False)
+
+
+# -- issue 28 item 5: a many-file set's folder as an input
+
+def _member_paths(folder) -> list[str]:
+    """The member files of the set at ``folder``, in manifest order, read from the manifest JSON itself."""
+    import json
+
+    manifest = json.loads((folder / "pageset.manifest.json").read_text())
+    return [str(folder / e["name"]) for e in manifest["members"]]
+
+
+def test_merge_takes_a_many_file_set_as_its_members_in_manifest_order(tmp_path, photos, capsys):
+    kw = {"num_workers": 0, "progress": False, "lineage": False, "page_size": 1 << 14}
+    write_dataset(tmp_path / "set", Rows(_rows(photos, 11)), FIELDS, records_per_member=4, **kw)
+    write_dataset(tmp_path / "one.pageset", Rows(_rows(photos, 11)), FIELDS, **kw)
+    write_dataset(tmp_path / "b.pageset", Rows(_rows(photos, 3)), FIELDS, **kw)
+    members = _member_paths(tmp_path / "set")
+    assert len(members) == 3
+    res = merge_datasets(tmp_path / "m.pageset", [tmp_path / "set"], progress=False, lineage=False)
+    assert res.records == 11
+    # the README's promise: merging a set's members gives the single file of the whole source, byte for byte
+    assert (tmp_path / "m.pageset").read_bytes() == (tmp_path / "one.pageset").read_bytes()
+    # a set among files, named by its folder or its manifest: exactly the merge of the member files in its place
+    merge_datasets(tmp_path / "want.pageset", [tmp_path / "b.pageset", *members, tmp_path / "b.pageset"],
+                   progress=False, lineage=False)
+    for name in ("set", "set/pageset.manifest.json"):
+        merge_datasets(tmp_path / "mix.pageset", [tmp_path / "b.pageset", tmp_path / name, tmp_path / "b.pageset"],
+                       progress=False, lineage=False)
+        assert (tmp_path / "mix.pageset").read_bytes() == (tmp_path / "want.pageset").read_bytes()
+    capsys.readouterr()
+    assert main(["merge", str(tmp_path / "cli.pageset"), str(tmp_path / "set"), str(tmp_path / "b.pageset"),
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "14 records from 1 file and 1 many-file set (3 members)" in out, out
+    with open_dataset(tmp_path / "cli.pageset") as ds:
+        assert ds.index["label"].tolist() == list(range(11)) + [0, 1, 2]
+
+
+def test_merge_takes_a_token_set(tmp_path):
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(2, 60000, size=int(rng.integers(1, 300))) for _ in range(40)]
+    kw = {"eos_id": 1, "num_workers": 0, "progress": False, "lineage": False, "page_size": 1 << 12}
+    write_tokens(tmp_path / "set", docs, None, docs_per_member=15, dtype="uint16", **kw)
+    write_tokens(tmp_path / "one.pageset", docs, None, dtype="uint16", **kw)
+    res = merge_datasets(tmp_path / "m.pageset", [tmp_path / "set"], progress=False, lineage=False)
+    assert (res.documents, res.dtype) == (40, "uint16")
+    assert (tmp_path / "m.pageset").read_bytes() == (tmp_path / "one.pageset").read_bytes()
+
+
+def test_merge_of_a_set_refuses_a_replaced_member_and_a_folder_without_manifest(tmp_path, photos, capsys):
+    kw = {"num_workers": 0, "progress": False, "lineage": False, "page_size": 1 << 14}
+    write_dataset(tmp_path / "set", Rows(_rows(photos, 9)), FIELDS, records_per_member=4, **kw)
+    members = _member_paths(tmp_path / "set")
+    # a member swapped for another valid pageset file (same schema) after the manifest was written
+    write_dataset(tmp_path / "other.pageset", Rows(_rows(photos, 4)[::-1]), FIELDS, **kw)
+    import shutil
+
+    shutil.copyfile(tmp_path / "other.pageset", members[1])
+    from pageset.format.errors import MemberMismatchError
+
+    with pytest.raises(MemberMismatchError, match=r"m0001-000001\.pageset.*dataset id .*the manifest lists"):
+        merge_datasets(tmp_path / "m.pageset", [tmp_path / "set"], progress=False)
+    assert not (tmp_path / "m.pageset").exists()
+    # a folder that is no set: named, with the fix, and nothing written
+    (tmp_path / "loose").mkdir()
+    shutil.copyfile(tmp_path / "other.pageset", tmp_path / "loose" / "a.pageset")
+    with pytest.raises(FileNotFoundError, match=r"loose is a folder without pageset\.manifest\.json.*give the "
+                                                r"pageset files in it"):
+        merge_datasets(tmp_path / "m.pageset", [tmp_path / "loose"], progress=False)
+    capsys.readouterr()
+    assert main(["merge", str(tmp_path / "m.pageset"), str(tmp_path / "loose"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "pageset merge: " in err and "Is a directory" not in err and "give the pageset files in it" in err, err
+    assert not (tmp_path / "m.pageset").exists()
+    # the output among the set's members is refused before any work
+    with pytest.raises(ValueError, match="writing would destroy the source"):
+        merge_datasets(members[0], [tmp_path / "set"], progress=False)
+
+
+def test_merge_refuses_an_input_replaced_between_its_check_and_its_copy(tmp_path, photos, monkeypatch):
+    """Inputs are checked in a first pass and copied in a second (one open at a time): a file replaced in between
+    (here: a valid pageset file of the same schema renamed over it) is refused, not merged unchecked."""
+    import os
+
+    import pageset.merge as merge_mod
+    from pageset.format.errors import FileChangedError
+
+    kw = {"num_workers": 0, "progress": False, "lineage": False, "page_size": 1 << 14}
+    write_dataset(tmp_path / "set", Rows(_rows(photos, 6)), FIELDS, records_per_member=3, **kw)
+    write_dataset(tmp_path / "other.pageset", Rows(_rows(photos, 3)[::-1]), FIELDS, **kw)
+    members = _member_paths(tmp_path / "set")
+    checked = merge_mod._open_inputs
+
+    def then_replace(*args):
+        opened = checked(*args)
+        os.replace(tmp_path / "other.pageset", members[1])  # after the check, before the copy
+        return opened
+
+    monkeypatch.setattr(merge_mod, "_open_inputs", then_replace)
+    with pytest.raises(FileChangedError, match=r"m0001-000001\.pageset: .*changed while it was merged"):
+        merge_datasets(tmp_path / "m.pageset", [tmp_path / "set"], progress=False)
+    assert not (tmp_path / "m.pageset").exists()
+
+
+MERGE_UNDER_LIMIT = r"""
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+from pageset import merge_datasets
+r = merge_datasets(sys.argv[1], sys.argv[2:], progress=False, lineage=False)
+print(r.records)
+"""
+
+
+def test_merge_of_a_set_of_many_members_stays_within_a_low_open_file_limit(tmp_path):
+    import subprocess
+    import sys
+
+    kw = {"num_workers": 0, "progress": False, "lineage": False, "page_size": 1 << 12}
+    rows = [{"label": i} for i in range(150)]
+    write_dataset(tmp_path / "set", rows, {"label": Int()}, records_per_member=1, **kw)  # 150 members
+    write_dataset(tmp_path / "one.pageset", rows, {"label": Int()}, **kw)
+    # the set's folder, and its 150 member files named one by one (each input is open only while it is read)
+    for inputs in ([str(tmp_path / "set")], _member_paths(tmp_path / "set")):
+        r = subprocess.run([sys.executable, "-c", MERGE_UNDER_LIMIT, str(tmp_path / "m.pageset"), *inputs],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0 and r.stdout.strip() == "150", r.stderr[-2000:]
+        assert (tmp_path / "m.pageset").read_bytes() == (tmp_path / "one.pageset").read_bytes()
+
+
+# -- issue 28 item 5: a pre-tokenized set stores the dtype the single file of the same input stores
+
+def _set_dtypes(folder) -> set:
+    """The stored token dtype of every member, read by the reference reader (tests/reference/format.py)."""
+    from reference import format as ref_format
+
+    return {ref_format.read_file(p).schema["tokens"]["dtype"] for p in _member_paths(folder)}
+
+
+@pytest.mark.parametrize("high", [60_000, 65_535, 65_536, 200_000])
+@pytest.mark.parametrize("one_shot", [False, True], ids=["list", "generator"])
+def test_pre_tokenized_set_members_merge_to_the_single_file(tmp_path, high, one_shot):
+    """dtype="auto": uint16 iff the largest id (BOS/EOS included) fits, decided from the whole input for every
+    member alike, as the single file decides; so merging the members gives the single file, byte for byte. The
+    largest id sits in the last member only: a per-member choice would give members of two dtypes."""
+    rng = np.random.default_rng(high)
+    docs = [rng.integers(2, 50_000, size=int(rng.integers(1, 200))) for _ in range(30)]
+    docs[-1][0] = high  # the largest id, in the last member
+    kw = {"eos_id": 1, "progress": False, "lineage": False, "page_size": 1 << 12}
+    one = write_tokens(tmp_path / "one.pageset", docs, None, num_workers=0, **kw)
+    assert one.dtype == ("uint16" if high <= 65_535 else "uint32")  # the single file's documented rule
+    for workers in (0, 2):
+        folder = tmp_path / f"set{workers}"
+        src = (d for d in docs) if one_shot else docs
+        res = write_tokens(folder, src, None, num_workers=workers, docs_per_member=8, **kw)
+        assert len(res.members) == 4 and res.dtype == one.dtype
+        assert _set_dtypes(folder) == {one.dtype}
+        merge_datasets(tmp_path / "m.pageset", _member_paths(folder), progress=False, lineage=False)
+        assert (tmp_path / "m.pageset").read_bytes() == (tmp_path / "one.pageset").read_bytes()
+    assert list(tmp_path.glob("**/*spill*")) == []
+
+
+def test_appending_pre_tokenized_ids_keeps_the_sets_dtype(tmp_path):
+    kw = {"eos_id": 1, "num_workers": 0, "progress": False, "lineage": False, "docs_per_member": 2}
+    small = [np.arange(2, 40) + k for k in range(4)]
+    write_tokens(tmp_path / "s16", small, None, **kw)
+    write_tokens(tmp_path / "s16", small[:2], None, append=True, **kw)
+    assert _set_dtypes(tmp_path / "s16") == {"uint16"}
+    with pytest.raises(ValueError, match=r"token id 70000 > 65535.*the set stores uint16.*dtype='uint32'"):
+        write_tokens(tmp_path / "s16", [np.array([5, 70_000])], None, append=True, **kw)
+    assert len(_member_paths(tmp_path / "s16")) == 3 and _set_dtypes(tmp_path / "s16") == {"uint16"}
+    write_tokens(tmp_path / "s32", [np.array([5, 70_000])], None, **kw)
+    write_tokens(tmp_path / "s32", small, None, append=True, **kw)  # ids that fit uint16, stored as the set's
+    assert _set_dtypes(tmp_path / "s32") == {"uint32"}

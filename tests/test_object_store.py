@@ -589,3 +589,19 @@ def test_merge_to_s3_retries_as_many_times_as_the_caller_says(tmp_path, moto_s3,
         assert not _fs(moto_s3).exists(f"pageset-test/retry/{kind}.pageset")
     finally:
         proxy.stop()
+
+
+def test_merge_takes_a_many_file_set_on_s3_by_its_prefix(tmp_path, moto_s3):
+    """issue 28: a set's URL prefix (with or without its "/") as a merge input is its members, in manifest order:
+    the single file of the whole source (lineage=False)."""
+    kw = {"num_workers": 0, "progress": False, "lineage": False, "page_size": 1 << 12}
+    rows = [(i, bytes(i % 7 + 1)) for i in range(30)]
+    from pageset import Bytes
+
+    fields = {"y": Int(), "b": Bytes()}
+    write_dataset("s3://pageset-test/set28", rows, fields, records_per_member=8, storage_options=moto_s3, **kw)
+    write_dataset(tmp_path / "one.pageset", rows, fields, **kw)
+    for url in ("s3://pageset-test/set28/", "s3://pageset-test/set28"):
+        res = merge_datasets(tmp_path / "m.pageset", [url], storage_options=moto_s3, progress=False, lineage=False)
+        assert res.records == 30
+        assert (tmp_path / "m.pageset").read_bytes() == (tmp_path / "one.pageset").read_bytes()

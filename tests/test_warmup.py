@@ -42,6 +42,12 @@ runs = [] if images == "-" else [
     (images, {"image": [CenterCrop(48), ToTensor()], "label": None})]
 runs.append((tokens, {"tokens": [TokenWindows(seq_len=256)]}))
 runs += [(p, pipes) for p, pipes in zip(sys.argv[3:5], [{"tokens": [TokenWindows(seq_len=64)]}, {}])]  # sets
+if len(sys.argv) > 5:  # packed rows of a token file; a chat file (loss mask): windows with labels, packed rows
+    chat = sys.argv[5]
+    runs += [(tokens, {"tokens": [TokenWindows(seq_len=64, packing="best_fit")]}),
+             (chat, {"tokens": [TokenWindows(seq_len=16)]}),
+             (chat, {"tokens": [TokenWindows(seq_len=16, document_outputs=True)]}),
+             (chat, {"tokens": [TokenWindows(seq_len=16, packing="best_fit")]})]
 for path, pipes in runs:
     with Loader(path, batch_size=4, num_threads=2, pipelines=pipes) as loader:
         next(iter(loader))
@@ -78,7 +84,29 @@ def files(tmp_path_factory, imagenet_like):
                  num_workers=0, progress=False)
     write_dataset(d / "rec_set", [{"label": i, "blob": bytes(i + 3)} for i in range(12)],
                   {"label": Int(), "blob": Bytes()}, records_per_member=5, num_workers=0, progress=False)
-    return str(d / "img.pageset"), str(d / "tok.pageset"), str(d / "tok_set"), str(d / "rec_set")
+    _chat_file(d / "chat.pageset")
+    return (str(d / "img.pageset"), str(d / "tok.pageset"), str(d / "tok_set"), str(d / "rec_set"),
+            str(d / "chat.pageset"))
+
+
+def _chat_file(path) -> None:
+    """A token file with a loss mask (what write_tokens(messages_key=...) writes), made with the package's token
+    writer so that no tokenizer or template is needed: 12 documents, the second half of each trained on."""
+    import numpy as np
+
+    from pageset.write.tokens import TokenFileWriter
+
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(5, 40, 12)
+    ids = rng.integers(2, 120_000, int(lengths.sum()))  # a 128K vocabulary: uint32 ids, as a DeepSeek chat file
+    ends = np.cumsum(lengths)
+    ids[ends - 1] = 1  # each document ends with EOS
+    mask = np.concatenate([np.repeat([0, 1], [n // 2, n - n // 2]) for n in lengths]).astype(np.uint8)
+    writer = TokenFileWriter(str(path), "uint32")
+    writer.write(ids)
+    info = {"eos_id": 1, "bos_id": None, "tokenizer": None, "source": "chat", "max_id": int(ids.max()),
+            "loss_mask": {"train_on": ["assistant"], "rule": "message", "template_sha256": "0" * 64}}
+    writer.finish(np.concatenate([[0], ends]).astype(np.uint64), info, None, 0.0, False, mask)
 
 
 @needs_jit
@@ -108,6 +136,28 @@ def test_print_cache_dir_names_numbas_folder(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pageset.cli", "warmup", "--print-cache-dir"],
                        env=_env(tmp_path / "c"), capture_output=True, text=True, timeout=600, check=True)
     assert r.stdout.strip() == str(tmp_path / "c")
+
+
+@needs_jit
+def test_print_cache_dir_names_every_folder_numba_fills(tmp_path, files):
+    """Without NUMBA_CACHE_DIR numba caches each module's kernels in ``__pycache__`` next to it (when writable):
+    pageset's kernels live in two packages, ops and order, so there are two folders, and --print-cache-dir names
+    both. Checked on a copy of the package (its own folders, empty): the folders printed are exactly those in
+    which a token Loader's compiled kernels (token, span and order kernels) land."""
+    import shutil
+
+    copy = tmp_path / "src"
+    shutil.copytree(Path(SRC) / "pageset", copy / "pageset", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["PYTHONPATH"] = str(copy)
+    r = subprocess.run([sys.executable, "-m", "pageset.cli", "warmup", "--print-cache-dir"], env=env,
+                       capture_output=True, text=True, timeout=600, check=True)
+    want = {str(copy / "pageset" / "ops" / "__pycache__"), str(copy / "pageset" / "order" / "__pycache__")}
+    assert set(r.stdout.split()) == want and len(r.stdout.splitlines()) == 2, r.stdout
+    r = subprocess.run([sys.executable, "-c", LOADERS, "-", files[1]], env=env, capture_output=True, text=True,
+                       timeout=1800, check=True)
+    assert json.loads(r.stdout.strip().splitlines()[-1]), "nothing compiled: the copy was not what ran"
+    assert {str(p.parent) for p in (copy / "pageset").rglob("*.nbi")} == want
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two"])

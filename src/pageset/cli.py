@@ -6,6 +6,7 @@
     pageset convert s3://bucket/train.pageset PHOTOS/ --scheduler tcp://HOST:8786   # on a Dask cluster
     pageset convert s3://bucket/train.pageset PHOTOS/ --ray auto                    # on a Ray cluster
     pageset merge all.pageset part1.pageset part2.pageset
+    pageset merge all.pageset train/                 # a many-file dataset's members -> one file
     pageset inspect train.pageset [--json]
     pageset verify train.pageset
     pageset verify s3://bucket/train.pageset --storage-options '{"client_kwargs": {"endpoint_url": "..."}}'
@@ -29,7 +30,15 @@ import sys
 import numpy as np
 
 from .format import FormatError
-from .format.constants import DEFAULT_PAGE_SIZE, ENCODING_NAMES, FORMAT_MAJOR, FORMAT_MINOR, MAGIC
+from .format.constants import (
+    DEFAULT_PAGE_SIZE,
+    ENCODING_NAMES,
+    FORMAT_MAJOR,
+    FORMAT_MINOR,
+    MAGIC,
+    MAX_PAGE_SIZE,
+    MIN_PAGE_SIZE,
+)
 from .format.errors import plural
 from .format.fields import Int, RGBImage
 from .read import Dataset
@@ -236,9 +245,22 @@ def cmd_merge(args) -> int:
         return 1
     count = (f"{_n(r.documents, 'document')}, {_n(r.tokens, 'token')}" if hasattr(r, "tokens")
              else _n(r.records, "record"))
-    print(f"wrote {r.path}: {count} from {_n(len(args.inputs), 'file')}, {r.bytes / 1e6:.1f} MB in {r.seconds:.1f} s, "
-          f"id {r.dataset_id[:16]}")
+    print(f"wrote {r.path}: {count} from {_inputs(args.inputs, _storage_options(args))}, {r.bytes / 1e6:.1f} MB in "
+          f"{r.seconds:.1f} s, id {r.dataset_id[:16]}")
     return 0
+
+
+def _inputs(inputs, storage_options) -> str:
+    """``"2 files"``, ``"1 file and 1 many-file set (3 members)"``: what merge read."""
+    from .read.manyfile import many_file_members
+
+    members = [len(many_file_members(p if not is_url(p) or p.endswith("/") else p + "/", storage_options).paths)
+               for p in inputs if _many(p, storage_options)]
+    files = len(inputs) - len(members)
+    parts = [_n(files, "file")] if files else []
+    if members:
+        parts.append(f"{_n(len(members), 'many-file set')} ({_n(sum(members), 'member')})")
+    return " and ".join(parts)
 
 
 def _many(path: str, storage_options=None) -> bool:
@@ -430,30 +452,48 @@ def version() -> str:
     return pageset.__version__
 
 
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
-    return value
+class _Int:
+    """An argparse ``type=``: an int in ``[minimum, maximum]`` (``power_of_two``: also a power of two), else an
+    ``ArgumentTypeError`` that argparse prints as ``argument --OPTION: must be ..., got 'VALUE'`` (exit status 2),
+    before any work. ``valid`` is that range in words."""
+
+    def __init__(self, minimum: int, maximum: int | None = None, power_of_two: bool = False):
+        self.minimum, self.maximum, self.power_of_two = minimum, maximum, power_of_two
+        bounds = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+        self.valid = f"a power of two {bounds}" if power_of_two else f"an int {bounds}"
+        self.__name__ = "int"  # argparse's name for the type, in its own messages
+
+    def __call__(self, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if (value is None or value < self.minimum or (self.maximum is not None and value > self.maximum)
+                or (self.power_of_two and value & (value - 1))):
+            raise argparse.ArgumentTypeError(f"must be {self.valid}, got {text!r}")
+        return value
+
+
+_at_least_one = _Int(1)
+_workers = _Int(0)  # 0: in this process
+_page_size = _Int(MIN_PAGE_SIZE, MAX_PAGE_SIZE, power_of_two=True)  # formats/v1.md
+_token_id = _Int(0, int(np.iinfo(np.uint32).max))  # the tokenizer's vocabulary and the dtype are checked later
 
 
 def cmd_warmup(args) -> int:
-    from .warmup import cache_dir, warmup  # torch and numba: loaded only for this command
+    from .warmup import cache_dirs, warmup  # torch and numba: loaded only for this command
 
     if args.print_cache_dir:
-        print(cache_dir() or "none (no writable cache location: kernels compile in each process)")
+        print("\n".join(cache_dirs()) or "none (no writable cache location: kernels compile in each process)")
         return 0
-    print(f"pageset warmup: compiling the Loader's Numba kernels into {cache_dir() or 'no cache'} ...",
-          flush=True)
+    where = " and ".join(cache_dirs()) or "no cache"
+    print(f"pageset warmup: compiling the Loader's Numba kernels into {where} ...", flush=True)
     res = warmup(args.num_workers, log=None if args.quiet else print)
-    if res.cache_dir is None:
+    if not res.cache_dirs:
         print("pageset warmup: numba found no writable cache location, so nothing was kept; set NUMBA_CACHE_DIR "
               "to a writable folder (the same one for training)", file=sys.stderr)
         return 1
-    print(f"pageset warmup: done in {res.seconds:.1f} s; kernels cached in {res.cache_dir}")
+    print(f"pageset warmup: done in {res.seconds:.1f} s; kernels cached in {' and '.join(res.cache_dirs)}")
     return 0
 
 
@@ -467,21 +507,23 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("convert", help="ImageFolder directory or image-path list -> pageset file")
     c.add_argument("output", help="output file or URL, e.g. train.pageset")
     c.add_argument("source", help="ImageFolder directory (root/<class>/<image>) or a text file of image paths")
-    c.add_argument("--max-resolution", type=int, default=None, help="shrink so the longer side is at most this")
+    c.add_argument("--max-resolution", type=_at_least_one, default=None, help="shrink so the longer side is at most this")
     c.add_argument("--encoding", choices=["jpeg", "raw", "auto"], default="jpeg")
-    c.add_argument("--jpeg-quality", type=int, default=90)
+    c.add_argument("--jpeg-quality", type=_Int(1, 100), default=90, help="JPEG quality, 1-100")
     c.add_argument("--jpeg-subsampling", choices=["4:4:4", "4:2:2", "4:2:0"], default="4:2:0")
     c.add_argument("--jpeg-passthrough", action="store_true",
                    help="store JPEG inputs as they are when no conversion is needed (no re-encoding)")
     c.add_argument("--no-jpeg-draft", dest="jpeg_draft", action="store_false",
                    help="decode every JPEG in full before shrinking (default: a large JPEG is decoded at a reduced "
                         "DCT scale that keeps >= 2x max_resolution)")
-    c.add_argument("--num-workers", type=int, default=None, help="encoding processes (default: all cores)")
-    c.add_argument("--page-size", type=int, default=DEFAULT_PAGE_SIZE, help="bytes per page (power of two)")
+    c.add_argument("--num-workers", type=_workers, default=None,
+                   help="encoding processes (default: all cores; 0: in this process)")
+    c.add_argument("--page-size", type=_page_size, default=DEFAULT_PAGE_SIZE,
+                   help=f"bytes per page (a power of two in [{MIN_PAGE_SIZE}, {MAX_PAGE_SIZE}])")
     c.add_argument("--on-error", choices=["raise", "skip"], default="raise")
     c.add_argument("--no-progress", action="store_true")
     _cluster_args(c)
-    c.add_argument("--chunk-size", type=int, default=None,
+    c.add_argument("--chunk-size", type=_at_least_one, default=None,
                    help="samples per task (default 8 locally, 1024 per shard with --scheduler)")
     c.set_defaults(func=cmd_convert)
     t = sub.add_parser("convert-text", help="text corpus -> token file (tokenize + pack)")
@@ -490,19 +532,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--tokenizer", required=True,
                    help="tokenizer.json, a cl100k_base .tiktoken file, or GPT-2 encoder.json/vocab.json with --merges")
     t.add_argument("--merges", default=None, help="vocab.bpe / merges.txt for a GPT-2-style BPE")
-    t.add_argument("--eos-id", type=int, default=None)
-    t.add_argument("--bos-id", type=int, default=None)
+    t.add_argument("--eos-id", type=_token_id, default=None)
+    t.add_argument("--bos-id", type=_token_id, default=None)
     t.add_argument("--dtype", choices=["auto", "uint16", "uint32"], default="auto")
     t.add_argument("--text-key", default="text", help="JSONL key / Parquet column")
     t.add_argument("--separator", default=None, help="split text files at lines equal to this, e.g. %%")
-    t.add_argument("--num-workers", type=int, default=None)
-    t.add_argument("--page-size", type=int, default=DEFAULT_PAGE_SIZE)
+    t.add_argument("--num-workers", type=_workers, default=None)
+    t.add_argument("--page-size", type=_page_size, default=DEFAULT_PAGE_SIZE)
     t.add_argument("--no-progress", action="store_true")
     _cluster_args(t)
     t.set_defaults(func=cmd_convert_text)
     m = sub.add_parser("merge", help="concatenate pageset files with one schema into one file")
     m.add_argument("output", help="output file or URL, e.g. all.pageset")
-    m.add_argument("inputs", nargs="+", help="pageset files (or URLs) with one schema, in this order")
+    m.add_argument("inputs", nargs="+", help="pageset files (or URLs) with one schema, in this order; a many-file "
+                   "set's folder (or URL prefix) stands for its members, in manifest order")
     m.add_argument("--storage-options", default=None,
                    help="JSON fsspec options for every URL: the output and URL inputs")
     m.add_argument("--no-progress", action="store_true")
@@ -527,10 +570,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Compile every Numba kernel the Loader uses into numba's on-disk cache, so that "
                        "later processes start without compiling (run it after pip install, e.g. in a Dockerfile). "
                        "The cache is NUMBA_CACHE_DIR when set, else __pycache__ next to pageset's modules "
-                       "(when writable), else a user cache folder.")
+                       "(two folders: pageset/ops/__pycache__ and pageset/order/__pycache__, when writable), else "
+                       "a user cache folder (again one per package).")
     w.add_argument("--num-workers", type=_at_least_one, default=None,
                    help="processes compiling at once (default: min(2, cores); 1: in this process)")
-    w.add_argument("--print-cache-dir", action="store_true", help="print where the kernels are cached and exit")
+    w.add_argument("--print-cache-dir", action="store_true",
+                   help="print the folders the kernels are cached in (one a line: NUMBA_CACHE_DIR when set, else "
+                        "the ops and the order kernels' folders) and exit")
     w.add_argument("--quiet", action="store_true", help="no per-family progress lines")
     w.set_defaults(func=cmd_warmup)
     return p

@@ -3,7 +3,12 @@
 The same assembly as ``write_dataset``, fed with the records of existing files instead of encoded ranges: the
 result has the bytes that writing the concatenated source would give (``lineage=False``), because pages are
 assigned once, in record order. Token files concatenate their streams (document offsets shifted; stored as
-uint32 if any input is).
+uint32 if any input is). An input may be a many-file set (its folder, its manifest, or its URL prefix): it stands
+for its members in manifest order, each checked against the manifest, so merging a set gives what merging its
+member files gives (the single file of the whole source).
+
+Inputs are opened one at a time (twice: once to check them all, once to copy each), so a set of any number of
+members is merged within a few open files.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from tqdm.auto import tqdm
 
 from .format import arguments as check
 from .format import constants as C
-from .format.errors import ChecksumMismatchError
+from .format.errors import ChecksumMismatchError, FileChangedError, MemberMismatchError
+from .format.manifest import MANIFEST_NAME, schema_difference
 from .format.schema import canonical_json
+from .read import manyfile
 from .read.reader import Dataset
 from .write.assemble import Assembly
 from .write.filewriter import (
@@ -105,7 +112,8 @@ def merge_datasets(path, inputs, *, progress: bool = True, page_size: int | None
 
     Args:
         path: output path or fsspec URL (written like ``write_dataset``: temp file + rename, or upload).
-        inputs: two or more paths of pageset files (all record files or all token files).
+        inputs: paths of pageset files (all record files or all token files); a many-file set (its folder, its
+            ``pageset.manifest.json``, or its URL prefix) stands for its members in manifest order.
         progress: tqdm bar over records / tokens.
         page_size: output page size; default the first input's.
         metadata: user metadata; default the inputs' when they all carry the same, else none.
@@ -123,7 +131,9 @@ def merge_datasets(path, inputs, *, progress: bool = True, page_size: int | None
         ValueError: fewer than one input, ``path`` among the inputs, an existing ``path`` that is not a pageset
         file, an http(s) ``path`` (read-only), or inputs that differ (names the input and
         the first differing field, class or token setting); TypeError / ValueError for arguments of the wrong
-        kind or range (naming the argument); FormatError subclasses for damaged inputs.
+        kind or range (naming the argument); FormatError subclasses for damaged inputs (MemberMismatchError: a
+        set's member that is not the file its manifest lists; FileChangedError: an input changed while merged);
+        FileNotFoundError for a folder without ``pageset.manifest.json``.
     """
     t0 = time.perf_counter()
     out = check_output_path(path)
@@ -146,31 +156,96 @@ def merge_datasets(path, inputs, *, progress: bool = True, page_size: int | None
         raise ValueError("merge_datasets needs at least one input file")
     check_not_input(out, paths)
     check_replaceable(out, "merge_datasets(path, [a, b, ...])", storage_options, policy)
-    opened: list[Dataset] = []
-    try:
-        for p in paths:
-            remote = is_url(p)
-            opened.append(Dataset(p, storage_options if remote else None, request_timeout=request_timeout,
-                                  request_attempts=request_attempts))
-        kinds = {ds.tokens_info is not None for ds in opened}
-        if len(kinds) > 1:
-            first_tok = next(p for p, ds in zip(paths, opened) if ds.tokens_info is not None)
-            raise ValueError(f"cannot merge token files with record files ({first_tok} is a token file, "
-                             f"{paths[0] if opened[0].tokens_info is None else paths[1]} is not)")
-        page_size = page_size if page_size is not None else opened[0].page_size
-        _check_page_size(page_size)
-        if metadata is None:
-            users = [ds.metadata.get("user", {}) for ds in opened]
-            metadata = users[0] if all(u == users[0] for u in users) else {}
-        canonical_json(metadata)
-        if opened[0].tokens_info is not None:
-            return _merge_tokens(out, paths, opened, page_size, metadata, lineage, storage_options, progress, t0,
-                                  policy)
-        return _merge_records(out, paths, opened, page_size, metadata, lineage, storage_options, progress, t0,
+    opened = _open_inputs(out, paths, storage_options, request_timeout, request_attempts)  # closed once checked
+    paths = [ds.path for ds in opened]  # a set's members in its place
+    kinds = {ds.tokens_info is not None for ds in opened}
+    if len(kinds) > 1:
+        first_tok = next(p for p, ds in zip(paths, opened) if ds.tokens_info is not None)
+        raise ValueError(f"cannot merge token files with record files ({first_tok} is a token file, "
+                         f"{paths[0] if opened[0].tokens_info is None else paths[1]} is not)")
+    page_size = page_size if page_size is not None else opened[0].page_size
+    _check_page_size(page_size)
+    if metadata is None:
+        users = [ds.metadata.get("user", {}) for ds in opened]
+        metadata = users[0] if all(u == users[0] for u in users) else {}
+    canonical_json(metadata)
+    if opened[0].tokens_info is not None:
+        return _merge_tokens(out, paths, opened, page_size, metadata, lineage, storage_options, progress, t0,
                               policy)
-    finally:
-        for ds in opened:
-            ds.close()
+    return _merge_records(out, paths, opened, page_size, metadata, lineage, storage_options, progress, t0,
+                          policy)
+
+
+def _open(path: str, storage_options, request_timeout, request_attempts) -> Dataset:
+    return Dataset(path, storage_options if is_url(path) else None, request_timeout=request_timeout,
+                   request_attempts=request_attempts)
+
+
+def _open_inputs(out, paths, storage_options, request_timeout, request_attempts) -> list[Dataset]:
+    """Each input opened, checked and closed, in order (a closed Dataset keeps its parsed header, schema, index
+    and token sections; :func:`_reopen` reads its bytes). A many-file set stands for its members in manifest
+    order, each checked against the manifest; a URL that is no object but a set's prefix is that set. A local
+    folder without a manifest is refused (FileNotFoundError naming it and the fix), as is an output ``out`` among
+    a set's members (ValueError, before they are read)."""
+    opened = []
+    for p in paths:
+        info = None
+        if manyfile.is_many_file(p):
+            if not is_url(p) and os.path.isdir(p) and not os.path.isfile(os.path.join(p, MANIFEST_NAME)):
+                raise FileNotFoundError(
+                    f"{p} is a folder without {MANIFEST_NAME}: not a many-file pageset set (or its write has not "
+                    f"finished: the manifest is written last); give the pageset files in it as the inputs, e.g. "
+                    f"{os.path.join(p, '*.pageset')}")
+            info = manyfile.many_file_members(p, storage_options if is_url(p) else None)
+        else:
+            try:
+                ds = _open(p, storage_options, request_timeout, request_attempts)
+            except FileNotFoundError:
+                if not (is_url(p) and manyfile.manifest_exists(p, storage_options)):
+                    raise
+                info = manyfile.many_file_members(p + "/", storage_options)  # a set's URL prefix without its "/"
+            else:
+                ds.close()
+                opened.append(ds)
+                continue
+        check_not_input(out, list(info.paths))
+        for k, member in enumerate(info.paths):
+            ds = _open(member, storage_options, request_timeout, request_attempts)
+            try:
+                _check_member(ds, info, k)
+            finally:
+                ds.close()
+            opened.append(ds)
+    return opened
+
+
+def _check_member(ds: Dataset, info, k: int) -> None:
+    """MemberMismatchError unless ``ds`` is member ``k`` of the set ``info`` as its manifest lists it."""
+    m = info.manifest.members[k]
+    where = (f"member {k} of the many-file set {info.folder} (its manifest lists {m.name} with dataset id "
+             f"{m.dataset_id[:16]}...)")
+    diff = schema_difference(info.manifest.schema, ds.schema)
+    if diff is not None:
+        raise MemberMismatchError(ds.path, "schema", None, f"the member's schema differs from the set's: {diff}; "
+                                  f"{where}; nothing was merged")
+    for what, found, want in (("dataset id", ds.dataset_id, m.dataset_id), ("size in bytes", ds.file_size, m.bytes),
+                              ("page count", ds.page_count, m.pages)):
+        if found != want:
+            raise MemberMismatchError(ds.path, "header", None, f"its {what} is {found}, the manifest lists {want}: "
+                                      f"the file was replaced or rewritten after the manifest was written; {where}; "
+                                      "nothing was merged: restore the member or rewrite the set")
+
+
+def _reopen(ds: Dataset, storage_options, policy) -> Dataset:
+    """``ds`` (checked, then closed) opened again to copy its bytes; FileChangedError when it is no longer the
+    file that was checked."""
+    policy = policy or WritePolicy()
+    again = _open(ds.path, storage_options, policy.timeout, policy.attempts)
+    if (again.dataset_id, again.file_size) != (ds.dataset_id, ds.file_size):
+        again.close()
+        raise FileChangedError(ds.path, "header", None, "the input changed while it was merged (another dataset id "
+                               "or size than when it was checked): nothing was merged; merge it again")
+    return again
 
 
 def _describe_field(f: dict) -> str:
@@ -234,7 +309,8 @@ def _merge_records(out, paths, opened, page_size, metadata, record_lineage, stor
         try:
             base = 0
             for ds, n in zip(opened, counts):
-                asm.add(_FilePart(ds, base))
+                with _reopen(ds, storage_options, policy) as live:
+                    asm.add(_FilePart(live, base))
                 base += n
                 bar.update(len(ds))
         finally:
@@ -269,11 +345,13 @@ def _merge_tokens(out, paths, opened, page_size, metadata, record_lineage, stora
                    unit="token", leave=False)
         try:
             for ds, info in zip(opened, infos):
-                pages, dt = _Pages(ds), np.dtype(info["dtype"]).newbyteorder("<")
-                for k in range(ds.page_count):  # a page holds whole tokens: page sizes are powers of two
-                    block = np.frombuffer(pages.page(k), dtype=dt)
-                    writer.write(block)  # widened to uint32 where needed
-                    bar.update(block.size)
+                dt = np.dtype(info["dtype"]).newbyteorder("<")
+                with _reopen(ds, storage_options, policy) as live:
+                    pages = _Pages(live)
+                    for k in range(ds.page_count):  # a page holds whole tokens: page sizes are powers of two
+                        block = np.frombuffer(pages.page(k), dtype=dt)
+                        writer.write(block)  # widened to uint32 where needed
+                        bar.update(block.size)
                 lengths.append(np.diff(ds.doc_offsets.astype(np.int64)))
         finally:
             bar.close()

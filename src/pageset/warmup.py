@@ -9,12 +9,16 @@ notice stays silent.
 The warm-up builds tiny real files in a temporary folder (a few JPEGs, two token files) and pulls one batch
 through each pipeline family the Loader compiles a separate specialization for: images written as float32,
 float16 / bfloat16 and uint8, with both page caches; tokens of uint16 and uint32 files, plain and with
-document outputs, in every order, a mixture, and many-file sets of tokens and of records. Families run in
+document outputs, in every order, a mixture, and many-file sets of tokens and of records; packed rows
+(``packing="best_fit"``: ops/packing.py) of token files and chat files (a loss mask: labels), with both
+page caches and both input dtypes. Families run in
 ``num_workers`` processes: the first wave compiles the shared helpers (JPEG, crop, resize, spans) once, the later
 waves load them from the cache.
 
 Where the cache lives is numba's choice (``NUMBA_CACHE_DIR`` if set, else ``__pycache__`` next to pageset's
-modules when writable, else a user cache folder); :func:`warmup` returns it and the CLI prints it.
+modules when writable, else a user cache folder): without ``NUMBA_CACHE_DIR`` that is two folders, one for the
+ops kernels and one for the order kernels; :func:`cache_dirs` names them, :func:`warmup` returns them and the CLI
+prints them.
 """
 
 from __future__ import annotations
@@ -33,16 +37,19 @@ FAMILIES = tuple(name for wave in WAVES for name in wave)
 
 @dataclass(frozen=True)
 class WarmupResult:
-    """What :func:`warmup` did: ``families`` run, ``seconds`` of wall time, ``cache_dir`` (str, or None when
-    numba found no writable cache location: then nothing was kept and each process compiles again)."""
+    """What :func:`warmup` did: ``families`` run, ``seconds`` of wall time, ``cache_dirs`` (every folder the
+    kernels are cached in: see :func:`cache_dirs`; empty when numba found no writable cache location: then
+    nothing was kept and each process compiles again) and ``cache_dir`` (the first of them, or None)."""
 
     families: tuple
     seconds: float
     cache_dir: str | None
+    cache_dirs: tuple = ()
 
 
 def _make_data(folder: str) -> dict:
-    """Tiny real files for the warm-up: 8 JPEGs (two classes), uint16 and uint32 token files."""
+    """Tiny real files for the warm-up: 8 JPEGs (two classes), uint16 and uint32 token files, sets and chat files
+    (a loss mask)."""
     import numpy as np
     from PIL import Image
 
@@ -68,10 +75,32 @@ def _make_data(folder: str) -> dict:
         path = paths[f"token_set_{dtype}"] = os.path.join(folder, f"token_set_{dtype}")
         write_tokens(path, [rng.integers(0, 50_257, 3_000).astype(np.int64) for _ in range(4)], None,
                      eos_id=50_256, dtype=dtype, docs_per_member=2, num_workers=0, progress=False)
+    for dtype in ("uint16", "uint32"):  # chat files: tokens with a loss mask (packed: another kernel argument)
+        paths[f"chat_{dtype}"] = os.path.join(folder, f"chat_{dtype}.pageset")
+        _chat_file(paths[f"chat_{dtype}"], dtype, rng)
     paths["record_set"] = os.path.join(folder, "record_set")
     write_dataset(paths["record_set"], [{"label": i, "blob": bytes(i + 1)} for i in range(8)],
                   {"label": Int(), "blob": Bytes()}, records_per_member=4, num_workers=0, progress=False)
     return paths
+
+
+def _chat_file(path: str, dtype: str, rng) -> None:
+    """A token file with a loss mask, as ``write_tokens(messages_key=...)`` writes (no tokenizer needed here):
+    40 documents ending in EOS (id 1), the second half of each trained on."""
+    import numpy as np
+
+    from .write.tokens import TokenFileWriter
+
+    lengths = rng.integers(4, 60, 40)
+    ends = np.cumsum(lengths)
+    ids = rng.integers(2, 50_000 if dtype == "uint16" else 100_000, int(ends[-1]))
+    ids[ends - 1] = 1
+    mask = np.concatenate([np.repeat([0, 1], [n // 2, n - n // 2]) for n in lengths.tolist()]).astype(np.uint8)
+    writer = TokenFileWriter(path, dtype)
+    writer.write(ids)
+    info = {"eos_id": 1, "bos_id": None, "tokenizer": None, "source": "chat", "max_id": int(ids.max()),
+            "loss_mask": {"train_on": ["assistant"], "rule": "message", "template_sha256": "0" * 64}}
+    writer.finish(np.concatenate([[0], ends]).astype(np.uint64), info, None, 0.0, False, mask)
 
 
 def _batches(loader) -> None:
@@ -118,21 +147,46 @@ def run_family(name: str, paths: dict) -> None:
                 _batches(Loader(paths[f"token_set_{dtype}"], batch_size=8, num_threads=1,
                                 pipelines={"tokens": [TokenWindows(64, input_dtype=input_dtype)]}))
         _batches(Loader(paths["record_set"], batch_size=8, num_threads=1))
+        # packed rows: the packing kernels, and the row kernel per token dtype x input dtype x mask (a chat file's
+        # loss mask is a read-only array, another type than the empty mask of a plain file)
+        for dtype in ("uint16", "uint32"):
+            for path in (paths[dtype], paths[f"chat_{dtype}"]):
+                for page_cache in ("os", "process"):
+                    for input_dtype in ("int64", "int32"):
+                        _batches(Loader(path, batch_size=2, num_threads=1, page_cache=page_cache, pipelines={
+                            "tokens": [TokenWindows(seq_len=64, packing="best_fit", input_dtype=input_dtype)]}))
+            for document_outputs in (False, True):  # chat windows: labels from the loss mask
+                _batches(Loader(paths[f"chat_{dtype}"], batch_size=2, num_threads=1, pipelines={
+                    "tokens": [TokenWindows(seq_len=16, document_outputs=document_outputs)]}))
     else:
         raise ValueError(f"unknown warm-up family {name!r}; one of {', '.join(FAMILIES)}")
 
 
-def cache_dir() -> str | None:
-    """Where numba caches pageset's kernels in this process: ``NUMBA_CACHE_DIR`` when set, else the folder of
-    the ops kernels (``.../pageset/ops/__pycache__``; order's kernels sit in ``.../pageset/order/__pycache__``).
-    None: no writable location, nothing is kept."""
+def cache_dirs() -> tuple[str, ...]:
+    """Every folder numba caches pageset's kernels in, in this process: ``(NUMBA_CACHE_DIR,)`` when that is set
+    (numba files each module's kernels in a sub-folder of it); else one per package holding kernels,
+    ``.../pageset/ops/__pycache__`` and ``.../pageset/order/__pycache__`` (their counterparts in the user cache
+    folder where the install is read-only). Empty: no writable location, nothing is kept."""
     import numba
 
-    from .ops import image_batch, kernel_cache
+    from .ops import image_batch, kernel_cache, packing, spans, tokens
+    from .order import enable_kernel_cache, keys, mixture, shuffle
 
     image_batch.prepare()
-    where = kernel_cache.cache_dir(image_batch)
-    return (numba.config.CACHE_DIR or where) if where else None
+    tokens.prepare()
+    spans.prepare()
+    packing.prepare()
+    enable_kernel_cache()
+    found = [kernel_cache.cache_dir(m) for m in (image_batch, tokens, spans, packing, keys, mixture, shuffle)]
+    if None in found:
+        return ()
+    return (numba.config.CACHE_DIR,) if numba.config.CACHE_DIR else tuple(dict.fromkeys(found))
+
+
+def cache_dir() -> str | None:
+    """The first of :func:`cache_dirs` (the only one when ``NUMBA_CACHE_DIR`` is set), or None."""
+    dirs = cache_dirs()
+    return dirs[0] if dirs else None
 
 
 def warmup(num_workers: int | None = None, log=None) -> WarmupResult:
@@ -166,4 +220,5 @@ def warmup(num_workers: int | None = None, log=None) -> WarmupResult:
                         fut.result()
                         if log:
                             log(f"  {futures[fut]}: {time.perf_counter() - t0:.1f} s")
-    return WarmupResult(FAMILIES, time.perf_counter() - t0, cache_dir())
+    dirs = cache_dirs()
+    return WarmupResult(FAMILIES, time.perf_counter() - t0, dirs[0] if dirs else None, dirs)

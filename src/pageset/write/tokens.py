@@ -390,8 +390,12 @@ def write_tokens(
             in-memory source whole documents up to this many bytes of UTF-8 text (4 bytes per pre-tokenized
             id). Each member is tokenized and written by its own task (``num_workers`` processes or
             ``executor`` tasks), then ``pageset.manifest.json`` is written last, atomically. The stored dtype
-            must be the same in every member, so ``dtype="auto"`` is decided from the tokenizer's vocabulary
-            (uint32 when it is unknown, e.g. pre-tokenized ids; pass ``dtype="uint16"`` for those that fit).
+            is the same in every member: ``dtype="auto"`` with a tokenizer is decided from its vocabulary
+            (uint16 when it has at most 65,536 ids, else uint32); for pre-tokenized ids (``tokenizer=None``) as
+            for the single file, from the largest id of the whole input, so merging the members gives the
+            single file (this costs one more pass over the source before the members are written, or, for a
+            one-shot iterator such as a generator, a temp spill file of 4 bytes per id in ``TMPDIR``); an append
+            keeps the set's dtype.
         docs_per_member: in-memory sources only: members of this many documents (with ``member_bytes`` too,
             whichever comes first).
         append: with ``member_bytes`` / ``docs_per_member``: add members after those of the set at ``path``
@@ -493,7 +497,8 @@ def write_tokens(
         if chat is not None:
             raise ValueError("messages_key= (chat/SFT data) writes one file; it cannot be combined with "
                              "member_bytes= / docs_per_member= yet: write the conversations to one file per part")
-        member_dtype = direct or ("uint32" if vocab is None or vocab > UINT16_MAX + 1 else "uint16")
+        # pre-tokenized ids with dtype="auto": decided from the whole input, as the single file decides (None here)
+        member_dtype = direct or (None if spec is None else "uint32")
         return _write_token_members(path, source, spec, info, member_dtype, page_size, progress, text_key,
                                     separator, chunk_docs, chunk_chars, metadata, lineage, num_workers, executor,
                                     storage_options, policy, member_bytes, docs_per_member, append, t0)
@@ -725,11 +730,13 @@ def member_cuts(source, files, sizes, member_bytes, docs_per_member, text_key, s
 
 def write_token_member(folder: str, name: str, item: list, first_doc: int, spec, bos_id, eos_id, dtype: str,
                        text_key: str, separator, page_size: int, chunk_docs: int, chunk_chars: int, info: dict,
-                       metadata, record_lineage: bool, storage_options, policy) -> dict:
+                       metadata, record_lineage: bool, storage_options, policy,
+                       fix: str = "use dtype='uint32'") -> dict:
     """Task: tokenize one member's input (a list of files, or of documents numbered from ``first_doc``) into the
     complete token file ``folder/name`` (visible by rename or a completed upload). ``spec``: the tokenizer, a
     ``pickled_once`` reference to it, or None in a forked worker (the pool's). Returns the member's summary
-    (:func:`pageset.write.members.summary`), or ``{"empty": True}`` when it holds no document."""
+    (:func:`pageset.write.members.summary`), or ``{"empty": True}`` when it holds no document. ``fix``: what
+    the error for an id that does not fit ``dtype`` tells the user to do."""
     from . import members as M
 
     if isinstance(spec, tuple):  # an executor's worker process (a forked pool's initializer sets it there)
@@ -747,7 +754,7 @@ def write_token_member(folder: str, name: str, item: list, first_doc: int, spec,
                 first = int(np.argmax(flat > limit))
                 doc = first_doc + start + int(np.searchsorted(np.cumsum(lens), first, side="right"))
                 raise ValueError(f"{url}: document {doc} has token id {int(flat[first])} > {limit}, which does not "
-                                 f"fit dtype={dtype!r}; use dtype='uint32'")
+                                 f"fit dtype={dtype!r}; {fix}")
             max_id = max(max_id, int(flat.max()) if flat.size else -1)
             writer = writer or TokenFileWriter(url, dtype, page_size, storage_options, policy)
             writer.write(flat)
@@ -770,15 +777,112 @@ class _Docs(list):
     """A member's documents (a list that is never taken for a list of file names)."""
 
 
+class _SpilledDocs:
+    """Pre-tokenized documents of a one-shot iterator (a generator) kept as uint32 in a temp file (``TMPDIR``),
+    so that they can be read twice: once for the largest id, once to write the members. Iterating yields each
+    document again (a uint32 array); ``remove()`` deletes the file."""
+
+    def __init__(self):
+        fd, self.name = tempfile.mkstemp(prefix="pageset-spill-")
+        try:
+            self.f = DiskFile(fd, "wb", self.name, "the spill file of pre-tokenized documents (kept until the "
+                              "largest id is known)", "another temp folder (TMPDIR)")
+        except BaseException:
+            os.close(fd)
+            os.unlink(self.name)
+            raise
+        self.lengths: list[int] = []
+
+    def add(self, arr: np.ndarray) -> None:
+        self.f.write(np.ascontiguousarray(arr, dtype="<u4").tobytes())
+        self.lengths.append(int(arr.size))
+
+    def __iter__(self):
+        self.f.flush()
+        with open(self.name, "rb") as f:
+            for n in self.lengths:
+                yield np.frombuffer(f.read(4 * n), dtype="<u4")
+
+    def remove(self) -> None:
+        self.f.discard()
+        try:
+            os.unlink(self.name)
+        except FileNotFoundError:
+            pass
+
+
+def _largest_pre_tokenized_id(source, bos_id, eos_id, chunk_docs: int, chunk_chars: int, text_key: str, separator,
+                              storage_options):
+    """``(largest id with BOS/EOS, source to read again, spill or None)`` for pre-tokenized documents: one pass
+    over ``source``, each document checked as a member task checks it (errors name the document index). A source
+    that can be iterated again (a list, an HF Dataset) is read again; a one-shot iterator is spilled to a temp
+    file (the returned :class:`_SpilledDocs`, which the caller removes)."""
+    spill = _SpilledDocs() if iter(source) is source else None
+    try:
+        largest = -1
+        docs = iter_documents(source, text_key=text_key, separator=separator, storage_options=storage_options)
+        for start, chunk in _chunks(docs, chunk_docs, chunk_chars):
+            flat, _, _ = _encode_chunk(start, chunk, bos_id, eos_id, None)
+            if flat.size:
+                largest = max(largest, int(flat.max()))
+            if spill is not None:
+                for d in chunk:
+                    spill.add(np.asarray(d))
+    except BaseException:
+        if spill is not None:
+            spill.remove()
+        raise
+    return largest, (spill if spill is not None else source), spill
+
+
+def _token_schema(info: dict, dtype: str, page_size: int) -> dict:
+    schema = build_schema({"tokens": Tokens(dtype)}, {}, {"page_size": page_size, "checksum": ALGORITHM})
+    schema["tokens"] = dict(info, dtype=dtype)
+    return schema
+
+
 def _write_token_members(folder, source, spec, info, dtype, page_size, progress, text_key, separator, chunk_docs,
                          chunk_chars, metadata, record_lineage, num_workers, executor, storage_options, policy,
                          member_bytes, docs_per_member, append, t0) -> TokenWriteResult:
+    """``dtype`` None (pre-tokenized ids, ``dtype="auto"``): an append takes the set's; a new set the single
+    file's rule over the whole input (uint16 iff its largest id fits), the same for every member."""
     from . import members as M
 
-    schema = build_schema({"tokens": Tokens(dtype)}, {}, {"page_size": page_size, "checksum": ALGORITHM})
-    schema["tokens"] = dict(info, dtype=dtype)
+    fix, spill = "use dtype='uint32'", None
+    if dtype is None and append:
+        current = M.read_manifest(folder, storage_options)
+        if current is not None and current.kind == "tokens":
+            dtype = current.schema["tokens"]["dtype"]
+            fix = (f"the set stores {dtype} (an append keeps the set's dtype): rewrite the set with "
+                   "dtype='uint32' to hold larger ids")
+    schema = _token_schema(info, dtype or "uint32", page_size)  # dtype None: a new set, no schema to compare
     call = "write_tokens(path, source, tokenizer, member_bytes=...)"
     previous, generation, kept = M.prepare_folder(folder, storage_options, "tokens", schema, append, call)
+    try:
+        if dtype is None:  # after the folder's checks, before any member is written
+            try:
+                largest, source, spill = _largest_pre_tokenized_id(source, info["bos_id"], info["eos_id"],
+                                                                   chunk_docs, chunk_chars, text_key, separator,
+                                                                   storage_options)
+            except BaseException:
+                M.abandon(folder, storage_options, previous)
+                raise
+            dtype = "uint16" if largest <= UINT16_MAX else "uint32"
+            schema = _token_schema(info, dtype, page_size)
+        return _write_members_of(folder, source, spec, info, dtype, schema, previous, generation, kept, page_size,
+                                 progress, text_key, separator, chunk_docs, chunk_chars, metadata, record_lineage,
+                                 num_workers, executor, storage_options, policy, member_bytes, docs_per_member, t0,
+                                 fix)
+    finally:
+        if spill is not None:
+            spill.remove()
+
+
+def _write_members_of(folder, source, spec, info, dtype, schema, previous, generation, kept, page_size, progress,
+                      text_key, separator, chunk_docs, chunk_chars, metadata, record_lineage, num_workers, executor,
+                      storage_options, policy, member_bytes, docs_per_member, t0, fix) -> TokenWriteResult:
+    from . import members as M
+
     files = _source_files(source, storage_options)
     if files is not None and not files:
         raise ValueError(f"{os.fspath(source)}: no files: nothing to write")
@@ -802,7 +906,7 @@ def _write_token_members(folder, source, spec, info, dtype, page_size, progress,
                 firsts["docs"] += len(group)
             yield (folder, M.member_name(generation, k), item, first, spec_arg, info["bos_id"], info["eos_id"],
                    dtype, text_key, separator, page_size, chunk_docs, chunk_chars, info, metadata, record_lineage,
-                   storage_options, policy)
+                   storage_options, policy, fix)
 
     died = ("a tokenizer worker process died (killed or out of memory); no manifest was written. Retry with "
             "num_workers=0 to see the error in this process.")
