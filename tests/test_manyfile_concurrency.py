@@ -142,6 +142,18 @@ def _kill(*procs) -> None:
             p.communicate()
 
 
+def test_the_spec_names_the_files_the_code_makes():
+    """formats/manyfile.md section 9's table of the files of several processes: the names the code uses."""
+    from pageset.format import locks
+    from pageset.format.manifest import MANIFEST_NAME
+
+    spec = (Path(TESTS).parent / "formats" / "manyfile.md").read_text()
+    table = re.search(r"<!-- table: set_files -->\n((?:\|.*\n)+)", spec).group(1).splitlines()[2:]
+    names = [row.split("|")[1].strip().strip("`") for row in table]
+    assert names == [locks.LOCK_NAME, MANIFEST_NAME, MANIFEST_NAME + locks.RETIRED_MARK + "<generation>"]
+    assert locks.retired_name(MANIFEST_NAME, 7) == "pageset.manifest.json.retired-0007"  # "G zero-padded to 4"
+
+
 # ---- (a) pageset clean beside a running write ----------------------------------------------------------------
 
 def test_clean_leaves_a_running_many_file_write_alone(tmp_path, capsys):

@@ -778,7 +778,20 @@ def _write_token_members(folder, source, spec, info, dtype, page_size, progress,
     schema = build_schema({"tokens": Tokens(dtype)}, {}, {"page_size": page_size, "checksum": ALGORITHM})
     schema["tokens"] = dict(info, dtype=dtype)
     call = "write_tokens(path, source, tokenizer, member_bytes=...)"
-    previous, generation, kept = M.prepare_folder(folder, storage_options, "tokens", schema, append, call)
+    *prepared, lock = M.prepare_folder(folder, storage_options, "tokens", schema, append, call)
+    with lock:  # the set's writer lock (formats/manyfile.md section 9), released however the write ends
+        return _write_members(prepared, folder, schema, source, spec, info, dtype, page_size, progress, text_key,
+                              separator, chunk_docs, chunk_chars, metadata, record_lineage, num_workers, executor,
+                              storage_options, policy, member_bytes, docs_per_member, t0)
+
+
+def _write_members(prepared, folder, schema, source, spec, info, dtype, page_size, progress, text_key, separator,
+                   chunk_docs, chunk_chars, metadata, record_lineage, num_workers, executor, storage_options, policy,
+                   member_bytes, docs_per_member, t0) -> TokenWriteResult:
+    """_write_token_members' work, under the set's writer lock: ``prepared`` is what prepare_folder found."""
+    from . import members as M
+
+    previous, generation, kept = prepared
     files = _source_files(source, storage_options)
     if files is not None and not files:
         raise ValueError(f"{os.fspath(source)}: no files: nothing to write")
