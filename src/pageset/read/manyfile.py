@@ -69,10 +69,6 @@ class ManifestLease:
     def __init__(self, fd: int = -1):
         self._finalizer = weakref.finalize(self, os.close, fd) if fd >= 0 else None
 
-    @property
-    def held(self) -> bool:
-        return self._finalizer is not None and self._finalizer.alive
-
     def close(self) -> None:
         if self._finalizer is not None:
             self._finalizer()

@@ -148,28 +148,30 @@ def _remove_strays(folder: str, storage_options: dict | None, manifest, report: 
     """:func:`clean_folder`'s work, by a caller that holds the set's writer lock."""
     keep = {m.name for m in manifest.members} if manifest is not None else set()
     retired = [] if is_url(folder) else _retired(folder, keep, report)
-    removed = report.removed
-    removed += _abort_uploads(folder, storage_options, keep)
-    for name in list_names(folder, storage_options):
-        if name in keep or not is_stray(name):
-            continue
-        url = join(folder, name)
-        try:
-            if is_url(folder):
-                fs, path = _fs(url, storage_options)
-                fs.rm(path)
-            else:
-                os.unlink(url)
-            removed.append(url)
-        except FileNotFoundError:
-            pass
-    for path, fd in retired:  # the members first: a clean killed in between finds the manifest again
-        try:
-            os.unlink(path)
-            report.retired.append(path)
-        except FileNotFoundError:
-            pass
-        finally:
+    try:
+        removed = report.removed
+        removed += _abort_uploads(folder, storage_options, keep)
+        for name in list_names(folder, storage_options):
+            if name in keep or not is_stray(name):
+                continue
+            url = join(folder, name)
+            try:
+                if is_url(folder):
+                    fs, path = _fs(url, storage_options)
+                    fs.rm(path)
+                else:
+                    os.unlink(url)
+                removed.append(url)
+            except FileNotFoundError:
+                pass
+        for path, _ in retired:  # the members first: a clean killed in between finds the manifest again
+            try:
+                os.unlink(path)
+                report.retired.append(path)
+            except FileNotFoundError:
+                pass
+    finally:
+        for _, fd in retired:  # (their exclusive locks, held until now)
             os.close(fd)
 
 
