@@ -273,11 +273,22 @@ def cmd_clean(args) -> int:
     from .write.filewriter import remove_stale_temps
 
     if os.path.isdir(local_path(args.path)) or (is_url(args.path) and _many(args.path, _storage_options(args))):
-        from .write.members import clean_folder
+        from .write.members import clean_set
+        from .write.setlock import SetBusyError
 
-        removed = clean_folder(args.path.rstrip("/"), _storage_options(args))
-        for name in removed:
+        try:
+            report = clean_set(args.path.rstrip("/"), _storage_options(args), every_host=args.all_hosts)
+        except SetBusyError as exc:  # a write holds the set's lock: its members and temp files are its own
+            print(f"{exc}: nothing removed (run `pageset clean` again once it has finished)")
+            return 0
+        for name in report.removed:
             print(f"removed {name}")
+        for path in report.retired:
+            print(f"removed {path} (a replaced manifest no reader holds any more)")
+        for generation, members in report.kept:
+            print(f"{args.path}: generation {generation} ({_n(members, 'member')}) kept: a reader still has it open "
+                  "(a Loader or open_dataset of the set before it was replaced); clean again once it is closed")
+        removed = report.removed
         print(f"{args.path}: {_n(len(removed), 'stray member or temp file', 'stray members and temp files')} "
               "removed (files the current manifest does not list)")
         return 0
@@ -555,7 +566,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("path")
     k.add_argument("--storage-options", default=None, help="JSON object for a URL's fsspec filesystem")
     k.add_argument("--all-hosts", action="store_true",
-                   help="also those of writers on other hosts (make sure none is still running)")
+                   help="also those of writers on other hosts (make sure none is still running); a many-file set's "
+                        "folder is locked by its writer wherever the file system has locks")
     k.set_defaults(func=cmd_clean)
     i = sub.add_parser("inspect", help="print header, schema, counts, sizes, dataset id and lineage")
     i.add_argument("path", help="a pageset file or URL (s3://bucket/key, https://...), or a many-file dataset's folder")

@@ -96,8 +96,8 @@ class ManyFileInput:
 
     ``path`` (the folder), ``dataset_id`` (the set's), ``remote`` (True when the members are URLs, else None),
     ``open_member(k)`` -> member k's Dataset, checked against the manifest (FileNotFoundError,
-    MemberMismatchError, SchemaError naming the member), ``close()`` (nothing to release: the members belong to
-    the :class:`ManyFileSource`)."""
+    MemberMismatchError, SchemaError naming the member), ``close()`` (releases the manifest's lease, which kept
+    a rewrite from removing these members; the members themselves belong to the :class:`ManyFileSource`)."""
 
     def __init__(self, info: ManyFileSet, storage_options, remote: dict):
         self.info, self.path, self.dataset_id = info, info.folder, info.dataset_id
@@ -115,7 +115,7 @@ class ManyFileInput:
         return getattr(ds, "dataset", ds)
 
     def close(self) -> None:
-        pass
+        self.info.lease.close()
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,12 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..format import locks
 from ..format.errors import FormatError, MemberMismatchError, SchemaError, plural
 from ..format.manifest import MANIFEST_NAME, Manifest, parse_manifest, schema_difference, set_dataset_id
 from .remote import local_path, url_scheme
@@ -59,9 +61,57 @@ def manifest_exists(url: str, storage_options: dict | None) -> bool:
         return False
 
 
-def read_manifest(manifest_path: str, storage_options: dict | None = None) -> Manifest:
-    """Read and validate the manifest at ``manifest_path``. FileNotFoundError names the folder and says that
-    its write may not have finished; FormatError subclasses name the manifest."""
+class ManifestLease:
+    """A reader's shared lock on the local manifest file it read (``formats/manyfile.md`` section 9): while it is
+    held, a write that replaces the set keeps the members this manifest lists. ``close()`` releases it (also
+    when the lease is garbage-collected, or the process ends); a pickled copy holds nothing."""
+
+    def __init__(self, fd: int = -1):
+        self._finalizer = weakref.finalize(self, os.close, fd) if fd >= 0 else None
+
+    def close(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def __reduce__(self):
+        return (ManifestLease, ())
+
+
+LEASE_TRIES = 1000  # manifests replaced between our open and our lock, at most (each retry reads the newer one)
+
+
+def _read_local(manifest_path: str) -> tuple[bytes, ManifestLease]:
+    """The bytes of the local manifest and a shared lock on that very file (an inert lease where the file system
+    has no locks). A manifest replaced between the open and the lock is read again (the new one)."""
+    for _ in range(LEASE_TRIES):
+        fd = os.open(manifest_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            try:
+                held = locks.flock(fd, "shared")
+            except OSError:  # a lock error never stops a read: this reader is then not protected
+                held = None
+            if held and not locks.same_file(fd, manifest_path):
+                os.close(fd)
+                continue
+            with os.fdopen(os.dup(fd), "rb") as f:
+                raw = f.read()
+        except BaseException:
+            os.close(fd)
+            raise
+        if not held:
+            os.close(fd)
+            return raw, ManifestLease()
+        return raw, ManifestLease(fd)
+    raise OSError(f"{manifest_path}: the manifest was replaced {LEASE_TRIES} times while it was being opened")
+
+
+def read_manifest(manifest_path: str, storage_options: dict | None = None, lease: bool = False):
+    """Read and validate the manifest at ``manifest_path``: a :class:`~pageset.format.manifest.Manifest`, or with
+    ``lease=True`` ``(manifest, ManifestLease)`` (a local manifest: a shared lock on the file read, which keeps
+    its members from being removed by a rewrite until it is closed; a URL's lease holds nothing).
+    FileNotFoundError names the folder and says that its write may not have finished; FormatError subclasses
+    name the manifest."""
+    held = ManifestLease()
     try:
         if url_scheme(manifest_path) is not None:
             from fsspec.core import url_to_fs
@@ -72,14 +122,21 @@ def read_manifest(manifest_path: str, storage_options: dict | None = None) -> Ma
             if storage_options:
                 raise ValueError(f"{manifest_path}: storage_options apply to URLs (s3://, http://, ...), not to "
                                  "local paths")
-            with open(manifest_path, "rb") as f:
-                raw = f.read()
+            raw, held = _read_local(manifest_path)
     except FileNotFoundError:
         folder = manifest_path[: -len(MANIFEST_NAME)].rstrip("/") or "."
         raise FileNotFoundError(f"{folder}: no {MANIFEST_NAME}: not a many-file pageset dataset, or its write has "
                                 "not finished (the manifest is written last); open a pageset file by its path, or "
                                 f"run `pageset clean {folder}` after a killed write") from None
-    return parse_manifest(raw, manifest_path)
+    try:
+        manifest = parse_manifest(raw, manifest_path)
+    except BaseException:
+        held.close()
+        raise
+    if not lease:
+        held.close()
+        return manifest
+    return manifest, held
 
 
 @dataclass(frozen=True)
@@ -90,7 +147,8 @@ class ManyFileSet:
     ``pages``, ``bytes``, ``tokens`` and ``documents`` (tuples of ints, one per member; 0 where the kind has
     none), ``records_per_page`` (record sets: a tuple of int64[max(pages, 1)] arrays, records whose first byte
     lies in each page of that member; token sets: None), ``manifest`` (the parsed
-    :class:`~pageset.format.manifest.Manifest`)."""
+    :class:`~pageset.format.manifest.Manifest`), ``lease`` (a :class:`ManifestLease`: while it is held, a
+    rewrite of a local set keeps these members; its holder closes it when done reading)."""
 
     folder: str
     manifest_path: str
@@ -106,6 +164,7 @@ class ManyFileSet:
     documents: tuple
     records_per_page: tuple | None
     manifest: Manifest
+    lease: ManifestLease = field(default_factory=ManifestLease, compare=False, repr=False)
 
 
 def many_file_members(path, storage_options: dict | None = None) -> ManyFileSet:
@@ -119,13 +178,13 @@ def many_file_members(path, storage_options: dict | None = None) -> ManyFileSet:
             raise FileNotFoundError(f"{p}: not a folder holding a many-file dataset (no such folder)")
         where = (p.rstrip("/"), _join(p.rstrip("/"), MANIFEST_NAME))
     folder, manifest_path = where
-    m = read_manifest(manifest_path, storage_options)
+    m, lease = read_manifest(manifest_path, storage_options, lease=True)
     ms = m.members
     return ManyFileSet(folder, manifest_path, m.dataset_id, m.kind, m.page_size,
                        tuple(_join(folder, x.name) for x in ms), tuple(x.dataset_id for x in ms),
                        tuple(x.records for x in ms), tuple(x.pages for x in ms), tuple(x.bytes for x in ms),
                        tuple(x.tokens for x in ms), tuple(x.documents for x in ms),
-                       tuple(x.records_per_page for x in ms) if m.kind == "records" else None, m)
+                       tuple(x.records_per_page for x in ms) if m.kind == "records" else None, m, lease)
 
 
 class _Members:
@@ -160,6 +219,13 @@ class _Members:
         try:
             ds = self.opener(path)
         except FileNotFoundError as exc:
+            now = self._replaced()
+            if now is not None:
+                raise FileNotFoundError(f"{path}: missing: the set {self.info.folder} was replaced while it was read "
+                                        f"(generation {self.info.manifest.generation}, now generation "
+                                        f"{now.generation}): open it again to read the new set (a new Loader); "
+                                        f"{self._context(k)}; on an object store, or a file system without locks, "
+                                        "a rewrite removes the old members once its manifest is in") from None
             raise FileNotFoundError(f"{path}: missing: {self._context(k)}; the set is incomplete: restore the file "
                                     f"or rewrite the set ({exc})") from None
         except FormatError as exc:
@@ -174,6 +240,17 @@ class _Members:
             ds.close()
             raise
         return ds
+
+    def _replaced(self):
+        """The folder's current manifest when it is another set than the one read (a rewrite), else None (also
+        when it cannot be read: the caller's error stands)."""
+        try:
+            now = read_manifest(self.info.manifest_path, self.storage_options if url_scheme(self.info.folder)
+                                else None)
+        except Exception:
+            return None
+        return now if now.dataset_id != self.info.dataset_id or now.generation != self.info.manifest.generation \
+            else None
 
     def check(self, k: int, ds, path: str, m) -> None:
         base = getattr(ds, "dataset", ds)  # a TokenDataset holds its Dataset
@@ -244,7 +321,9 @@ class _ManyFileBase:
         _verify(self)
 
     def close(self) -> None:
+        """Close the open members and release the manifest's lease (a rewrite may then remove the members)."""
         self._members.close()
+        self.info.lease.close()
 
     def __enter__(self):
         return self

@@ -303,6 +303,27 @@ def temp_file(path: str, kind: str = "tmp") -> tuple[int, str]:
     return fd, name
 
 
+def writer_alive(host: str, pid: int) -> bool | None:
+    """Whether the writer process ``pid`` on ``host`` may still run: on this host True (a process with that pid
+    exists, this user's or another's: it may be a reused pid) or False (none); None for another host (its
+    processes cannot be seen from here). The live-writer check of the temp files a write leaves
+    (:func:`remove_stale_temps`) and of a many-file set's lock where the file system has no locks
+    (``write/setlock.py``)."""
+    if host != socket.gethostname():
+        return None
+    if pid <= 0:  # 0 and negative pids name process groups, not a writer
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, ValueError):  # not a pid at all
+        return False
+    return True
+
+
 def remove_stale_temps(path: str, every_host: bool = False) -> list[str]:
     """Delete what writes of ``path`` left behind when killed: temp files (``<path>.tmp-*``, ``.spill-*``) and
     shard folders (``<path>.shards-*``) of dead writer processes on this host, and with ``every_host=True`` those
@@ -320,14 +341,8 @@ def remove_stale_temps(path: str, every_host: bool = False) -> list[str]:
                 pid = int(pid)
             except ValueError:
                 continue
-            if writer_host == host:
-                try:
-                    os.kill(pid, 0)
-                    continue  # that writer is alive (or the pid was reused): leave it
-                except ProcessLookupError:
-                    pass
-                except PermissionError:
-                    continue
+            if writer_host == host and writer_alive(writer_host, pid):
+                continue  # that writer is alive (or the pid was reused): leave it
             try:
                 if os.path.isdir(name):
                     shutil.rmtree(name)

@@ -14,13 +14,17 @@ the member's position, so any executor, worker count or retry writes the same me
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import time
+import warnings
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..format import constants as C
+from ..format import locks
 from ..format.errors import FormatError
 from ..format.manifest import (
     MANIFEST_NAME,
@@ -35,6 +39,7 @@ from ..format.manifest import (
 )
 from ..format.store_errors import one_try_options
 from .filewriter import Output, fsync_dir, is_url, local_path, temp_file
+from .setlock import lock_set
 
 TMP_MARK = ".tmp-"  # temp files of members and of the manifest: "<name>.tmp-<host>-<pid>-<random>"
 
@@ -89,31 +94,149 @@ def is_stray(name: str) -> bool:
     return bool(MEMBER_RE.match(base)) or (base == MANIFEST_NAME and TMP_MARK in name)
 
 
+def is_own(name: str) -> bool:
+    """A name pageset makes in a set's folder: a stray's (:func:`is_stray`), the writer lock, a retired manifest."""
+    return is_stray(name) or name == locks.LOCK_NAME or name.startswith(MANIFEST_NAME + locks.RETIRED_MARK)
+
+
+@dataclass
+class CleanReport:
+    """What :func:`clean_set` did: ``removed`` (paths of members, temp files, aborted uploads), ``retired`` (paths
+    of replaced manifests no reader holds any more, removed), ``kept`` (``(generation, members)`` of replaced sets
+    a reader still reads: their members stay)."""
+
+    removed: list = field(default_factory=list)
+    retired: list = field(default_factory=list)
+    kept: list = field(default_factory=list)
+
+
+def clean_set(folder: str, storage_options: dict | None = None, manifest=None,
+              every_host: bool = False) -> CleanReport:
+    """Remove what killed or failed writes left in ``folder`` (:func:`clean_folder`), saying also which replaced
+    sets were kept for their readers and which were let go. ``every_host``: where the file system has no locks,
+    a lock file naming a process of another host (whose liveness cannot be checked from here) does not stop it.
+    Raises :class:`~pageset.write.setlock.SetBusyError` as :func:`clean_folder`."""
+    if not is_url(folder) and not os.path.isdir(local_path(folder)):
+        return CleanReport()
+    lock = lock_set(folder, "pageset clean", wait=False, every_host=every_host)
+    try:
+        if manifest is None:
+            manifest = read_manifest(folder, storage_options)
+        report = CleanReport()
+        _remove_strays(folder, storage_options, manifest, report)
+        return report
+    finally:
+        lock.release()
+
+
 def clean_folder(folder: str, storage_options: dict | None = None, manifest=None) -> list[str]:
     """Remove what killed or failed writes left in ``folder``: member files (``m<generation>-<k>.pageset``) that
-    the current manifest does not list, temp files of members and of the manifest, and on S3 the incomplete
-    multipart uploads of such members (a writer killed mid-upload leaves its parts stored, and billed, until
-    they are aborted). ``manifest``: the current one when the caller has it (else it is read). Returns the paths
-    removed (an aborted upload as ``"<url> (incomplete upload <id>)"``). Only one write at a time may use a
-    folder: this also removes the temp files and uploads of a write still running."""
-    if manifest is None:
-        manifest = read_manifest(folder, storage_options)
+    the current manifest does not list (nor a replaced manifest a reader still holds: formats/manyfile.md
+    section 9), temp files of members and of the manifest, and on S3 the incomplete multipart uploads of such
+    members (a writer killed mid-upload leaves its parts stored, and billed, until they are aborted).
+    ``manifest``: the current one when the caller has it (else it is read). Returns the paths removed (an
+    aborted upload as ``"<url> (incomplete upload <id>)"``).
+
+    A local folder: the set's writer lock is taken first, without waiting: SetBusyError naming the writer (pid,
+    host, since when) when a write to the set runs, and nothing of it is touched. An object store has no lock:
+    this also removes the members, temp files and uploads of a write still running there; run it only when no
+    write to that prefix runs."""
+    return clean_set(folder, storage_options, manifest).removed
+
+
+def _remove_strays(folder: str, storage_options: dict | None, manifest, report: CleanReport) -> None:
+    """:func:`clean_folder`'s work, by a caller that holds the set's writer lock."""
     keep = {m.name for m in manifest.members} if manifest is not None else set()
-    removed = _abort_uploads(folder, storage_options, keep)
-    for name in list_names(folder, storage_options):
-        if name in keep or not is_stray(name):
+    retired = [] if is_url(folder) else _retired(folder, keep, report)
+    try:
+        removed = report.removed
+        removed += _abort_uploads(folder, storage_options, keep)
+        for name in list_names(folder, storage_options):
+            if name in keep or not is_stray(name):
+                continue
+            url = join(folder, name)
+            try:
+                if is_url(folder):
+                    fs, path = _fs(url, storage_options)
+                    fs.rm(path)
+                else:
+                    os.unlink(url)
+                removed.append(url)
+            except FileNotFoundError:
+                pass
+        for path, _ in retired:  # the members first: a clean killed in between finds the manifest again
+            try:
+                os.unlink(path)
+                report.retired.append(path)
+            except FileNotFoundError:
+                pass
+    finally:
+        for _, fd in retired:  # (their exclusive locks, held until now)
+            os.close(fd)
+
+
+def _retired(folder: str, keep: set, report: CleanReport) -> list:
+    """The replaced manifests of a local ``folder`` (``pageset.manifest.json.retired-<generation>``): the members
+    of those a reader still holds (a shared lock) join ``keep`` and ``report.kept``; the others are returned as
+    ``(path, descriptor holding the exclusive lock)`` to remove once their members are gone. Where the file
+    system has no locks no reader can hold one: all are returned. A retired manifest that cannot be checked
+    (EBADF: NFS refuses an exclusive lock on a file opened read-only) is kept."""
+    out = []
+    prefix = MANIFEST_NAME + locks.RETIRED_MARK
+    for name in list_names(folder, None):
+        if not name.startswith(prefix):
             continue
-        url = join(folder, name)
+        path = join(folder, name)
         try:
-            if is_url(folder):
-                fs, path = _fs(url, storage_options)
-                fs.rm(path)
-            else:
-                os.unlink(url)
-            removed.append(url)
+            try:
+                fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))  # NFS locks exclusively only so
+            except PermissionError:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
+            continue
+        except OSError:  # cannot be checked: its members stay (if they are still listed there)
+            fd = -1
+        try:
+            free = locks.flock(fd, "try") if fd >= 0 else False
+        except OSError:
+            free = False
+        if free is not False:
+            out.append((path, fd))
+            continue
+        try:
+            with open(path, "rb") as f:
+                old = parse_manifest(f.read(), path)
+            keep.update(m.name for m in old.members)
+            report.kept.append((old.generation, len(old.members)))
+        except (OSError, FormatError):  # unreadable, or not a manifest: nothing to keep for it
             pass
-    return removed
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    return out
+
+
+def retire(folder: str, previous) -> None:
+    """Before a new manifest replaces ``previous`` in the local ``folder``: give the current manifest file a
+    second name, ``pageset.manifest.json.retired-<generation>``, so that readers holding it (a shared lock) can
+    be found after the rename, and their members kept (:func:`clean_folder`). Where the file system has no hard
+    links the old members are removed at once, as on an object store."""
+    if previous is None or is_url(folder):
+        return
+    current = join(folder, MANIFEST_NAME)
+    path = join(folder, locks.retired_name(MANIFEST_NAME, previous.generation))
+    try:
+        os.link(current, path)
+    except FileExistsError:
+        if not os.path.samefile(current, path):  # left by an older write of the same generation: replace it
+            os.unlink(path)
+            os.link(current, path)
+    except (PermissionError, NotImplementedError):
+        return
+    except OSError as exc:
+        if exc.errno in locks.UNSUPPORTED or exc.errno == errno.EPERM:
+            return
+        raise
 
 
 MAX_UPLOAD_PAGES = 10_000  # list_multipart_uploads pages (1,000 uploads each) looked at, at most
@@ -150,12 +273,15 @@ def _abort_uploads(folder: str, storage_options: dict | None, keep: set) -> list
 
 def prepare_folder(folder: str, storage_options: dict | None, kind: str, schema: dict, append: bool,
                    call: str):
-    """Check the output folder before any work and clean what killed writes left there. Returns ``(current
-    manifest or None, generation of the new manifest, members kept from the current one)``.
+    """Check the output folder before any work, take the set's writer lock (a local folder: waiting for a write
+    that holds it, ``write/setlock.py``) and clean what killed writes left there. Returns ``(current manifest or
+    None, generation of the new manifest, members kept from the current one, the lock)``: the caller releases
+    the lock (``lock.release()``) once it has called :func:`finish` or :func:`abandon`.
 
     Raises ValueError: ``folder`` is a file, or a folder holding other files and no manifest (a source, or
     arguments swapped: ``call`` shows the order), or (``append=True``) a set of the other kind or with another
-    schema (naming the field); FormatError for a damaged manifest."""
+    schema (naming the field); FormatError for a damaged manifest; SetBusyError where the file system has no
+    locks and the lock names a live writer."""
     if not is_url(folder):
         local = local_path(folder)
         if os.path.isfile(local):
@@ -168,24 +294,31 @@ def prepare_folder(folder: str, storage_options: dict | None, kind: str, schema:
         os.makedirs(local, exist_ok=True)
     current = read_manifest(folder, storage_options)
     if current is None:
-        other = [n for n in list_names(folder, storage_options) if not is_stray(n)]
+        other = [n for n in list_names(folder, storage_options) if not is_own(n)]
         if other:
             shown = ", ".join(other[:5]) + (" ..." if len(other) > 5 else "")
             raise ValueError(f"the output folder {folder} holds files that are not a pageset set ({shown}) and no "
                              f"{MANIFEST_NAME}: refusing to write there (are the arguments swapped? the order is "
                              f"{call}); choose a new or empty folder")
-    clean_folder(folder, storage_options, current)
-    if current is None:
-        return None, 1, ()
-    if append:
-        if current.kind != kind:
-            raise ValueError(f"{join(folder, MANIFEST_NAME)}: cannot append {kind} to a set of {current.kind}")
-        diff = schema_difference(current.schema, schema)
-        if diff is not None:
-            raise ValueError(f"{join(folder, MANIFEST_NAME)}: cannot append: the new members' schema differs from "
-                             f"the set's: {diff}; append members written with the same fields= and settings")
-        return current, current.generation + 1, current.members
-    return current, current.generation + 1, ()
+    lock = lock_set(folder, call)
+    try:
+        current = read_manifest(folder, storage_options)  # again: a write we waited for may have replaced it
+        _remove_strays(folder, storage_options, current, CleanReport())
+        if current is None:
+            return None, 1, (), lock
+        if append:
+            if current.kind != kind:
+                raise ValueError(f"{join(folder, MANIFEST_NAME)}: cannot append {kind} to a set of {current.kind}")
+            diff = schema_difference(current.schema, schema)
+            if diff is not None:
+                raise ValueError(f"{join(folder, MANIFEST_NAME)}: cannot append: the new members' schema differs "
+                                 f"from the set's: {diff}; append members written with the same fields= and "
+                                 "settings")
+            return current, current.generation + 1, current.members, lock
+        return current, current.generation + 1, (), lock
+    except BaseException:
+        lock.release()
+        raise
 
 
 def commit_manifest(folder: str, manifest, storage_options: dict | None, policy=None) -> None:
@@ -219,7 +352,8 @@ def commit_manifest(folder: str, manifest, storage_options: dict | None, policy=
 def finish(folder: str, kind: str, schema: dict, page_size: int, previous, generation: int, kept, summaries,
            storage_options: dict | None, policy=None):
     """Check the new members' summaries, write the manifest over ``kept + new`` members, remove the members the
-    new manifest does not list (those of a replaced set). Returns the manifest."""
+    new manifest does not list (those of a replaced set, unless a reader still holds its manifest: see
+    :func:`retire`). The caller holds the set's writer lock. Returns the manifest."""
     digest = schema_digest(schema)
     new = []
     for s in summaries:
@@ -234,15 +368,21 @@ def finish(folder: str, kind: str, schema: dict, page_size: int, previous, gener
     appended = ({"generation": previous.generation, "dataset_id": previous.dataset_id, "members": len(kept)}
                 if kept else None)
     manifest = build_manifest(kind, generation, schema, page_size, list(kept) + new, appended)
+    retire(folder, previous)
     commit_manifest(folder, manifest, storage_options, policy)
-    clean_folder(folder, storage_options, manifest)
+    try:
+        _remove_strays(folder, storage_options, manifest, CleanReport())
+    except Exception as exc:  # the new set is in place: a failure here must not undo it (abandon)
+        warnings.warn(f"{folder}: the new set is written, but removing the old members failed ({exc}); run "
+                      f"`pageset clean {folder}`", stacklevel=2)
     return manifest
 
 
 def abandon(folder: str, storage_options: dict | None, previous) -> None:
-    """After a failed write: remove the members it wrote (the previous manifest, if any, stays current)."""
+    """After a failed write (the caller holds the writer lock): remove the members it wrote (the previous
+    manifest, if any, stays current)."""
     try:
-        clean_folder(folder, storage_options, previous)
+        _remove_strays(folder, storage_options, previous, CleanReport())
     except Exception:  # the write's own error is what the caller raises
         pass
 
@@ -336,5 +476,5 @@ def elapsed(t0: float) -> float:
     return time.perf_counter() - t0
 
 
-__all__ = ["MANIFEST_NAME", "clean_folder", "commit_manifest", "finish", "member_name", "prepare_folder",
-           "read_manifest", "write_record_member"]
+__all__ = ["MANIFEST_NAME", "CleanReport", "clean_folder", "clean_set", "commit_manifest", "finish", "member_name",
+           "prepare_folder", "read_manifest", "retire", "write_record_member"]

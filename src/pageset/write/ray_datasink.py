@@ -103,7 +103,7 @@ class PagesetDatasink(_Base):
         self.schema = build_schema(self.fields, {}, {"page_size": page_size, "checksum": ALGORITHM})
         _, self.row_dtype = parse_schema(self.schema)
         self.manifest = None
-        self._started = None  # (previous manifest, generation, kept members), set on the driver
+        self._started = None  # (previous manifest, generation, kept members, writer lock), set on the driver
 
     # ---- Ray Data's interface ---------------------------------------------------------------------------
     @property
@@ -114,7 +114,8 @@ class PagesetDatasink(_Base):
         return "Pageset"
 
     def on_write_start(self, schema=None) -> None:
-        """Driver, before the tasks: check the folder and clean what killed writes left there."""
+        """Driver, before the tasks: check the folder, take the set's writer lock (held until
+        on_write_complete / on_write_failed) and clean what killed writes left there."""
         from . import members as M
 
         call = "PagesetDatasink(path, fields)"
@@ -128,7 +129,7 @@ class PagesetDatasink(_Base):
         from . import members as M
         from .filewriter import lineage as lineage_info
 
-        previous, generation, kept = self._started
+        previous, generation, kept, _lock = self._started  # (an inert copy of the driver's lock)
         rows = []
         for block in blocks:
             for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True):
@@ -151,18 +152,24 @@ class PagesetDatasink(_Base):
         """Driver, after every task: the manifest over the kept members and the new ones (task order)."""
         from . import members as M
 
-        previous, generation, kept = self._started
+        previous, generation, kept, lock = self._started
         returns = getattr(write_result, "write_returns", write_result)
         done = sorted((s for s in returns if not s.get("empty")), key=lambda s: s["task_idx"])
-        self.manifest = M.finish(self.path, "records", self.schema, self.page_size, previous, generation, kept, done,
-                                 self.storage_options)
+        try:
+            self.manifest = M.finish(self.path, "records", self.schema, self.page_size, previous, generation, kept,
+                                     done, self.storage_options)
+        finally:
+            lock.release()
 
     def on_write_failed(self, error: Exception) -> None:
         """Driver: remove the members this write made; the previous manifest (if any) stays current."""
         from . import members as M
 
         if self._started is not None:
-            M.abandon(self.path, self.storage_options, self._started[0])
+            try:
+                M.abandon(self.path, self.storage_options, self._started[0])
+            finally:
+                self._started[3].release()
 
 
 def _task_source(rows: list, description: str, fields: dict):

@@ -857,30 +857,33 @@ def _write_token_members(folder, source, spec, info, dtype, page_size, progress,
                    "dtype='uint32' to hold larger ids")
     schema = _token_schema(info, dtype or "uint32", page_size)  # dtype None: a new set, no schema to compare
     call = "write_tokens(path, source, tokenizer, member_bytes=...)"
-    previous, generation, kept = M.prepare_folder(folder, storage_options, "tokens", schema, append, call)
-    try:
-        if dtype is None:  # after the folder's checks, before any member is written
-            try:
-                largest, source, spill = _largest_pre_tokenized_id(source, info["bos_id"], info["eos_id"],
-                                                                   chunk_docs, chunk_chars, text_key, separator,
-                                                                   storage_options)
-            except BaseException:
-                M.abandon(folder, storage_options, previous)
-                raise
-            dtype = "uint16" if largest <= UINT16_MAX else "uint32"
-            schema = _token_schema(info, dtype, page_size)
-        return _write_members_of(folder, source, spec, info, dtype, schema, previous, generation, kept, page_size,
-                                 progress, text_key, separator, chunk_docs, chunk_chars, metadata, record_lineage,
-                                 num_workers, executor, storage_options, policy, member_bytes, docs_per_member, t0,
-                                 fix)
-    finally:
-        if spill is not None:
-            spill.remove()
+    *prepared, lock = M.prepare_folder(folder, storage_options, "tokens", schema, append, call)
+    with lock:  # the set's writer lock (formats/manyfile.md section 9), released however the write ends
+        previous, generation, kept = prepared
+        try:
+            if dtype is None:  # after the folder's checks, before any member is written
+                try:
+                    largest, source, spill = _largest_pre_tokenized_id(source, info["bos_id"], info["eos_id"],
+                                                                       chunk_docs, chunk_chars, text_key, separator,
+                                                                       storage_options)
+                except BaseException:
+                    M.abandon(folder, storage_options, previous)
+                    raise
+                dtype = "uint16" if largest <= UINT16_MAX else "uint32"
+                schema = _token_schema(info, dtype, page_size)
+            return _write_members_of(folder, source, spec, info, dtype, schema, previous, generation, kept,
+                                     page_size, progress, text_key, separator, chunk_docs, chunk_chars, metadata,
+                                     record_lineage, num_workers, executor, storage_options, policy, member_bytes,
+                                     docs_per_member, t0, fix)
+        finally:
+            if spill is not None:
+                spill.remove()
 
 
 def _write_members_of(folder, source, spec, info, dtype, schema, previous, generation, kept, page_size, progress,
                       text_key, separator, chunk_docs, chunk_chars, metadata, record_lineage, num_workers, executor,
                       storage_options, policy, member_bytes, docs_per_member, t0, fix) -> TokenWriteResult:
+    """_write_token_members' work, under the set's writer lock, with the folder as prepare_folder found it."""
     from . import members as M
 
     files = _source_files(source, storage_options)

@@ -249,7 +249,19 @@ def _write_many(folder, src, fields, schema, row_dtype, page_size, per_member, a
     from . import members as M
 
     call = "write_dataset(path, source, fields, records_per_member=...)"
-    previous, generation, kept = M.prepare_folder(folder, storage_options, "records", schema, append, call)
+    *prepared, lock = M.prepare_folder(folder, storage_options, "records", schema, append, call)
+    with lock:  # the set's writer lock (formats/manyfile.md section 9), released however the write ends
+        return _write_members(prepared, folder, src, fields, schema, row_dtype, page_size, per_member, num_workers,
+                              chunk_size, on_error, executor, storage_options, policy, lineage, metadata, progress,
+                              t0)
+
+
+def _write_members(prepared, folder, src, fields, schema, row_dtype, page_size, per_member, num_workers, chunk_size,
+                   on_error, executor, storage_options, policy, lineage, metadata, progress, t0) -> WriteResult:
+    """_write_many's work, under the set's writer lock: ``prepared`` is what prepare_folder found."""
+    from . import members as M
+
+    previous, generation, kept = prepared
     cuts = cut(len(src), per_member)
     meta, user = (lineage_info() if lineage else {}), (metadata or {})
     chunk = chunk_size or 1024
