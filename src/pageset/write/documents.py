@@ -96,7 +96,8 @@ def _jsonl_documents(path: str, text_key: str, storage_options: dict | None = No
             if chat:
                 if not isinstance(text, list):
                     yield Conversation(f"{path}:{lineno}", None, f"{text_key!r} holds {type(text).__name__} "
-                                       f"{text!r:.40}, not a list of messages [{{\"role\": ..., \"content\": ...}}, ...]")
+                                       f"{text!r:.40}, not a list of messages "
+                                       "[{\"role\": ..., \"content\": ...}, ...]")
                     continue
                 yield Conversation(f"{path}:{lineno}", text)
                 continue

@@ -156,8 +156,9 @@ class TokenFileWriter:
                 raise ValueError("a loss_mask needs info['loss_mask'] (train_on, rule, template_sha256)")
             mask_bytes = np.packbits(loss_mask.astype(np.uint8), bitorder="little").tobytes()
         canonical_json(user)  # fail on non-JSON metadata before writing sections
-        skip_log = {"skipped": [k for k, _, _ in skipped],
-                    "skipped_errors": [{"index": k, "where": w, "error": e} for k, w, e in skipped]} if skipped else {}
+        skip_log = {} if not skipped else {
+            "skipped": [k for k, _, _ in skipped],
+            "skipped_errors": [{"index": k, "where": w, "error": e} for k, w, e in skipped]}
         f = self.f
         data_length = self.pages.pos
         crcs = self.pages.finish()
