@@ -446,8 +446,12 @@ TOOL_CALL = [{"role": "user", "content": "Weather in Oslo?"},
 UNICODE = [{"role": "user", "content": "Translate 'good morning' to French and Japanese.\n"},
            {"role": "assistant", "content": "French: « Bonjour ».\nJapanese: おはようございます。\n"},
            {"role": "user", "content": "Thanks!\n"}]
+# Reasoning under "reasoning" (an older name): transformers passes it as reasoning_content too, which Qwen3.5 reads
+# (written before the content, so not trained on by the message rule: generation blocks would be needed for it).
+REASONING = [{"role": "user", "content": "What is 2+2?"},
+             {"role": "assistant", "content": "4.", "reasoning": "Two and two make four."}]
 FOREIGN = {"llama3": [TRIMMED, TOOL_CALL, UNICODE], "llama3.1": [TRIMMED, TOOL_CALL, UNICODE],
-           "qwen3.5": [TRIMMED, TOOL_CALL, UNICODE], "qwen3.6": [TRIMMED, TOOL_CALL, UNICODE],
+           "qwen3.5": [TRIMMED, TOOL_CALL, UNICODE, REASONING], "qwen3.6": [TRIMMED, TOOL_CALL, UNICODE, REASONING],
            "gemma2": [TRIMMED[1:], UNICODE],  # Gemma 2's template refuses system and tool messages
            # SmolLM3 writes today's date unless the system prompt says /system_override (a test never spans midnight)
            "smollm3": [[{"role": "system", "content": "/system_override You are terse."}] + TRIMMED[1:],
@@ -608,8 +612,9 @@ def test_on_error_skip_leaves_out_bad_conversations_naming_their_lines(tmp_path,
     for (ids, mask), conv in zip(docs, good, strict=True):
         ref_ids, ref_mask = _reference(tok, mark(template, ("assistant",)), conv)
         assert ids == ref_ids + [eos] and mask == ref_mask + [0]
-    with open_tokens(r.path) as td:
+    with open_tokens(r.path) as td, open_tokens(results[1].path) as other:
         lin = td.dataset.metadata["lineage"]
+        assert other.dataset.metadata["lineage"] == lin  # worker processes number the source as one process does
     assert lin["skipped"] == [1, 3, 4, 5, 6]
     errors = [(e["index"], e["where"].rsplit(":", 1)[1], e["error"]) for e in lin["skipped_errors"]]
     for (k, line, error), want in zip(errors, ["System role not supported", r"messages\[1\]\.role is 'assistent'",

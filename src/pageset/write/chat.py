@@ -20,16 +20,22 @@ transformers maps them):
   the content as the template renders it (trimmed, for the many templates that ``trim`` it), then what the
   template writes after it in that turn (tool calls, the end-of-turn text ``<|eot_id|>``, ``<|im_end|>``,
   ``</s>``); the role header (and anything else the template writes before the content) is not trained on.
-  Found with a marker put in place of the content (never in a template's own text): the content starts where the
-  marker is in ``R'`` (the conversation rendered with the marker as message ``i``'s content), where ``R'`` and
-  ``R`` agree on everything before it; the turn is ``L[b:]`` stripped of trailing whitespace, ``L`` being
-  ``messages[:i + 1]`` rendered (the message last) and ``b`` where its content starts in ``L``, found the same
-  way; ``R`` must hold that turn at the content's start. Only ``messages[:i + 1]`` of the trained messages are
-  rendered (never a prefix no trained message needs: Qwen3.5's template refuses ``[system]`` alone). A message is
-  refused for the rule, naming it and why, when its content is not rendered (or rendered twice), when the text
-  before the content depends on the content (a template that moves a ``<think>`` block out of it), when the
-  template refuses ``messages[:i + 1]``, or when ``R`` renders the turn otherwise than ``L`` (a template that
-  rewrites earlier turns): mark the trained text with ``{% generation %}`` blocks then.
+  Found with a marker put in place of the content (never in a template's own text): ``L`` is ``messages[:i + 1]``
+  rendered (the message last) and ``b`` where its content starts in ``L``: the marker's place in ``L'`` (the same
+  messages, the marker as message ``i``'s content), where ``L'`` and ``L`` agree on everything before it; the
+  content as rendered is ``L[b:]`` up to the text ``L`` and ``L'`` end with alike, and the turn is ``L[b:]``
+  stripped of trailing whitespace. The span starts at ``b`` when ``R`` starts with ``L[:b]`` and holds the turn
+  there; else (a template that renders earlier turns otherwise once later ones follow, as Qwen3's drop a turn's
+  ``<think>`` block) at the marker's place in ``R'`` (the whole conversation with the marker), which must agree
+  with ``R`` before it and hold the turn after it. An assistant message whose content the template does not
+  render (Llama 3.1's tool calls) starts after ``messages[:i]`` rendered with ``add_generation_prompt=True``.
+  Only the prefixes ``messages[:i + 1]`` of trained messages are rendered (never one no trained message needs:
+  Qwen3.5's template refuses ``[system]`` alone). A message is refused for the rule, naming it and why, when its
+  content is not rendered (or rendered twice), when the text before the content depends on the content (a
+  template that moves a ``<think>`` block out of it), when the template refuses ``messages[:i + 1]``, or when
+  ``R`` does not hold the turn (a template that rewrites earlier turns, or writes text after the last message
+  only, as Phi-3's ``eos_token``): mark the trained text with ``{% generation %}`` blocks then. The last
+  message's turn runs to the end of ``R``.
 """
 
 from __future__ import annotations
@@ -203,27 +209,33 @@ class ChatEncoder:
 
     def _message_span(self, messages: list, i: int, text: str) -> tuple[tuple | None, str | None]:
         """The message rule (module docstring) for ``messages[i]`` in ``text`` (the whole conversation rendered):
-        ``((start, end), None)``, or ``(None, why not)``."""
+        ``((start, end), None)``, or ``(None, why not)``. Renders ``messages[:i + 1]`` and the same with the marker;
+        the whole conversation with the marker only when it does not start with ``messages[:i + 1]``'s text."""
         marked = dict(messages[i], content=MARKER)
-        whole_marked = self._render(messages[:i] + [marked] + messages[i + 1 :])[0]
         last = i + 1 == len(messages)
         alone = text if last else self._render(messages[: i + 1])[0]
-        alone_marked = whole_marked if last else self._render(messages[:i] + [marked])[0]
-        at, why = _content_start(whole_marked, text)
-        if why is None:
-            b, why = _content_start(alone_marked, alone)
+        alone_marked = self._render(messages[:i] + [marked])[0]
+        b, why = _content_start(alone_marked, alone)
+        prompted = False
         if why == NOT_RENDERED and messages[i]["role"] == "assistant" and i > 0:
             # a message whose content the template leaves out (a tool call): its turn starts after the header
-            # the template writes as its generation prompt, when both renderings start with that
+            # the template writes as its generation prompt
             prompt = self._render(messages[:i], add_generation_prompt=True)[0]
-            if alone.startswith(prompt) and text.startswith(prompt):
-                at = b = len(prompt)
-                why = None
+            if alone.startswith(prompt):
+                b, why, prompted = len(prompt), None, True
         if why is not None:
             return None, why
         content = len(alone) - b - min(_common_suffix(alone, alone_marked), len(alone) - b)  # as rendered
         turn = alone[b:].rstrip()
-        if text[at : at + len(turn)] != turn:
+        if text[:b] == alone[:b] and text[b : b + len(turn)] == turn:
+            at = b  # the whole conversation renders the same up to the end of the turn
+        elif prompted:
+            at = None
+        else:  # the content's place in the whole conversation, which renders earlier turns otherwise
+            at, why = _content_start(self._render(messages[:i] + [marked] + messages[i + 1 :])[0], text)
+            if why is not None:
+                return None, why
+        if at is None or text[at : at + len(turn)] != turn:
             return None, (f"rendering messages[:{i + 1}] does not give its turn as the whole conversation renders "
                           "it (the template rewrites earlier turns, or writes text after the last message only)")
         return (at, at + max(content, len(turn))), None
