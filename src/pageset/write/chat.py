@@ -165,8 +165,6 @@ class ChatEncoder:
         """``(text, generation spans)`` of ``messages``; ValueError naming ``where`` when the template fails."""
         try:
             return self._render(messages)
-        except ValueError:
-            raise
         except Exception as exc:  # jinja2's TemplateError, raise_exception(...), a TypeError inside the template
             raise ValueError(f"{where}: the chat template ({self.origin}) failed to render the conversation: "
                              f"{type(exc).__name__}: {exc}; fix the conversation or the template") from None
@@ -183,6 +181,13 @@ class ChatEncoder:
             _TRACKING.reset(token)
         return "".join(blocks), spans
 
+    def _rule_render(self, messages: list, what: str, add_generation_prompt: bool = False) -> str:
+        """A rendering the message rule needs; :class:`_Refused` naming ``what`` when the template fails on it."""
+        try:
+            return self._render(messages, add_generation_prompt)[0]
+        except Exception as exc:  # the template's raise_exception(...) or an error inside it
+            raise _Refused(f"the template refuses {what} ({type(exc).__name__}: {exc})") from None
+
     def encode(self, messages, where: str) -> tuple[np.ndarray, np.ndarray]:
         """``(int64[n] ids, uint8[n] mask)`` of one conversation; ValueError / TypeError naming ``where`` (file and
         line or row), the message index and field for a bad message, a failed render or a message the message
@@ -194,9 +199,8 @@ class ChatEncoder:
             if m["role"] in self.train_on and not (self.has_generation and m["role"] == "assistant"):
                 try:
                     span, problem = self._message_span(messages, i, text)
-                except Exception as exc:  # the template refuses messages[:i + 1] alone or the placeholder content
-                    span, problem = None, (f"the template refuses messages[:{i + 1}] on its own or with a "
-                                           f"placeholder content ({type(exc).__name__}: {exc})")
+                except _Refused as exc:
+                    span, problem = None, str(exc)
                 if problem:
                     raise ValueError(f"{where}: messages[{i}] ({m['role']}): {problem}, so its tokens cannot be "
                                      "found message by message; mark the trained text with {% generation %} ... "
@@ -213,14 +217,14 @@ class ChatEncoder:
         the whole conversation with the marker only when it does not start with ``messages[:i + 1]``'s text."""
         marked = dict(messages[i], content=MARKER)
         last = i + 1 == len(messages)
-        alone = text if last else self._render(messages[: i + 1])[0]
-        alone_marked = self._render(messages[:i] + [marked])[0]
+        alone = text if last else self._rule_render(messages[: i + 1], f"messages[:{i + 1}] on its own")
+        alone_marked = self._rule_render(messages[:i] + [marked], f"messages[:{i + 1}] with a placeholder content")
         b, why = _content_start(alone_marked, alone)
         prompted = False
         if why == NOT_RENDERED and messages[i]["role"] == "assistant" and i > 0:
             # a message whose content the template leaves out (a tool call): its turn starts after the header
             # the template writes as its generation prompt
-            prompt = self._render(messages[:i], add_generation_prompt=True)[0]
+            prompt = self._rule_render(messages[:i], f"messages[:{i}] with add_generation_prompt=True", True)
             if alone.startswith(prompt):
                 b, why, prompted = len(prompt), None, True
         if why is not None:
@@ -232,7 +236,9 @@ class ChatEncoder:
         elif prompted:
             at = None
         else:  # the content's place in the whole conversation, which renders earlier turns otherwise
-            at, why = _content_start(self._render(messages[:i] + [marked] + messages[i + 1 :])[0], text)
+            whole = self._rule_render(messages[:i] + [marked] + messages[i + 1 :],
+                                      "the conversation with a placeholder content")
+            at, why = _content_start(whole, text)
             if why is not None:
                 return None, why
         if at is None or text[at : at + len(turn)] != turn:
@@ -242,6 +248,10 @@ class ChatEncoder:
 
 
 NOT_RENDERED = "the template does not render its content"
+
+
+class _Refused(Exception):
+    """The template fails on a rendering the message rule needs (a prefix, or the placeholder content)."""
 
 
 def _content_start(marked: str, text: str) -> tuple[int | None, str | None]:

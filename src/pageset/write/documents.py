@@ -187,7 +187,9 @@ def iter_conversations(source, *, messages_key: str = "messages", storage_option
     ``source``: paths as for :func:`iter_documents` of ``.jsonl`` files (``messages_key`` of each line: a list of
     ``{"role", "content"}``) or ``.parquet`` files (column ``messages_key`` of list<struct<role, content>>); or an
     iterable (a list, an HF ``datasets.Dataset``) of rows ``{messages_key: [...], ...}``, of message lists, or of
-    ``os.PathLike`` files. ValueError / TypeError naming the file and line / row, or the item's index.
+    ``os.PathLike`` files. ValueError / TypeError naming the file and line / row, or the item's index, for a file
+    that cannot be read; a row without ``messages_key`` (or, in JSON Lines, with a value that is not a list) is
+    yielded with its ``problem``, raised when it is encoded (so ``on_error="skip"`` can leave it out).
     """
     if isinstance(source, (str, os.PathLike)):
         for p in _source_files(source, storage_options):
