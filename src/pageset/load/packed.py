@@ -44,8 +44,9 @@ class PackedTokenStage(Stage):
         if not self.n_records:
             raise ValueError(f"{ds.path}: no document has two or more tokens: nothing to pack (a one-token document "
                              "holds no prediction)")
-        # the hook for a per-token loss mask (formats/v1.md 10.1 on main): uint8[ceil(count / 8)] or none
-        mask = getattr(ds, "loss_mask_bits", None)
+        # a chat file's loss mask (formats/v1.md 10.1): uint8[ceil(count / 8)], bit t % 8 of byte t // 8; labels are
+        # -100 where the target token's bit is 0 (formats/packing.md section 5)
+        mask = ds.loss_mask_bits
         self.mask = np.zeros(0, np.uint8) if mask is None else np.asarray(mask, dtype=np.uint8)
         self.min_slice_rows = max(1, (1 << 18) // self.seq_len)
         L = self.seq_len

@@ -1,23 +1,41 @@
 """Conversations -> token ids and a per-token loss mask, the way transformers' ``apply_chat_template`` renders them.
 
-A conversation is a list of messages ``{"role": str, "content": str}`` (the OpenAI / HF convention). The chat
-template (jinja2, from ``tokenizer_config.json``'s ``chat_template`` or given as text) is compiled as transformers
-compiles it: an ``ImmutableSandboxedEnvironment`` with ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols``
-extension and the ``{% generation %}`` tag, the ``raise_exception`` and ``strftime_now`` globals, the ``tojson``
-filter without HTML escaping, and the tokenizer's special tokens (``bos_token``, ``eos_token``, ...) as variables.
-The rendered text is tokenized with ``add_special_tokens=False`` (the template writes its own special tokens).
+A conversation is a list of messages ``{"role": str, "content": str}`` (the OpenAI / HF convention); an assistant
+message with ``tool_calls`` may have ``content`` ``None`` or leave it out. As transformers does, keys whose value is
+``None`` are dropped and a ``reasoning`` / ``thinking`` / ``reasoning_content`` field is passed under the names
+templates read. The chat template (jinja2, from ``tokenizer_config.json``'s ``chat_template`` or given as text) is
+compiled as transformers compiles it: an ``ImmutableSandboxedEnvironment`` with ``trim_blocks`` and
+``lstrip_blocks``, the ``loopcontrols`` extension and the ``{% generation %}`` tag, the ``raise_exception`` and
+``strftime_now`` globals, the ``tojson`` filter without HTML escaping, and the tokenizer's special tokens
+(``bos_token``, ``eos_token``, ...) as variables. The rendered text is tokenized with ``add_special_tokens=False``
+(the template writes its own special tokens).
 
-Which tokens are trained on (mask 1) is decided by character spans of the rendered text, mapped to tokens by the
-tokenizer's offsets (a token is in when its characters overlap a span, as transformers maps them):
+Which tokens are trained on (mask 1) is decided by character spans of the rendered text ``R`` of the whole
+conversation, mapped to tokens by the tokenizer's offsets (a token is in when its characters overlap a span, as
+transformers maps them):
 
 - a template with ``{% generation %}`` blocks: the blocks' text is the assistant's (``return_assistant_tokens_mask``);
-- any other role in ``train_on``, or every role of a template without those blocks: rendered message by message.
-  Message ``i``'s text runs from the end of ``render(messages[:i])`` to the end of ``render(messages[:i + 1])``;
-  its trained span starts where its content starts (found by rendering it once more with a marker in place of the
-  content) and ends at the end of its text, trailing whitespace left out: the content and the template's
-  end-of-turn text (``<|im_end|>``, ``<|eot_id|>``, ``</s>``) are trained on, the role header is not. A template
-  for which ``render(messages[:i + 1])`` is not a prefix of the whole conversation (one that rewrites earlier turns)
-  is refused for this rule, naming the message: add ``{% generation %}`` blocks to it.
+- any other role in ``train_on``, or every role of a template without those blocks (the *message rule*): message
+  ``i``'s span runs from where its content starts in ``R`` to the end of its turn, trailing whitespace left out:
+  the content as the template renders it (trimmed, for the many templates that ``trim`` it), then what the
+  template writes after it in that turn (tool calls, the end-of-turn text ``<|eot_id|>``, ``<|im_end|>``,
+  ``</s>``); the role header (and anything else the template writes before the content) is not trained on.
+  Found with a marker put in place of the content (never in a template's own text): ``L`` is ``messages[:i + 1]``
+  rendered (the message last) and ``b`` where its content starts in ``L``: the marker's place in ``L'`` (the same
+  messages, the marker as message ``i``'s content), where ``L'`` and ``L`` agree on everything before it; the
+  content as rendered is ``L[b:]`` up to the text ``L`` and ``L'`` end with alike, and the turn is ``L[b:]``
+  stripped of trailing whitespace. The span starts at ``b`` when ``R`` starts with ``L[:b]`` and holds the turn
+  there; else (a template that renders earlier turns otherwise once later ones follow, as Qwen3's drop a turn's
+  ``<think>`` block) at the marker's place in ``R'`` (the whole conversation with the marker), which must agree
+  with ``R`` before it and hold the turn after it. An assistant message whose content the template does not
+  render (Llama 3.1's tool calls) starts after ``messages[:i]`` rendered with ``add_generation_prompt=True``.
+  Only the prefixes ``messages[:i + 1]`` of trained messages are rendered (never one no trained message needs:
+  Qwen3.5's template refuses ``[system]`` alone). A message is refused for the rule, naming it and why, when its
+  content is not rendered (or rendered twice), when the text before the content depends on the content (a
+  template that moves a ``<think>`` block out of it), when the template refuses ``messages[:i + 1]``, or when
+  ``R`` does not hold the turn (a template that rewrites earlier turns, or writes text after the last message
+  only, as Phi-3's ``eos_token``): mark the trained text with ``{% generation %}`` blocks then. The last
+  message's turn runs to the end of ``R``.
 """
 
 from __future__ import annotations
@@ -35,6 +53,9 @@ import numpy as np
 # The roles a message may have (OpenAI's and HF's conventions); anything else is refused naming the message.
 KNOWN_ROLES = ("system", "developer", "user", "assistant", "tool")
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+# The names a message's reasoning goes under (transformers passes it under all three; the first is the one most
+# templates read).
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 MARKER = "\ue000pageset-content\ue001"  # private-use characters: never in a template's own text
 
@@ -142,63 +163,117 @@ class ChatEncoder:
 
     def render(self, messages: list, where: str) -> tuple[str, list]:
         """``(text, generation spans)`` of ``messages``; ValueError naming ``where`` when the template fails."""
+        try:
+            return self._render(messages)
+        except Exception as exc:  # jinja2's TemplateError, raise_exception(...), a TypeError inside the template
+            raise ValueError(f"{where}: the chat template ({self.origin}) failed to render the conversation: "
+                             f"{type(exc).__name__}: {exc}; fix the conversation or the template") from None
+
+    def _render(self, messages: list, add_generation_prompt: bool = False) -> tuple[str, list]:
         blocks, spans = [], []
         token = _TRACKING.set((blocks, spans))
         try:
             for block in self._template().generate(messages=messages, tools=None, documents=None,
-                                                   add_generation_prompt=False, **self.special_tokens):
+                                                   add_generation_prompt=add_generation_prompt,
+                                                   **self.special_tokens):
                 blocks.append(block)
-        except ValueError:
-            raise
-        except Exception as exc:  # jinja2's TemplateError, raise_exception(...), a TypeError inside the template
-            raise ValueError(f"{where}: the chat template ({self.origin}) failed to render the conversation: "
-                             f"{type(exc).__name__}: {exc}; fix the conversation or the template") from None
         finally:
             _TRACKING.reset(token)
         return "".join(blocks), spans
 
+    def _rule_render(self, messages: list, what: str, add_generation_prompt: bool = False) -> str:
+        """A rendering the message rule needs; :class:`_Refused` naming ``what`` when the template fails on it."""
+        try:
+            return self._render(messages, add_generation_prompt)[0]
+        except Exception as exc:  # the template's raise_exception(...) or an error inside it
+            raise _Refused(f"the template refuses {what} ({type(exc).__name__}: {exc})") from None
+
     def encode(self, messages, where: str) -> tuple[np.ndarray, np.ndarray]:
         """``(int64[n] ids, uint8[n] mask)`` of one conversation; ValueError / TypeError naming ``where`` (file and
-        line or row), the message index and field for a bad message, a failed render or a template the
-        message-by-message rule cannot follow."""
+        line or row), the message index and field for a bad message, a failed render or a message the message
+        rule cannot follow (see the module docstring)."""
         messages = check_messages(messages, where)
         text, gen_spans = self.render(messages, where)
         spans = list(gen_spans) if self.has_generation and "assistant" in self.train_on else []
-        by_message = [r for r in self.train_on if not (self.has_generation and r == "assistant")]
-        if any(m["role"] in by_message for m in messages):
-            spans += self._message_spans(messages, text, set(by_message), where)
+        for i, m in enumerate(messages):
+            if m["role"] in self.train_on and not (self.has_generation and m["role"] == "assistant"):
+                try:
+                    span, problem = self._message_span(messages, i, text)
+                except _Refused as exc:
+                    span, problem = None, str(exc)
+                if problem:
+                    raise ValueError(f"{where}: messages[{i}] ({m['role']}): {problem}, so its tokens cannot be "
+                                     "found message by message; mark the trained text with {% generation %} ... "
+                                     "{% endgeneration %} in the chat template, or leave this role out of train_on")
+                spans.append(span)
         spans.sort()
         enc = self.spec.obj.encode(text, add_special_tokens=False)
         ids = np.asarray(enc.ids, dtype=np.int64)
         return ids, _overlap_mask(enc.offsets, spans)
 
-    def _message_spans(self, messages: list, text: str, roles: set, where: str) -> list:
-        try:
-            before = self.render([], where)[0]
-        except ValueError:  # a template that needs a message; the first message's text then starts at 0
-            before = ""
-        spans = []
-        for i, m in enumerate(messages):
-            upto = self.render(messages[: i + 1], where)[0] if i + 1 < len(messages) else text
-            if m["role"] in roles:
-                problem = None
-                if not (text.startswith(upto) and upto.startswith(before)):
-                    problem = (f"rendering messages[:{i + 1}] does not give the start of the whole conversation "
-                               "(the template rewrites earlier turns)")
-                else:
-                    marked = self.render(messages[:i] + [dict(m, content=MARKER)], where)[0]
-                    at = marked.find(MARKER)
-                    content = m["content"]
-                    if at < len(before) or marked[:at] != upto[:at] or upto[at : at + len(content)] != content:
-                        problem = "its content is not rendered verbatim where the template puts it"
-                if problem:
-                    raise ValueError(f"{where}: messages[{i}] ({m['role']}): {problem}, so its tokens cannot be "
-                                     f"found message by message; mark the trained text with {{% generation %}} ... "
-                                     "{% endgeneration %} in the chat template, or leave this role out of train_on")
-                end = max(at + len(content), len(upto.rstrip()))
-                spans.append((at, end))
-            before = upto
-        return spans
+    def _message_span(self, messages: list, i: int, text: str) -> tuple[tuple | None, str | None]:
+        """The message rule (module docstring) for ``messages[i]`` in ``text`` (the whole conversation rendered):
+        ``((start, end), None)``, or ``(None, why not)``. Renders ``messages[:i + 1]`` and the same with the marker;
+        the whole conversation with the marker only when it does not start with ``messages[:i + 1]``'s text."""
+        marked = dict(messages[i], content=MARKER)
+        last = i + 1 == len(messages)
+        alone = text if last else self._rule_render(messages[: i + 1], f"messages[:{i + 1}] on its own")
+        alone_marked = self._rule_render(messages[:i] + [marked], f"messages[:{i + 1}] with a placeholder content")
+        b, why = _content_start(alone_marked, alone)
+        prompted = False
+        if why == NOT_RENDERED and messages[i]["role"] == "assistant" and i > 0:
+            # a message whose content the template leaves out (a tool call): its turn starts after the header
+            # the template writes as its generation prompt
+            prompt = self._rule_render(messages[:i], f"messages[:{i}] with add_generation_prompt=True", True)
+            if alone.startswith(prompt):
+                b, why, prompted = len(prompt), None, True
+        if why is not None:
+            return None, why
+        content = len(alone) - b - min(_common_suffix(alone, alone_marked), len(alone) - b)  # as rendered
+        turn = alone[b:].rstrip()
+        if text[:b] == alone[:b] and text[b : b + len(turn)] == turn:
+            at = b  # the whole conversation renders the same up to the end of the turn
+        elif prompted:
+            at = None
+        else:  # the content's place in the whole conversation, which renders earlier turns otherwise
+            whole = self._rule_render(messages[:i] + [marked] + messages[i + 1 :],
+                                      "the conversation with a placeholder content")
+            at, why = _content_start(whole, text)
+            if why is not None:
+                return None, why
+        if at is None or text[at : at + len(turn)] != turn:
+            return None, (f"rendering messages[:{i + 1}] does not give its turn as the whole conversation renders "
+                          "it (the template rewrites earlier turns, or writes text after the last message only)")
+        return (at, at + max(content, len(turn))), None
+
+
+NOT_RENDERED = "the template does not render its content"
+
+
+class _Refused(Exception):
+    """The template fails on a rendering the message rule needs (a prefix, or the placeholder content)."""
+
+
+def _content_start(marked: str, text: str) -> tuple[int | None, str | None]:
+    """Where a message's content starts in ``text``: the marker's place in ``marked`` (the same messages rendered
+    with the marker as its content), when the two renderings agree on everything before it. ``(start, None)``, or
+    ``(None, why not)``."""
+    at = marked.find(MARKER)
+    if at < 0:
+        return None, NOT_RENDERED
+    if marked.find(MARKER, at + 1) >= 0:
+        return None, "the template renders its content more than once"
+    if marked[:at] != text[:at]:
+        return None, "the template's text before its content depends on the content"
+    return at, None
+
+
+def _common_suffix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    k = 0
+    while k < n and a[-1 - k] == b[-1 - k]:
+        k += 1
+    return k
 
 
 def _overlap_mask(offsets, spans) -> np.ndarray:
@@ -216,7 +291,10 @@ def _overlap_mask(offsets, spans) -> np.ndarray:
 
 
 def check_messages(messages, where: str) -> list:
-    """The conversation as a list of plain dicts; TypeError / ValueError naming ``where``, the message and field."""
+    """The conversation as a list of plain dicts, as transformers passes it to the template: keys whose value is
+    ``None`` dropped, a ``reasoning_content`` / ``thinking`` / ``reasoning`` field under all three names. A
+    message's ``content`` is a string, or ``None`` / absent in a message with ``tool_calls`` (the OpenAI
+    convention). TypeError / ValueError naming ``where``, the message and field."""
     if isinstance(messages, dict) or not isinstance(messages, (list, tuple)):
         raise TypeError(f"{where}: a conversation is a list of messages {{'role': ..., 'content': ...}}, got "
                         f"{type(messages).__name__} {messages!r:.60}")
@@ -231,10 +309,17 @@ def check_messages(messages, where: str) -> list:
         if role not in KNOWN_ROLES:
             raise ValueError(f"{where}: messages[{i}].role is {role!r}, not one of {list(KNOWN_ROLES)}; fix the "
                              "role")
-        if not isinstance(content, str):
+        if content is None and not m.get("tool_calls"):
+            raise ValueError(f"{where}: messages[{i}].content is missing or None, which only a message with "
+                             "tool_calls may leave out; give it a string")
+        if content is not None and not isinstance(content, str):
             raise ValueError(f"{where}: messages[{i}].content holds {type(content).__name__} {content!r:.40}, not "
                              "a string")
-        out.append({k: v for k, v in m.items() if v is not None})  # transformers drops None-valued keys
+        m = {k: v for k, v in m.items() if v is not None}  # transformers drops None-valued keys
+        reasoning = next((m[k] for k in REASONING_FIELDS if k in m), None)
+        if reasoning is not None:  # as transformers' _alias_reasoning_fields
+            m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+        out.append(m)
     return out
 
 
@@ -288,5 +373,7 @@ def chat_encoder(spec, tokenizer, chat_template, train_on) -> ChatEncoder:
         raise ValueError(f"{origin}: no chat_template in it (a string); pass chat_template= (the template text "
                          "or a .jinja file)")
     special = {k: _token_text(config.get(k)) for k in SPECIAL_TOKEN_KEYS}
-    return ChatEncoder(spec, chat_template, {k: v for k, v in special.items() if v is not None},
-                       check_train_on(train_on), origin)
+    encoder = ChatEncoder(spec, chat_template, {k: v for k, v in special.items() if v is not None},
+                          check_train_on(train_on), origin)
+    encoder._template()  # a template that does not compile fails here, before any conversation is read
+    return encoder

@@ -41,12 +41,13 @@ def _open_binary(path: str, storage_options: dict | None = None):
 class Conversation:
     """One conversation of a chat source: ``messages`` (a list of ``{"role", "content"}`` dicts, checked when it is
     encoded) and ``where`` it came from (``"file.jsonl:12"``, ``"file.parquet: row 3"``, ``"conversation 5"``) for
-    error messages. ``len()`` is its characters (for chunking work)."""
+    error messages; ``problem``: why a row holds no conversation (no ``messages_key`` in it), raised when it is
+    encoded (so ``on_error="skip"`` can leave it out). ``len()`` is its characters (for chunking work)."""
 
-    __slots__ = ("where", "messages")
+    __slots__ = ("where", "messages", "problem")
 
-    def __init__(self, where: str, messages):
-        self.where, self.messages = where, messages
+    def __init__(self, where: str, messages, problem: str | None = None):
+        self.where, self.messages, self.problem = where, messages, problem
 
     def __len__(self) -> int:
         if not isinstance(self.messages, (list, tuple)):
@@ -55,7 +56,7 @@ class Conversation:
                    for m in self.messages)
 
     def __reduce__(self):
-        return (Conversation, (self.where, self.messages))
+        return (Conversation, (self.where, self.messages, self.problem))
 
 
 def _jsonl_documents(path: str, text_key: str, storage_options: dict | None = None, chat: bool = False):
@@ -85,13 +86,19 @@ def _jsonl_documents(path: str, text_key: str, storage_options: dict | None = No
                                  "line or leave it out") from None
             if not isinstance(obj, dict) or text_key not in obj:
                 keys = sorted(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__
+                if chat:
+                    yield Conversation(f"{path}:{lineno}", None, f"no {text_key!r} key in the JSON line (it has "
+                                       f"{keys}); set messages_key= to the key holding the messages")
+                    continue
                 raise ValueError(f"{path}:{lineno}: no {text_key!r} key in the JSON line (it has {keys}); "
                                  "set text_key= (--text-key) to the key holding the text")
             text = obj[text_key]
             if chat:
                 if not isinstance(text, list):
-                    raise ValueError(f"{path}:{lineno}: {text_key!r} holds {type(text).__name__} {text!r:.40}, "
-                                     "not a list of messages [{\"role\": ..., \"content\": ...}, ...]")
+                    yield Conversation(f"{path}:{lineno}", None, f"{text_key!r} holds {type(text).__name__} "
+                                       f"{text!r:.40}, not a list of messages "
+                                       "[{\"role\": ..., \"content\": ...}, ...]")
+                    continue
                 yield Conversation(f"{path}:{lineno}", text)
                 continue
             if not isinstance(text, str):
@@ -180,7 +187,9 @@ def iter_conversations(source, *, messages_key: str = "messages", storage_option
     ``source``: paths as for :func:`iter_documents` of ``.jsonl`` files (``messages_key`` of each line: a list of
     ``{"role", "content"}``) or ``.parquet`` files (column ``messages_key`` of list<struct<role, content>>); or an
     iterable (a list, an HF ``datasets.Dataset``) of rows ``{messages_key: [...], ...}``, of message lists, or of
-    ``os.PathLike`` files. ValueError / TypeError naming the file and line / row, or the item's index.
+    ``os.PathLike`` files. ValueError / TypeError naming the file and line / row, or the item's index, for a file
+    that cannot be read; a row without ``messages_key`` (or, in JSON Lines, with a value that is not a list) is
+    yielded with its ``problem``, raised when it is encoded (so ``on_error="skip"`` can leave it out).
     """
     if isinstance(source, (str, os.PathLike)):
         for p in _source_files(source, storage_options):
@@ -193,9 +202,10 @@ def iter_conversations(source, *, messages_key: str = "messages", storage_option
             yield item
         elif isinstance(item, dict):
             if messages_key not in item:
-                raise ValueError(f"conversation {k}: no {messages_key!r} key in the row (it has "
-                                 f"{sorted(map(str, item))}); set messages_key= to the key holding the messages")
-            yield Conversation(f"conversation {k}", item[messages_key])
+                yield Conversation(f"conversation {k}", None, f"no {messages_key!r} key in the row (it has "
+                                   f"{sorted(map(str, item))}); set messages_key= to the key holding the messages")
+            else:
+                yield Conversation(f"conversation {k}", item[messages_key])
         elif isinstance(item, (list, tuple)):
             yield Conversation(f"conversation {k}", item)
         else:

@@ -17,6 +17,7 @@ import itertools
 import os
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,7 +84,8 @@ class TokenWriteResult:
     """What a token writer wrote: ``path``, ``documents``, ``tokens`` (count, BOS/EOS included), ``dtype``
     (``"uint16"``/``"uint32"``), ``dataset_id`` (hex SHA-256), ``bytes`` (file size), ``seconds`` (wall time); for
     a many-file set ``path`` is the folder, the counts, id and bytes are the whole set's and ``members`` names the
-    member files this call wrote."""
+    member files this call wrote. ``skipped``: the conversations ``on_error="skip"`` left out, where each came from
+    (``"chat.jsonl:12"``, ``"chat.parquet: row 3"``, ``"conversation 5"``), in source order."""
 
     path: str
     documents: int
@@ -93,6 +95,7 @@ class TokenWriteResult:
     bytes: int
     seconds: float
     members: tuple = ()
+    skipped: tuple = ()
 
 
 class TokenFileWriter:
@@ -126,19 +129,22 @@ class TokenFileWriter:
         self.out.abort()
 
     def finish(self, doc_offsets: np.ndarray, info: dict, user: dict | None, t0: float,
-               record_lineage: bool = True, loss_mask: np.ndarray | None = None) -> TokenWriteResult:
-        """Write the tail and commit; ``record_lineage=False`` keeps only ``info["source"]`` in the lineage, so the
-        file's bytes depend on its content only. ``loss_mask``: ``uint8[count]`` of 0/1 (1 = trained on), stored
-        bit-packed in the ``loss_mask`` section with the ``loss_mask`` feature bit; ``info["loss_mask"]`` then
-        describes it (formats/v1.md section 10.1)."""
+               record_lineage: bool = True, loss_mask: np.ndarray | None = None,
+               skipped: list | None = None) -> TokenWriteResult:
+        """Write the tail and commit; ``record_lineage=False`` keeps only ``info["source"]`` (and the skipped
+        conversations) in the lineage, so the file's bytes depend on its content only. ``loss_mask``:
+        ``uint8[count]`` of 0/1 (1 = trained on), stored bit-packed in the ``loss_mask`` section with the
+        ``loss_mask`` feature bit; ``info["loss_mask"]`` then describes it (formats/v1.md section 10.1).
+        ``skipped``: ``[(number in the source, where, error)]`` of the conversations left out, recorded in the
+        lineage as ``skipped`` (the numbers) and ``skipped_errors`` (``{"index", "where", "error"}``)."""
         try:
             return self._finish(np.asarray(doc_offsets, dtype="<u8"), info, user or {}, t0, record_lineage,
-                                loss_mask)
+                                loss_mask, skipped or [])
         except BaseException:
             self.abort()
             raise
 
-    def _finish(self, offsets, info, user, t0, record_lineage, loss_mask) -> TokenWriteResult:
+    def _finish(self, offsets, info, user, t0, record_lineage, loss_mask, skipped) -> TokenWriteResult:
         if offsets.size < 2 or offsets[0] != 0 or offsets[-1] != self.count or np.any(offsets[1:] < offsets[:-1]):
             raise ValueError(f"doc_offsets must be non-decreasing from 0 to {self.count} tokens")
         mask_bytes = None
@@ -150,6 +156,9 @@ class TokenFileWriter:
                 raise ValueError("a loss_mask needs info['loss_mask'] (train_on, rule, template_sha256)")
             mask_bytes = np.packbits(loss_mask.astype(np.uint8), bitorder="little").tobytes()
         canonical_json(user)  # fail on non-JSON metadata before writing sections
+        skip_log = {} if not skipped else {
+            "skipped": [k for k, _, _ in skipped],
+            "skipped_errors": [{"index": k, "where": w, "error": e} for k, w, e in skipped]}
         f = self.f
         data_length = self.pages.pos
         crcs = self.pages.finish()
@@ -172,7 +181,8 @@ class TokenFileWriter:
             (C.SECTION_INDEX, C.SECTION_FLAG_REQUIRED, index_bytes),
             (C.SECTION_PAGE_CHECKSUMS, 0, crc_bytes),
             (C.SECTION_METADATA, 0, canonical_json({"lineage": dict(lineage() if record_lineage else {},
-                                                                   source=info.get("source")), "user": user})),
+                                                                   source=info.get("source"), **skip_log),
+                                                    "user": user})),
             (C.SECTION_DOC_OFFSETS, C.SECTION_FLAG_REQUIRED, offsets_bytes),
         ]
         features = C.REQUIRED_TOKENS
@@ -184,7 +194,7 @@ class TokenFileWriter:
                                sections=sections)
         self.out.commit()
         return TokenWriteResult(self.path, int(offsets.size - 1), self.count, self.dtype, dataset_id.hex(),
-                                file_size, time.perf_counter() - t0)
+                                file_size, time.perf_counter() - t0, skipped=tuple(w for _, w, _ in skipped))
 
 # ---- encoding (workers) ------------------------------------------------------------------------------------
 
@@ -196,12 +206,13 @@ def _init_worker(spec) -> None:
     _WORKER["spec"] = spec
 
 
-def _encode_chunk(start: int, docs: list, bos_id, eos_id, spec=None):
+def _encode_chunk(start: int, docs: list, bos_id, eos_id, spec=None, on_error: str = "raise"):
     """Encode ``docs`` (numbered from ``start``): ``(uint32 flat ids with BOS/EOS, int64 lengths, uint8 loss mask
-    or None)``; the mask only for conversations (``spec`` a :class:`~pageset.write.chat.ChatEncoder`)."""
+    or None, skipped)``; the mask only for conversations (``spec`` a :class:`~pageset.write.chat.ChatEncoder`), and
+    ``skipped`` (``[(document number, where, error)]``) only for conversations with ``on_error="skip"``."""
     spec = spec if spec is not None else _WORKER.get("spec")
     if isinstance(spec, ChatEncoder):
-        return _encode_conversations(docs, bos_id, eos_id, spec)
+        return _encode_conversations(start, docs, bos_id, eos_id, spec, on_error)
     texts = [(k, d) for k, d in enumerate(docs) if isinstance(d, str)]
     encoded: list = [None] * len(docs)
     if texts:
@@ -224,18 +235,32 @@ def _encode_chunk(start: int, docs: list, bos_id, eos_id, spec=None):
         parts.append(piece)
         lengths[k] = piece.size
     flat = np.concatenate(parts) if parts else np.empty(0, np.int64)
-    return flat.astype(np.uint32), lengths, None
+    return flat.astype(np.uint32), lengths, None, []
 
 
-def _encode_conversations(docs: list, bos_id, eos_id, chat: ChatEncoder):
-    """Conversations -> ``(uint32 ids, int64 lengths, uint8 mask)``. The EOS/BOS policy of text documents: ``bos_id``
-    put first unless the template already wrote it, ``eos_id`` appended unless the template already ended with it
-    (never twice); both have mask 0 (a separator, not the assistant's)."""
-    parts, masks, lengths = [], [], np.empty(len(docs), dtype=np.int64)
+SKIP_HINT = ("To leave such conversations out instead, pass on_error='skip' (TokenWriteResult.skipped and the "
+             "file's lineage list them).")
+
+
+def _encode_conversations(start: int, docs: list, bos_id, eos_id, chat: ChatEncoder, on_error: str):
+    """Conversations -> ``(uint32 ids, int64 lengths, uint8 mask, skipped)``. The EOS/BOS policy of text documents:
+    ``bos_id`` put first unless the template already wrote it, ``eos_id`` appended unless the template already
+    ended with it (never twice); both have mask 0 (a separator, not the assistant's). ``on_error="skip"``: a
+    conversation that cannot be encoded (its ValueError / TypeError names it) is left out and listed in ``skipped``
+    as ``(its number in the source, where, the error)``."""
+    parts, masks, lengths, skipped = [], [], [], []
     for k, conv in enumerate(docs):
         if not isinstance(conv, Conversation):
             raise TypeError(f"a chat source yields conversations, got {type(conv).__name__} {conv!r:.40}")
-        ids, mask = chat.encode(conv.messages, conv.where)
+        try:
+            if conv.problem is not None:
+                raise ValueError(f"{conv.where}: {conv.problem}")
+            ids, mask = chat.encode(conv.messages, conv.where)
+        except (ValueError, TypeError) as exc:
+            if on_error != "skip":
+                raise type(exc)(f"{exc}. {SKIP_HINT}") from None
+            skipped.append((start + k, conv.where, str(exc)))
+            continue
         head = 1 if bos_id is not None and not (ids.size and ids[0] == bos_id) else 0
         tail = 0 if ids.size and ids[-1] == eos_id else 1
         piece = np.empty(head + ids.size + tail, np.int64)
@@ -248,9 +273,10 @@ def _encode_conversations(docs: list, bos_id, eos_id, chat: ChatEncoder):
             piece[-1] = eos_id
         parts.append(piece)
         masks.append(m)
-        lengths[k] = piece.size
+        lengths.append(piece.size)
     flat = np.concatenate(parts) if parts else np.empty(0, np.int64)
-    return flat.astype(np.uint32), lengths, (np.concatenate(masks) if masks else np.empty(0, np.uint8))
+    return (flat.astype(np.uint32), np.asarray(lengths, dtype=np.int64),
+            np.concatenate(masks) if masks else np.empty(0, np.uint8), skipped)
 
 
 def _chunks(docs_iter, chunk_docs: int, chunk_chars: int):
@@ -269,11 +295,11 @@ def _chunks(docs_iter, chunk_docs: int, chunk_chars: int):
         yield start, cur
 
 
-def _encoded_in_order(docs_iter, spec, bos_id, eos_id, num_workers, chunk_docs, chunk_chars):
+def _encoded_in_order(docs_iter, spec, bos_id, eos_id, num_workers, chunk_docs, chunk_chars, on_error="raise"):
     chunks = _chunks(docs_iter, chunk_docs, chunk_chars)
     if num_workers == 0:
         for start, docs in chunks:
-            yield start, len(docs), _encode_chunk(start, docs, bos_id, eos_id, spec)
+            yield start, len(docs), _encode_chunk(start, docs, bos_id, eos_id, spec, on_error)
         return
     died = ("a tokenizer worker process died (killed or out of memory); nothing was written. Retry with "
             "num_workers=0 to see the error in this process.")
@@ -282,7 +308,7 @@ def _encoded_in_order(docs_iter, spec, bos_id, eos_id, num_workers, chunk_docs, 
     def tasks():
         for start, docs in chunks:
             meta.append((start, len(docs)))
-            yield start, docs, bos_id, eos_id
+            yield start, docs, bos_id, eos_id, None, on_error
 
     for k, result in enumerate(ordered_map(_encode_chunk, tasks(), num_workers, _init_worker, (spec,),
                                            2 * num_workers, died)):
@@ -342,6 +368,7 @@ def write_tokens(
     messages_key: str | None = None,
     chat_template: str | os.PathLike | None = None,
     train_on: tuple = ("assistant",),
+    on_error: str = "raise",
 ) -> TokenWriteResult:
     """Tokenize ``source`` and write one token file at ``path`` (atomically: temp file, fsync, rename).
 
@@ -409,6 +436,12 @@ def write_tokens(
             ``chat_template`` of the ``tokenizer_config.json`` beside a ``tokenizer.json`` path.
         train_on: the roles whose tokens have mask 1 (of ``system``, ``developer``, ``user``, ``assistant``,
             ``tool``); default the assistant's.
+        on_error: conversations only: ``"raise"`` (the first conversation that cannot be encoded stops the write,
+            nothing is written; its error names the file and line) or ``"skip"`` (such conversations are left
+            out: a bad message, a template that refuses the conversation, a message the mask rule cannot follow;
+            :attr:`TokenWriteResult.skipped` lists where they came from, the file's lineage metadata holds their
+            errors, and a warning gives the count and the first lines). A damaged file (not UTF-8, invalid JSON)
+            stops the write either way.
 
     Returns:
         :class:`TokenWriteResult` (``path, documents, tokens, dtype, dataset_id, bytes, seconds``).
@@ -458,6 +491,10 @@ def write_tokens(
         raise TypeError(f"chat_template must be the template text or a path (.jinja, tokenizer_config.json), got "
                         f"{type(chat_template).__name__}")
     train_on = check_train_on(train_on)
+    on_error = check.choice("on_error", on_error, ("raise", "skip"))
+    if on_error == "skip" and messages_key is None:
+        raise ValueError("on_error='skip' leaves out conversations that cannot be encoded: it needs messages_key= "
+                         "(a chat source)")
     if chat_template is not None and messages_key is None:
         raise ValueError("chat_template is for conversations: also pass messages_key= (e.g. 'messages'), the key "
                          "holding each conversation's messages")
@@ -515,6 +552,7 @@ def write_tokens(
         docs_iter = iter_documents(source, text_key=text_key, separator=separator, storage_options=storage_options)
     lengths_parts: list[np.ndarray] = []
     mask_parts: list[np.ndarray] = []
+    skipped: list = []
     max_id = -1
     spill, spill_name = None, None
     bar = tqdm(disable=not progress, desc="pageset tokens", unit="doc", leave=False)
@@ -529,8 +567,9 @@ def write_tokens(
             except BaseException:
                 os.close(fd)
                 raise
-        for start, n, (flat, lengths, mask) in _encoded_in_order(docs_iter, chat or spec, bos_id, eos_id,
-                                                                 num_workers, chunk_docs, chunk_chars):
+        for start, n, (flat, lengths, mask, skips) in _encoded_in_order(docs_iter, chat or spec, bos_id, eos_id,
+                                                                        num_workers, chunk_docs, chunk_chars,
+                                                                        on_error):
             if flat.size:
                 chunk_max = int(flat.max())
                 if chunk_max > limit:
@@ -548,9 +587,13 @@ def write_tokens(
             lengths_parts.append(lengths)
             if mask is not None:
                 mask_parts.append(mask)
+            skipped += skips
             bar.update(n)
         bar.close()
         lengths = np.concatenate(lengths_parts) if lengths_parts else np.empty(0, np.int64)
+        if lengths.size == 0 and skipped:
+            raise ValueError(f"every conversation was skipped ({len(skipped)}): nothing to write; the first: "
+                             f"{skipped[0][2]}")
         if lengths.size == 0:
             raise ValueError("the source holds no documents: nothing to write")
         final = direct or ("uint16" if max_id <= UINT16_MAX else "uint32")
@@ -563,7 +606,13 @@ def write_tokens(
         offsets = np.zeros(lengths.size + 1, dtype=np.uint64)
         np.cumsum(lengths, out=offsets[1:])
         loss_mask = np.concatenate(mask_parts) if chat is not None else None
-        return writer.finish(offsets, dict(info, max_id=max_id), metadata, t0, lineage, loss_mask)
+        result = writer.finish(offsets, dict(info, max_id=max_id), metadata, t0, lineage, loss_mask, skipped)
+        if skipped:
+            first = ", ".join(w for _, w, _ in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
+            warnings.warn(f"write_tokens({path!r}): skipped {len(skipped)} of {len(skipped) + result.documents} "
+                          f"conversations that could not be encoded ({first}); TokenWriteResult.skipped lists them "
+                          "and the file's lineage metadata holds their errors", stacklevel=2)
+        return result
     except BaseException:
         bar.close()
         if writer is not None:
@@ -589,11 +638,11 @@ def tokenize_to_shard(url: str, docs_or_file, start: int, spec_ref, bos_id, eos_
     if isinstance(docs_or_file, str):
         try:
             docs = list(_file_documents(docs_or_file, text_key, separator, storage_options))
-            flat, lengths, _ = _encode_chunk(0, docs, bos_id, eos_id, spec)
+            flat, lengths, _, _ = _encode_chunk(0, docs, bos_id, eos_id, spec)
         except (ValueError, TypeError) as exc:
             raise type(exc)(f"{docs_or_file}: {exc}") from exc
     else:
-        flat, lengths, _ = _encode_chunk(start, docs_or_file, bos_id, eos_id, spec)
+        flat, lengths, _, _ = _encode_chunk(start, docs_or_file, bos_id, eos_id, spec)
     size = write_shard(url, {"kind": "tokens", "documents": int(lengths.size), "tokens": int(flat.size)},
                        [("lengths", lengths.astype("<i8")), ("ids", flat.astype("<u4"))], storage_options)
     return {"url": url, "bytes": size, "documents": int(lengths.size), "tokens": int(flat.size),
@@ -749,7 +798,7 @@ def write_token_member(folder: str, name: str, item: list, first_doc: int, spec,
     writer, lengths, max_id = None, [], -1
     try:
         for start, chunk in _chunks(docs, chunk_docs, chunk_chars):
-            flat, lens, _ = _encode_chunk(first_doc + start, chunk, bos_id, eos_id, spec)
+            flat, lens, _, _ = _encode_chunk(first_doc + start, chunk, bos_id, eos_id, spec)
             if flat.size and int(flat.max()) > limit:
                 first = int(np.argmax(flat > limit))
                 doc = first_doc + start + int(np.searchsorted(np.cumsum(lens), first, side="right"))
