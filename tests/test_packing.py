@@ -260,3 +260,19 @@ def test_mixture_weighted_by_tokens_refuses_record_files(tmp_path, photos):
                          "weight_unit='tokens', samples_per_epoch=40)")
     with pytest.raises(ValueError, match=r"weight_unit must be 'samples' or 'tokens'"):
         Mixture([tmp_path / "r.pageset"], [1], weight_unit="bytes")
+
+
+def test_packed_rows_of_a_many_file_token_set_are_refused_naming_the_fix(tmp_path):
+    """Packing works within one file's pages: a set is refused with the way out (merge, or stride windows),
+    not with a misleading "member replaced" error; the merged file packs."""
+    from pageset import merge_datasets
+
+    docs = [list(range(1, 6 + i % 40)) for i in range(2000)]
+    folder = tmp_path / "set"
+    write_tokens(folder, docs, member_bytes=32 << 10, page_size=4096, eos_id=0, progress=False)
+    with pytest.raises(ValueError, match=r"packed rows .* many-file token set are not supported.*pageset merge"):
+        Loader(folder, batch_size=4, pipelines={"tokens": [TokenWindows(32, packing="best_fit")]})
+    merge_datasets(tmp_path / "one.pageset", [folder], progress=False)
+    with Loader(tmp_path / "one.pageset", batch_size=4, order="sequential", array_type="numpy",
+                pipelines={"tokens": [TokenWindows(32, packing="best_fit")]}) as ld:
+        assert next(iter(ld))["input"].shape == (4, 32)

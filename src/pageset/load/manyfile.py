@@ -179,6 +179,11 @@ class ManyFileSource:
         try:
             self.stages, self.row_bytes, self.verifier = first.stages, first.row_bytes, None
             self._token = info.kind == "tokens"
+            if self._token and getattr(first.stages[0], "packing", ""):
+                raise ValueError(
+                    f"{self.path}: packed rows (TokenWindows(packing='best_fit')) of a many-file token set are not "
+                    "supported: rows are packed within one file's pages. Merge the set into one file and pack that "
+                    "(pageset merge OUT.pageset FOLDER), or read the set as stride windows (packing=None)")
             pages = np.asarray(info.pages, np.int64)
             if self._token:
                 st = first.stages[0]

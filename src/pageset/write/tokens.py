@@ -871,7 +871,7 @@ def _largest_pre_tokenized_id(source, bos_id, eos_id, chunk_docs: int, chunk_cha
         largest = -1
         docs = iter_documents(source, text_key=text_key, separator=separator, storage_options=storage_options)
         for start, chunk in _chunks(docs, chunk_docs, chunk_chars):
-            flat, _, _ = _encode_chunk(start, chunk, bos_id, eos_id, None)
+            flat, _, _, _ = _encode_chunk(start, chunk, bos_id, eos_id, None)
             if flat.size:
                 largest = max(largest, int(flat.max()))
             if spill is not None:
