@@ -695,3 +695,30 @@ def test_files_the_cache_did_not_write_are_neither_counted_nor_deleted(tmp_path)
     cache.get_run(0, 3, _Fetch())
     assert (tmp_path / "mine" / "0.page").stat().st_size == 5 * PAGE and (tmp_path / "notes.page").exists()
     assert sum(s for _, s, _ in _cached(tmp_path) if s == PAGE) <= 3 * PAGE
+
+
+def test_a_cache_rescans_what_another_process_wrote_after_it_opened(tmp_path):
+    """This process opens its cache on an empty cache_dir (it counts 0 bytes); another process then fills the
+    folder to its 64-page limit and exits; this one writes its own pages: it scans again after 1/32 of the limit
+    written, sees the other's pages and evicts, so the folder never passes the limit plus 1/32 of it plus one
+    run (measured after every run). Counting only its own writes, it wrote ~64 pages before evicting (~128)."""
+    cache_dir, limit = tmp_path / "cache", 64 * PAGE
+    mine = DiskPageCache(cache_dir, "ds1", None, limit, PAGE)
+    assert mine._size == 0
+    other = subprocess.Popen([sys.executable, "-c", SHARER, str(cache_dir), "ds2", "200", str(limit), str(PAGE),
+                              str(tmp_path / "out2.json")], stdin=subprocess.PIPE, text=True)
+    try:
+        other.stdin.write("go\n")
+        other.stdin.flush()
+        assert other.wait(timeout=300) == 0
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait(60)
+    assert 0.9 * limit <= sum(s for _, s, _ in _cached(cache_dir)) <= limit
+    biggest = 0
+    for k in range(0, 100, 2):
+        mine.get_run(k, k + 2, lambda a, b: [np.full(PAGE, (31 + j) % 251, np.uint8) for j in range(a, b)])
+        biggest = max(biggest, sum(s for _, s, _ in _cached(cache_dir)))
+    assert biggest <= limit + limit // 32 + 2 * PAGE, biggest / PAGE
+    assert not list((cache_dir / "ds2").glob("*.page"))  # the other's pages were older: they went first
