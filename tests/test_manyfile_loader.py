@@ -436,9 +436,11 @@ def test_a_member_changed_after_it_was_read_is_named_when_read_again(tmp_path, m
 LIMITED = textwrap.dedent("""
     import json, os, resource, sys
     import numpy as np
-    from pageset import Loader
+    from pageset import Loader, Mixture
 
     folder, soft, others, kw, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5]
+    mix = kw.pop("mixture_with", None)  # a Mixture of the set (weight 3) and this file (weight 1)
+    source = Mixture([folder, mix], weights=[3, 1], samples_per_epoch=3000) if mix else folder
     if others:  # the kernels loaded first (a warm process), then files this process holds for other reasons
         with Loader(folder, array_type="numpy", batch_size=2, page_cache=kw.get("page_cache", "os")) as ld:
             next(iter(ld))
@@ -457,7 +459,7 @@ LIMITED = textwrap.dedent("""
 
     rows, most = [], 0
     try:
-        with Loader(folder, array_type="numpy", **kw) as ld:
+        with Loader(source, array_type="numpy", **kw) as ld:
             for b in ld:
                 data, lengths = np.asarray(b["payload"][0]), np.asarray(b["payload"][1])
                 rows += [(int(lab), bytes(data[j, : lengths[j]]).hex()) for j, lab in enumerate(np.asarray(b["label"]))]
@@ -502,6 +504,21 @@ def test_a_300_member_set_reads_under_an_open_file_limit_of_100(set_of_300, tmp_
                        **kw)
     assert "error" not in got, got
     assert sorted(lab for lab, _ in got["rows"]) == list(range(3000))
+    assert all(bytes.fromhex(h) == payload(lab) for lab, h in got["rows"])
+    assert 0 < got["most_fds"] < 100
+
+
+@pytest.mark.parametrize("kw", [{}, {"page_cache": "process"}], ids=["default", "page_cache=process"])
+def test_a_mixture_with_a_300_member_set_reads_under_an_open_file_limit_of_100(set_of_300, tmp_path, kw):
+    """The set's rows of a Mixture batch (scattered rows) under ``ulimit -n 100``, random batches of 300: read a
+    few members at a time too; each row holds the bytes written for its label (the file's labels 5000..)."""
+    other = tmp_path / "other.pageset"
+    write_dataset(other, samples(5000, 5100), FIELDS, num_workers=0, page_size=4096, progress=False)
+    got = _under_limit(set_of_300, 100, tmp_path, batch_size=300, order="random", seed=3, num_threads=2,
+                       mixture_with=str(other), **kw)
+    assert "error" not in got, got
+    labels = [lab for lab, _ in got["rows"]]
+    assert len(labels) == 3000 and sum(lab < 3000 for lab in labels) > 2000
     assert all(bytes.fromhex(h) == payload(lab) for lab, h in got["rows"])
     assert 0 < got["most_fds"] < 100
 
