@@ -1,5 +1,6 @@
 """Real servers on 127.0.0.1 for the remote-read tests, the demo and the benchmark: moto's S3 server, aiohttp's
-static file server (Range, ETag, If-Match) and a fault-injecting HTTP proxy in front of either.
+static file server (Range, ETag, If-Match), an aiohttp server that gzips whole bodies, and a fault-injecting
+HTTP proxy in front of either.
 
 Each class starts in its constructor and stops in ``stop()`` (or as a context manager); every wait is bounded.
 """
@@ -65,6 +66,74 @@ class StaticHTTP:
         self.thread.start()
         app = web.Application()
         app.router.add_static("/", str(root))
+        self.runner = web.AppRunner(app)
+
+        async def start():
+            await self.runner.setup()
+            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            await site.start()
+            return site._server.sockets[0].getsockname()[1]
+
+        port = asyncio.run_coroutine_threadsafe(start(), self.loop).result(30)
+        self.url = f"http://127.0.0.1:{port}"
+
+    def stop(self):
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+        self.loop.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class GzipHTTP:
+    """An aiohttp server of the files under ``root`` that compresses whole bodies, as a web server with gzip on does.
+
+    ``mode``: ``"accepted"`` answers a request whose Accept-Encoding names gzip with the gzip of the whole file
+    (HTTP 200, ``Content-Encoding: gzip``, its Range ignored), any other request as aiohttp's static files do
+    (Range, 206); ``"always"`` does the former whatever the request asks (HEAD too: the compressed length);
+    ``"get"`` answers HEAD as the static files do (the stored size) and every GET with the gzip of the file;
+    ``"stripped"`` sends the gzip of the whole file without the ``Content-Encoding`` header (a proxy that drops
+    it). Every answer has the file's ETag. ``seen`` lists ``(method, path, Accept-Encoding)`` of every request.
+    """
+
+    def __init__(self, root, mode: str = "accepted"):
+        import gzip
+        from pathlib import Path
+
+        from aiohttp import web
+
+        assert mode in ("accepted", "always", "get", "stripped"), mode
+        self.root, self.mode = Path(root), mode
+        self.seen: list[tuple[str, str, str]] = []
+
+        async def handle(request):
+            accept = request.headers.get("Accept-Encoding", "")
+            self.seen.append((request.method, request.path, accept))
+            path = (self.root / request.match_info["tail"]).resolve()
+            if not path.is_relative_to(self.root.resolve()) or not path.is_file():
+                return web.Response(status=404, text="Not Found")
+            if ((self.mode == "accepted" and "gzip" not in accept.lower())
+                    or (self.mode == "get" and request.method == "HEAD")):
+                return web.FileResponse(path)
+            st = path.stat()
+            body = gzip.compress(path.read_bytes(), mtime=0)
+            headers = {"ETag": f'"{st.st_mtime_ns:x}-{st.st_size:x}"', "Content-Type": "application/octet-stream"}
+            if self.mode != "stripped":
+                headers["Content-Encoding"] = "gzip"
+            if request.method == "HEAD":
+                return web.Response(status=200, headers={**headers, "Content-Length": str(len(body))})
+            return web.Response(status=200, body=body, headers=headers)
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="gzip-http", daemon=True)
+        self.thread.start()
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handle)
         self.runner = web.AppRunner(app)
 
         async def start():

@@ -5,6 +5,7 @@ a writer that is still alive (ranks share a cache folder)."""
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -238,7 +239,9 @@ def test_the_bound_evicts_least_recently_used_pages_down_to_90_percent(tmp_path)
     one_run = DiskPageCache(tmp_path, "other", None, 10 * PAGE, PAGE)
     one_run.get_run(0, 12, fetch)  # one run of 12 pages past the bound: down to 9 pages, the newest stay
     assert sorted(int(p.stem) for p in (tmp_path / "other").glob("*.page")) == list(range(3, 12))
-    assert one_run.evicted == 3 and one_run._size == 9 * PAGE
+    # the bound is the whole cache_dir's: the 9 older pages of "ds" went first, then "other"'s 3 oldest
+    assert not list((tmp_path / "ds").glob("*.page"))
+    assert one_run.evicted == 12 and one_run._size == 9 * PAGE
 
 
 def test_eviction_never_deletes_the_page_just_written_nor_the_newest(tmp_path):
@@ -263,27 +266,28 @@ def test_eviction_never_deletes_the_page_just_written_nor_the_newest(tmp_path):
         assert tmp.exists()
     finally:
         os.close(fd)
-    other = tmp_path / "other"  # page 5 stamped by a host whose clock runs ahead: newer than anything written here
-    other.mkdir()
+    elsewhere = tmp_path / "elsewhere"  # a cache_dir of its own (the bound is one cache_dir's)
+    other = elsewhere / "other"  # page 5 stamped by a host whose clock runs ahead: newer than anything written here
+    other.mkdir(parents=True)
     (other / "0.page").write_bytes(_page(0).tobytes())
     os.utime(other / "0.page", ns=(1, 1))
     (other / "5.page").write_bytes(_page(5).tobytes())
     ahead = time.time_ns() + 10**12
     os.utime(other / "5.page", ns=(ahead, ahead))
-    two = DiskPageCache(tmp_path, "other", None, 2 * PAGE, PAGE)
+    two = DiskPageCache(elsewhere, "other", None, 2 * PAGE, PAGE)
     two.get_run(1, 2, fetch)  # 3 pages > 2: down to 90 % of the bound: 0 goes; 1 is next by age, but just written
     assert sorted(p.name for p in other.glob("*.page")) == ["1.page", "5.page"] and two.evicted == 1
 
 
 def test_evictions_run_one_at_a_time_on_a_host(tmp_path):
-    """An eviction waits for the host-wide eviction lock (``locks/evict.lock``, held here as another process
-    would hold it) and scans the folder only once it has the lock."""
+    """An eviction waits for the host-wide eviction lock (``<cache_dir>/evict.lock``, held here as another
+    process would hold it) and scans the folder only once it has the lock."""
     import fcntl
     import threading
     cache = DiskPageCache(tmp_path, "ds", None, PAGE, PAGE)
     fetch = _Fetch()
     cache.get_run(0, 1, fetch)
-    fd = os.open(tmp_path / "ds" / "locks" / "evict.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(tmp_path / "evict.lock", os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX)
     done = threading.Event()
     worker = threading.Thread(target=lambda: (cache.get_run(1, 2, fetch), done.set()), daemon=True)
@@ -515,3 +519,206 @@ def test_a_temp_file_replaced_between_create_and_lock_is_written_again(tmp_path,
     cache.get_run(0, 1, lambda a, b: [_page(0)])
     monkeypatch.setattr(disk_cache.fcntl, "flock", real_flock)
     assert len(swapped) == 1 and (tmp_path / "ds" / "0.page").read_bytes() == _page(0).tobytes()
+
+
+# ---- issue 28: one bound for the whole cache_dir (every dataset in it), enforced when a cache opens -----------------
+
+BIG_PAGE = 256 << 10
+
+
+def _token_file(path: Path, mib: int, seed: int) -> Path:
+    """A token file of about ``mib`` MiB of data in 256 KiB pages (uint16 tokens, documents of 1-4096)."""
+    rng = np.random.default_rng(seed)
+    docs, n = [], 0
+    while n < (mib << 20) // 2:
+        docs.append(rng.integers(0, 60000, int(rng.integers(1, 4096)), dtype=np.uint16))
+        n += docs[-1].shape[0] + 1
+    write_tokens(path, docs, eos_id=60001, num_workers=0, page_size=BIG_PAGE, progress=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def http_tokens(tmp_path_factory):
+    """Two token files (A: ~20 MiB, B: ~8 MiB of data) served by aiohttp's static files on 127.0.0.1 behind the
+    fault proxy (no fault set): ``{"A": (url, path), "B": (url, path)}``."""
+    from remote_servers import FaultProxy, StaticHTTP
+
+    root = tmp_path_factory.mktemp("http-tokens")
+    files = {"A": _token_file(root / "a.pageset", 20, 1), "B": _token_file(root / "b.pageset", 8, 2)}
+    with StaticHTTP(root) as http, FaultProxy(http.url) as proxy:
+        yield {k: (f"{proxy.url}/{p.name}", p) for k, p in files.items()}
+
+
+def _cached(cache: Path) -> list[tuple[int, int, Path]]:
+    """(mtime_ns, size, path) of every page file under ``cache`` (every dataset folder), oldest first."""
+    return sorted((p.stat().st_mtime_ns, p.stat().st_size, p) for p in cache.glob("*/*.page"))
+
+
+def _epoch(url, cache, limit) -> list[bytes]:
+    """One sequential epoch of 1024-token windows (inputs' bytes per batch) with ``cache_dir=cache``."""
+    with Loader(url, batch_size=16, pipelines={"tokens": [TokenWindows(1024)]}, order="sequential", num_threads=2,
+                cache_dir=cache, cache_limit_bytes=limit, array_type="numpy") as loader:
+        return [np.asarray(b["input"]).tobytes() for b in loader]
+
+
+def _pages_match_the_file(cache: Path, files: dict) -> int:
+    """Each page file under ``cache`` holds the bytes of its page in the file of its dataset id (read with open());
+    returns how many were checked."""
+    n = 0
+    for url, path in files.values():
+        with open_tokens(path) as td:
+            off, length, ds_id = td.dataset.data_offset, td.dataset.data_length, td.dataset.dataset_id
+        raw = path.read_bytes()
+        for p in (cache / ds_id).glob("*.page"):
+            k = int(p.stem)
+            assert p.read_bytes() == raw[off + k * BIG_PAGE : off + min((k + 1) * BIG_PAGE, length)], p
+            n += 1
+    return n
+
+
+def test_a_cache_filled_by_a_run_is_cut_to_a_lower_limit_at_open(http_tokens, tmp_path):
+    """Run 1 (limit 64 MiB) leaves ~20 MiB on disk; run 2 with a 5 MiB limit finds every page it needs there (all
+    hits: nothing is written, so the old bound, applied only after a write, left 20 MiB for the whole run). At
+    open the cache is cut to 90 % of the new limit, least recently used pages first: what stays is the newest
+    pages of the listing taken before (expectation from the file times alone), and after the run it is <= 5 MiB."""
+    (url, path), cache = http_tokens["A"], tmp_path / "cache"
+    with open_tokens(path) as td:
+        data, pages = td.dataset.data_length, td.dataset.page_count
+    first = _epoch(url, cache, 64 << 20)
+    before = _cached(cache)
+    assert sum(s for _, s, _ in before) == data and len(before) == pages  # the whole file (~20 MiB) is on disk
+    limit = 5 << 20
+    target, keep, total = int(limit * 0.9), [], 0
+    for _, size, p in reversed(before):  # newest first, while they fit in 90 % of the limit
+        if total + size > target:
+            break
+        keep.append(p)
+        total += size
+    with Loader(url, batch_size=16, pipelines={"tokens": [TokenWindows(1024)]}, order="sequential", num_threads=1,
+                cache_dir=cache, cache_limit_bytes=limit, array_type="numpy"):
+        at_open = _cached(cache)  # the Loader is made, no batch asked for yet
+    assert sorted(p for _, _, p in at_open) == sorted(keep) and sum(s for _, s, _ in at_open) <= target
+    second = _epoch(url, cache, limit)
+    assert second == first
+    after = sum(s for _, s, _ in _cached(cache))
+    assert 0 < after <= limit and _pages_match_the_file(cache, {"A": http_tokens["A"]}) > 0
+    print(f"\ncache_dir after run 1 (limit 64 MiB): {data / 2**20:.2f} MiB; at open with limit 5 MiB: "
+          f"{sum(s for _, s, _ in at_open) / 2**20:.2f} MiB; after run 2: {after / 2**20:.2f} MiB")
+
+
+def test_two_datasets_in_one_cache_dir_share_one_limit(http_tokens, tmp_path):
+    """A (~20 MiB) then B (~8 MiB) read through one cache_dir, each run with a 5 MiB limit: the limit bounds the
+    whole cache_dir, not each dataset's folder (which held 5 + 5 MiB); B's run evicts A's pages first (older),
+    so after it only B's newest pages are left, each holding its page's bytes."""
+    cache, limit = tmp_path / "cache", 5 << 20
+    _epoch(http_tokens["A"][0], cache, limit)
+    assert 0 < sum(s for _, s, _ in _cached(cache)) <= limit
+    _epoch(http_tokens["B"][0], cache, limit)
+    left = _cached(cache)
+    with open_tokens(http_tokens["A"][1]) as a, open_tokens(http_tokens["B"][1]) as b:
+        a_id, b_id, b_pages = a.dataset.dataset_id, b.dataset.dataset_id, b.dataset.page_count
+    total = sum(s for _, s, _ in left)
+    assert 0 < total <= limit
+    assert {p.parent.name for _, _, p in left} == {b_id} and (cache / a_id).is_dir()
+    assert {int(p.stem) for _, _, p in left} <= set(range(b_pages)) and str(b_pages - 1) in {p.stem for *_, p in left}
+    assert _pages_match_the_file(cache, http_tokens) == len(left)
+    print(f"\ncache_dir after A then B, each under a 5 MiB limit: {total / 2**20:.2f} MiB")
+
+
+SHARER = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np
+    from pageset.load.disk_cache import DiskPageCache
+
+    cache_dir, ds, pages, limit, page, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \\
+        int(sys.argv[5]), sys.argv[6]
+    cache = DiskPageCache(cache_dir, ds, None, limit, page)
+    fill = int(ds[-1])
+    def fetch(a, b):
+        return [np.full(page, (fill * 31 + k) % 251, np.uint8) for k in range(a, b)]
+    biggest = 0
+    sys.stdin.readline()  # both processes start writing together
+    for k in range(0, pages, 2):  # runs of two pages
+        cache.get_run(k, min(k + 2, pages), fetch)
+        total = 0
+        for d in os.scandir(cache_dir):
+            for e in os.scandir(d.path) if d.is_dir() else ():
+                try:  # a temporary file renamed (or a page evicted) meanwhile is not there any more
+                    total += e.stat().st_size if e.name.endswith((".page", ".tmp")) else 0
+                except FileNotFoundError:
+                    pass
+        biggest = max(biggest, total)
+    json.dump({"biggest": biggest, "evicted": cache.evicted}, open(out, "w"))
+""")
+
+
+def test_processes_writing_two_datasets_into_one_cache_dir_stay_within_the_bound(tmp_path):
+    """Two processes write 200 pages each of two datasets into one cache_dir with a 64-page limit, at the same
+    time. Each process sees only its own writes between scans; it scans the whole folder after every 1/32 of the
+    limit it writes and after each run that takes its count past the limit, so the folder never holds more than
+    the limit plus 1/32 of it per process plus one run (two pages) per process (the README's bound), measured
+    after every run by both; with a per-dataset bound it reached 128 pages."""
+    cache, limit = tmp_path / "cache", 64 * PAGE
+    procs = [subprocess.Popen([sys.executable, "-c", SHARER, str(cache), f"ds{i}", "200", str(limit), str(PAGE),
+                               str(tmp_path / f"out{i}.json")], stdin=subprocess.PIPE, text=True) for i in (1, 2)]
+    try:
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        for p in procs:
+            assert p.wait(timeout=300) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(60)
+    res = [json.loads((tmp_path / f"out{i}.json").read_text()) for i in (1, 2)]
+    bound = limit + 2 * (limit // 32) + 2 * 2 * PAGE
+    final = sum(s for _, s, _ in _cached(cache))
+    assert final <= bound and all(r["biggest"] <= bound for r in res), (final, res, bound)
+    assert sum(r["evicted"] for r in res) >= 400 - bound // PAGE  # every page over the bound was evicted by one
+    for _, _, p in _cached(cache):  # what is left is the pages' own bytes
+        fill = int(p.parent.name[-1])
+        assert p.read_bytes() == bytes([(fill * 31 + int(p.stem)) % 251]) * PAGE
+
+
+def test_files_the_cache_did_not_write_are_neither_counted_nor_deleted(tmp_path):
+    """The bound counts pages and temporary files in the cache's dataset folders (those with a ``locks``
+    folder), nothing else under cache_dir: a user's file there is never deleted to make room."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "0.page").write_bytes(bytes(5 * PAGE))  # a page-named file outside a cache folder
+    (tmp_path / "notes.page").write_bytes(bytes(5 * PAGE))
+    other = DiskPageCache(tmp_path, "other", None, 100 * PAGE, PAGE)
+    other.get_run(0, 4, _Fetch())
+    cache = DiskPageCache(tmp_path, "ds", None, 3 * PAGE, PAGE)  # opened past its bound: other's pages go
+    assert cache._size <= 3 * PAGE and sorted(int(p.stem) for p in (tmp_path / "other").glob("*.page")) == [2, 3]
+    cache.get_run(0, 3, _Fetch())
+    assert (tmp_path / "mine" / "0.page").stat().st_size == 5 * PAGE and (tmp_path / "notes.page").exists()
+    assert sum(s for _, s, _ in _cached(tmp_path) if s == PAGE) <= 3 * PAGE
+
+
+def test_a_cache_rescans_what_another_process_wrote_after_it_opened(tmp_path):
+    """This process opens its cache on an empty cache_dir (it counts 0 bytes); another process then fills the
+    folder to its 64-page limit and exits; this one writes its own pages: it scans again after 1/32 of the limit
+    written, sees the other's pages and evicts, so the folder never passes the limit plus 1/32 of it plus one
+    run (measured after every run). Counting only its own writes, it wrote ~64 pages before evicting (~128)."""
+    cache_dir, limit = tmp_path / "cache", 64 * PAGE
+    mine = DiskPageCache(cache_dir, "ds1", None, limit, PAGE)
+    assert mine._size == 0
+    other = subprocess.Popen([sys.executable, "-c", SHARER, str(cache_dir), "ds2", "200", str(limit), str(PAGE),
+                              str(tmp_path / "out2.json")], stdin=subprocess.PIPE, text=True)
+    try:
+        other.stdin.write("go\n")
+        other.stdin.flush()
+        assert other.wait(timeout=300) == 0
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait(60)
+    assert 0.9 * limit <= sum(s for _, s, _ in _cached(cache_dir)) <= limit
+    biggest = 0
+    for k in range(0, 100, 2):
+        mine.get_run(k, k + 2, lambda a, b: [np.full(PAGE, (31 + j) % 251, np.uint8) for j in range(a, b)])
+        biggest = max(biggest, sum(s for _, s, _ in _cached(cache_dir)))
+    assert biggest <= limit + limit // 32 + 2 * PAGE, biggest / PAGE
+    assert not list((cache_dir / "ds2").glob("*.page"))  # the other's pages were older: they went first

@@ -429,3 +429,108 @@ def test_a_member_changed_after_it_was_read_is_named_when_read_again(tmp_path, m
                 assert rows(b) == [(i, payload(i)) for i in b["_index"].tolist()]
         assert seen == list(range(20))  # member 0's batches, none of member 1's
     assert ld._sources[0].open_members() == []  # closed: no descriptor left
+
+
+# ---- issue 28: a set of more members than the open-file limit allows (``ulimit -n 100``) ---------------------------
+
+LIMITED = textwrap.dedent("""
+    import json, os, resource, sys
+    import numpy as np
+    from pageset import Loader, Mixture
+
+    folder, soft, others, kw, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5]
+    mix = kw.pop("mixture_with", None)  # a Mixture of the set (weight 3) and this file (weight 1)
+    source = Mixture([folder, mix], weights=[3, 1], samples_per_epoch=3000) if mix else folder
+    if others:  # the kernels loaded first (a warm process), then files this process holds for other reasons
+        with Loader(folder, array_type="numpy", batch_size=2, page_cache=kw.get("page_cache", "os")) as ld:
+            next(iter(ld))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(others)]
+
+    def open_fds():  # without opening one (listing /proc/self/fd takes a descriptor)
+        n = 0
+        for fd in range(soft):
+            try:
+                os.fstat(fd)
+                n += 1
+            except OSError:
+                pass
+        return n
+
+    rows, most = [], 0
+    try:
+        with Loader(source, array_type="numpy", **kw) as ld:
+            for b in ld:
+                data, lengths = np.asarray(b["payload"][0]), np.asarray(b["payload"][1])
+                rows += [(int(lab), bytes(data[j, : lengths[j]]).hex()) for j, lab in enumerate(np.asarray(b["label"]))]
+                most = max(most, open_fds())
+        result = {"rows": rows, "most_fds": most}
+    except OSError as exc:
+        result = {"error": str(exc), "errno": exc.errno, "type": type(exc).__name__}
+    json.dump(result, open(out, "w"))
+""")
+
+
+def _under_limit(folder, soft: int, tmp_path, others: int = 0, **kw) -> dict:
+    """One epoch of ``Loader(folder, **kw)`` in a fresh process whose soft RLIMIT_NOFILE is ``soft`` and which
+    holds ``others`` more descriptors (then its kernels are loaded first); ``{"rows": [(label, payload hex)],
+    "most_fds"}`` or ``{"error", "errno", "type"}`` of an OSError."""
+    out = tmp_path / "out.json"
+    proc = subprocess.run([sys.executable, "-c", LIMITED, str(folder), str(soft), str(others), json.dumps(kw),
+                           str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def set_of_300(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("set300") / "train"
+    write_set(folder, 3000, 10)  # 300 members of 10 records
+    assert len(ref_manifest.read_set(folder).manifest["members"]) == 300
+    return folder
+
+
+@pytest.mark.parametrize("batch_size", [30, 300])
+@pytest.mark.parametrize("kw", [{"page_cache": "process"}, {"verify_pages": True}, {},
+                                {"page_cache": "process", "num_workers": 1}],
+                         ids=["page_cache=process", "verify_pages", "default", "process-mode"])
+def test_a_300_member_set_reads_under_an_open_file_limit_of_100(set_of_300, tmp_path, kw, batch_size):
+    """``ulimit -n 100`` and 300 members: every path keeps at most a quarter of the limit of members open, plus
+    one per thread (the member-by-member path kept 128, and page_cache="process" died on a bare EMFILE); a slice
+    of 150 random rows touches ~120 members, more than may be open at once: it is read a member at a time. The
+    epoch holds every record once with the bytes written for it. num_workers=1: the child inherits the limit."""
+    got = _under_limit(set_of_300, 100, tmp_path, batch_size=batch_size, order="random", seed=3, num_threads=2,
+                       **kw)
+    assert "error" not in got, got
+    assert sorted(lab for lab, _ in got["rows"]) == list(range(3000))
+    assert all(bytes.fromhex(h) == payload(lab) for lab, h in got["rows"])
+    assert 0 < got["most_fds"] < 100
+
+
+@pytest.mark.parametrize("kw", [{}, {"page_cache": "process"}], ids=["default", "page_cache=process"])
+def test_a_mixture_with_a_300_member_set_reads_under_an_open_file_limit_of_100(set_of_300, tmp_path, kw):
+    """The set's rows of a Mixture batch (scattered rows) under ``ulimit -n 100``, random batches of 300: read a
+    few members at a time too; each row holds the bytes written for its label (the file's labels 5000..)."""
+    other = tmp_path / "other.pageset"
+    write_dataset(other, samples(5000, 5100), FIELDS, num_workers=0, page_size=4096, progress=False)
+    got = _under_limit(set_of_300, 100, tmp_path, batch_size=300, order="random", seed=3, num_threads=2,
+                       mixture_with=str(other), **kw)
+    assert "error" not in got, got
+    labels = [lab for lab, _ in got["rows"]]
+    assert len(labels) == 3000 and sum(lab < 3000 for lab in labels) > 2000
+    assert all(bytes.fromhex(h) == payload(lab) for lab, h in got["rows"])
+    assert 0 < got["most_fds"] < 100
+
+
+def test_members_past_the_open_file_limit_are_a_clear_error(set_of_300, tmp_path):
+    """A process that holds 75 other descriptors under a limit of 100: a member cannot be opened (the quarter
+    of the limit the set may keep open is not free): the error names the member, the limit and the fixes, not
+    a bare ``[Errno 24] Too many open files``."""
+    got = _under_limit(set_of_300, 100, tmp_path, others=75, batch_size=30, order="random", seed=3, num_threads=2,
+                       page_cache="process")
+    assert got.get("errno") == 24, got
+    msg = got["error"]
+    assert "open-file limit (RLIMIT_NOFILE) is 100" in msg and "ulimit -n" in msg, msg
+    assert re.search(r"m\d{4}-\d{6}\.pageset", msg) and "many-file dataset" in msg, msg
+    assert "quasi_random" in msg and "num_threads" in msg, msg

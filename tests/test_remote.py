@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from remote_servers import FaultProxy, MotoS3, StaticHTTP, s3_options
+from remote_servers import FaultProxy, GzipHTTP, MotoS3, StaticHTTP, s3_options
 
 from pageset import (
     BadMagicError,
@@ -957,3 +957,78 @@ def test_an_object_in_a_versioned_bucket_is_pinned_to_its_version(files, servers
         assert version and ds.remote.version_id == version
     with open_dataset(f"{servers['http_proxy'].url}/train.pageset") as ds:
         assert ds.remote.version_id is None  # HTTP has no versions
+
+
+# ---- issue 28: a server that compresses whole bodies (Content-Encoding: gzip, Range ignored) --------------------
+
+@pytest.fixture(scope="module")
+def gzip_files(tmp_path_factory):
+    """tokens.pageset (the documents of _token_docs, 4096-byte pages) and a many-file record set ``set/`` of 100
+    records (label i) in 4 members."""
+    root = tmp_path_factory.mktemp("gzip")
+    write_tokens(root / "tokens.pageset", _token_docs(), eos_id=60001, num_workers=0, page_size=4096, progress=False)
+    write_dataset(root / "set", [{"label": i} for i in range(100)], {"label": Int()}, records_per_member=30,
+                  num_workers=0, page_size=4096, progress=False, lineage=False)
+    return root
+
+
+def test_a_server_that_gzips_when_asked_is_read_as_stored_with_identity_encoding(gzip_files):
+    """A server that gzips a whole body whenever the request accepts gzip (Range ignored then): every request
+    asks for the stored bytes (Accept-Encoding: identity), so it answers ranges, and the windows are the
+    documents' tokens (each followed by EOS), in order. Before, aiohttp's default Accept-Encoding: gzip got the
+    whole compressed file back and the read failed ("HTTP 200, the whole object")."""
+    stream = np.concatenate([np.append(d, 60001) for d in _token_docs()]).astype(np.int64)
+    with GzipHTTP(gzip_files, "accepted") as server:
+        url = f"{server.url}/tokens.pageset"
+        with Loader(url, batch_size=4, pipelines={"tokens": [TokenWindows(64)]}, order="sequential",
+                    num_threads=1, array_type="numpy", drop_last=False) as loader:
+            windows = [w for b in loader for w, pad in zip(np.asarray(b["input"]).astype(np.int64),
+                                                           np.asarray(b["_is_padding"])) if not pad]
+        seen = list(server.seen)
+    assert len(windows) == (stream.shape[0] - 1) // 64 > 0
+    for i, w in enumerate(windows):
+        assert np.array_equal(w, stream[i * 64 : i * 64 + 64]), i
+    gets = [(m, a) for m, p, a in seen if p == "/tokens.pageset"]
+    assert gets and all(a == "identity" for _, a in gets), gets
+
+
+def test_a_server_that_always_gzips_is_named_with_its_encoding(gzip_files):
+    """A server that gzips every answer whatever the request asks: opening a file or a many-file set's member
+    names the encoding and the fix, never "no such object" (fsspec drops the size of a compressed answer)."""
+    with GzipHTTP(gzip_files, "always") as server:
+        url = f"{server.url}/tokens.pageset"
+        with pytest.raises(RemoteReadError, match=re.escape(f"{url}: HEAD: the server answered HTTP 200 with "
+                                                            "Content-Encoding: gzip")) as info:
+            open_tokens(url)
+        assert "Accept-Encoding: identity" in str(info.value) and "gzip off" in str(info.value)
+        assert info.value.code == "Content-Encoding: gzip" and not isinstance(info.value, FileNotFoundError)
+        member = f"{server.url}/set/m0001-000000.pageset"
+        with pytest.raises(RemoteReadError, match=re.escape(f"{member}: HEAD: the server answered HTTP 200 with "
+                                                            "Content-Encoding: gzip")):
+            with Loader(f"{server.url}/set/", batch_size=4, num_threads=1, array_type="numpy") as loader:
+                next(iter(loader))
+
+
+def test_a_gzipped_range_answer_is_named_with_its_encoding(gzip_files):
+    """A server that answers HEAD with the stored size but every GET with the gzip of the whole file: the first
+    range read names the encoding and that the Range was ignored (not a damaged file, nor an object that
+    changed: a compressed answer's ETag may differ)."""
+    with GzipHTTP(gzip_files, "get") as server:
+        url = f"{server.url}/tokens.pageset"
+        with pytest.raises(RemoteReadError, match=re.escape(f"{url}: GET bytes 0-") + r"\d+: " + re.escape(
+                "the server answered HTTP 200 with Content-Encoding: gzip (a compressed body, the whole object: it "
+                "ignored the Range header) although pageset asked for Accept-Encoding: identity")) as info:
+            open_tokens(url)
+        assert info.value.status == 200 and not isinstance(info.value, ObjectChangedError)
+        assert [a for m, _, a in server.seen if m == "GET"] == ["identity"]  # refused at once, not retried
+
+
+def test_a_gzip_body_whose_encoding_was_dropped_is_named_not_a_damaged_manifest(gzip_files):
+    """The gzip of the manifest without its Content-Encoding header (a proxy dropped it): the error names the
+    compression (gzip's magic bytes), not "not valid UTF-8 JSON ... the manifest is damaged"."""
+    from pageset.format.errors import FormatError
+
+    with GzipHTTP(gzip_files, "stripped") as server:
+        with pytest.raises(FormatError, match=r"pageset\.manifest\.json.*the bytes read are gzip-compressed \(they "
+                                              r"start with 1f 8b\).*Content-Encoding: gzip"):
+            Loader(f"{server.url}/set/", batch_size=4, num_threads=1, array_type="numpy")

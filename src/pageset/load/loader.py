@@ -117,9 +117,12 @@ class Loader:
             members only (ValueError when no member is a URL). A URL is read in whole pages by range
             requests, each page's CRC-32 checked on arrival (``page_cache`` and ``verify_pages`` do not apply).
         cache_dir, cache_limit_bytes: URL only: an on-disk page cache shared by the processes of one host,
-            keyed by dataset id, LRU-bounded to ``cache_limit_bytes`` (default 10 GiB; ValueError when smaller than
-            the file's page size). Temporary files of writers that died mid-write are deleted when a cache opens and
-            count towards the bound.
+            pages in ``<cache_dir>/<dataset id>/``. ``cache_limit_bytes`` (bytes, default 10 GiB; ValueError when
+            smaller than the file's page size) bounds the whole ``cache_dir``, every dataset in it together (a
+            Mixture's files, a many-file set's members, other runs' datasets), LRU by page; it is enforced when the
+            Loader opens (a folder filled under a larger limit is cut to 90 % of this one at once) and after
+            writes. Each process applies its own: give every rank sharing a folder the same. Temporary files of
+            writers that died mid-write are deleted when a cache opens and count towards the bound.
         prefetch_bytes, max_requests: URL only: bytes of the next steps' pages requested ahead (default 64
             MiB) and range requests running at once (default 8). Arrived pages stay in memory up to
             ``2 * prefetch_bytes`` or, when more, the default ``cache_pages`` above (the windows in flight) plus

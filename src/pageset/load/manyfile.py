@@ -16,7 +16,12 @@ read (``read/manyfile.py``: schema, dataset id, size, page and record counts; he
   pages are prefetched like a single URL's, through the member's own page source and the shared ``cache_dir``).
 
 At most ``max_open`` members stay open (least recently used closed first; a member a batch in flight reads is
-never closed, so the bound can be passed while more are in use at once). A missing member raises
+never closed): by default MAX_OPEN, or a quarter of the process's open-file limit (``ulimit -n``) if that is
+lower. A slice whose rows lie in more members than may be held at once (random batches over many small members)
+is read a few members at a time (flat reading: runs of rows of at most ``max_open // 4`` members; else one member
+at a time), so a set of any size stays within the limit: about ``max_open`` plus a few members per decode thread.
+A member that still cannot be opened (the process holds other files) raises OSError EMFILE naming the member, the
+limit and the fixes. A missing member raises
 FileNotFoundError naming it, a replaced one MemberMismatchError, from the ``next()`` of the first batch that
 needs it, before any batch with its records.
 """
@@ -24,6 +29,7 @@ needs it, before any batch with its records.
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import threading
 from dataclasses import dataclass
@@ -33,7 +39,7 @@ import numpy as np
 from ..read.manyfile import ManyFileSet, _Members, is_many_file, manifest_exists, many_file_members
 from ..read.reader import Dataset
 from ..read.remote import local_path, url_scheme
-from .set_records import SetRecords, SetWindows, can_flatten
+from .set_records import SetRecords, SetWindows, can_flatten, too_many_open_files
 from .source import FileSource, RowReader
 from .stages import BytesStage
 
@@ -44,6 +50,18 @@ MAX_OPEN = 128
 # than a quarter of the process's open-file limit): a set of at most this many members is never re-opened
 MAX_OPEN_FILES = 4096
 PREFETCH_SHARE = 8  # a URL member prefetches prefetch_bytes / PREFETCH_SHARE (the members of a default window)
+
+
+def _member_chunks(member: np.ndarray, cap: int) -> list[tuple[int, int]]:
+    """Consecutive ranges ``[a, b)`` covering ``member`` (int64[n]), each of at most ``cap`` distinct members."""
+    out, a, seen = [], 0, set()
+    for i, k in enumerate(member.tolist()):
+        if k not in seen and len(seen) == cap:
+            out.append((a, i))
+            a, seen = i, set()
+        seen.add(k)
+    out.append((a, member.shape[0]))
+    return out
 
 
 def _max_open_files() -> int:
@@ -141,7 +159,7 @@ class ManyFileSource:
     ``ManyFileSource(inp, pipelines, page_cache, cache_pages, verify_pages, in_mixture, remote_options,
     array_type, max_open=None)``: ``inp`` a :class:`ManyFileInput`; the rest as for FileSource, applied to
     every member (``cache_pages`` an int: the set's share, split over ``max_open`` members; ``max_open`` default
-    MAX_OPEN).
+    MAX_OPEN, or a quarter of the open-file limit if lower).
 
     Attributes as FileSource: ``path`` (the folder), ``dataset_id`` (the set's), ``stages`` (of the first member
     opened: they size and hand out the batch buffers), ``n_records`` (global ids), ``page_sizes`` (the members'
@@ -159,7 +177,7 @@ class ManyFileSource:
                  max_open: int | None = None):
         info = self.info = inp.info
         self.input, self.path, self.dataset_id = inp, info.folder, info.dataset_id
-        self.max_open = int(MAX_OPEN if max_open is None else max_open)
+        self.max_open = int(min(MAX_OPEN, _max_open_files()) if max_open is None else max_open)
         if isinstance(cache_pages, int):
             cache_pages = max(1, cache_pages // min(self.max_open, len(info.paths)))
         opts = dict(remote_options or {})
@@ -235,7 +253,12 @@ class ManyFileSource:
 
     # ---- members ------------------------------------------------------------------------------------------
     def _build(self, k: int) -> FileSource:
-        ds = self.input.open_member(k)
+        try:
+            ds = self.input.open_member(k)
+        except OSError as exc:
+            if exc.errno == errno.EMFILE:
+                raise too_many_open_files(self.info.paths[k], k, self.path, self.max_open) from None
+            raise
         try:
             return FileSource(ds, *self._args)
         except BaseException:
@@ -305,6 +328,16 @@ class ManyFileSource:
             self._evict()
         return out
 
+    def acquire_within(self, ks) -> list[FileSource] | None:
+        """:meth:`acquire` ``ks`` (distinct members) unless that opens members and the members held would then
+        pass ``max_open``: then None, nothing held (the caller reads them one at a time)."""
+        with self._lock:
+            if len(ks) > 1 and any(int(k) not in self._open for k in ks):
+                held = sum(1 for v in self._users.values() if v > 0)
+                if held + sum(1 for k in ks if not self._users.get(int(k))) > self.max_open:
+                    return None
+            return self.acquire(ks)
+
     def release(self, ks) -> None:
         with self._lock:
             for k in ks:
@@ -344,8 +377,9 @@ class ManyFileSource:
         return np.searchsorted(self.starts, ids, side="right") - 1
 
     # ---- reading ------------------------------------------------------------------------------------------
-    def _flat_members(self, member: np.ndarray) -> None:
-        """Hold the members ``member`` (int64[n], flat reading), their index loaded first (once per member)."""
+    def _flat_members(self, member: np.ndarray, hold: bool = True) -> None:
+        """Hold the members ``member`` (int64[n], flat reading), their index loaded first (once per member);
+        ``hold=False``: only load their index."""
         flat = self._flat
         missing = member[~flat.is_loaded[member]] if not flat.all_loaded else ()
         for k in np.unique(missing).tolist() if len(missing) else ():
@@ -363,7 +397,33 @@ class ManyFileSource:
                         finally:
                             src.close()
                             src.ds.close()
-        flat.files.acquire(member)
+        if hold:
+            flat.files.acquire(member)
+
+    def _flat_chunks(self, member: np.ndarray) -> list[tuple[int, int]]:
+        """Load the index of the members ``member`` (flat reading), and hold them all, ``[(0, n)]``; or, when
+        more than may be held at once, hold none: runs ``[a, b)`` of at most ``max_open // 4`` members each,
+        to be held one run at a time."""
+        self._flat_members(member, hold=False)
+        files = self._flat.files
+        if files.acquire_within(member):
+            return [(0, member.shape[0])]
+        return _member_chunks(member, max(1, files.max_open // 4))
+
+    def _flat_fill(self, arrays, lo: int, hi: int, ids, keys, ctx, member) -> None:
+        flat = self._flat
+        chunks = self._flat_chunks(member)
+        for a, b in chunks:
+            sub = member[a:b]
+            if len(chunks) > 1:
+                flat.files.acquire(sub)
+            try:
+                if self._token:
+                    flat.fill(arrays, lo + a, lo + b, ids[a:b], ctx)
+                else:
+                    flat.fill(arrays, lo + a, lo + b, ids[a:b], None if keys is None else keys[a:b], ctx)
+            finally:
+                flat.files.release(member if len(chunks) == 1 else sub)
 
     def fill(self, arrays: list, lo: int, hi: int, ids: np.ndarray, keys, ctx: dict, stages=None) -> None:
         """Fill rows ``[lo, hi)`` with global records ``ids``: one member's call when they all lie in one member,
@@ -377,15 +437,7 @@ class ManyFileSource:
                 else:  # (the offsets name the members)
                     flat.fill(arrays, lo, hi, ids, keys, ctx)
                 return
-            member = self.members_of(ids)
-            self._flat_members(member)
-            try:
-                if self._token:
-                    flat.fill(arrays, lo, hi, ids, ctx)
-                else:
-                    flat.fill(arrays, lo, hi, ids, keys, ctx)
-            finally:
-                flat.files.release(member)
+            self._flat_fill(arrays, lo, hi, ids, keys, ctx, self.members_of(ids))
             return
         member = self.members_of(ids)
         k = int(member[0])
@@ -397,7 +449,10 @@ class ManyFileSource:
                 self.release([k])
             return
         ks = np.unique(member)
-        srcs = self.acquire(ks.tolist())
+        srcs = self.acquire_within(ks.tolist())
+        if srcs is None:  # more members than may be open at once: one member at a time
+            self.fill_rows(arrays, np.arange(lo, hi), ids, keys, ctx)
+            return
         reader = None
         try:
             reader = RowReader(srcs, self.stages)
@@ -420,16 +475,21 @@ class ManyFileSource:
         """Fill the sorted rows ``rows`` with global records ``ids`` (a Mixture's rows of this set)."""
         if self._flat is not None:
             member = self.members_of(ids)
-            self._flat_members(member)
-            try:
-                if self._token:  # one call per run of consecutive rows
-                    cuts = [0, *(np.flatnonzero(np.diff(rows) != 1) + 1).tolist(), rows.shape[0]]
-                    for a, b in zip(cuts[:-1], cuts[1:]):
-                        self._flat.fill(arrays, int(rows[a]), int(rows[a]) + b - a, ids[a:b], ctx)
-                else:
-                    self._flat.fill_rows(arrays, rows, ids, keys, ctx)
-            finally:
-                self._flat.files.release(member)
+            chunks = self._flat_chunks(member)
+            for c0, c1 in chunks:  # (runs of rows of a few members each when they are too many to hold at once)
+                sub = member[c0:c1]
+                if len(chunks) > 1:
+                    self._flat.files.acquire(sub)
+                try:
+                    r, g = rows[c0:c1], ids[c0:c1]
+                    if self._token:  # one call per run of consecutive rows
+                        cuts = [0, *(np.flatnonzero(np.diff(r) != 1) + 1).tolist(), r.shape[0]]
+                        for a, b in zip(cuts[:-1], cuts[1:]):
+                            self._flat.fill(arrays, int(r[a]), int(r[a]) + b - a, g[a:b], ctx)
+                    else:
+                        self._flat.fill_rows(arrays, r, g, None if keys is None else keys[c0:c1], ctx)
+                finally:
+                    self._flat.files.release(member if len(chunks) == 1 else sub)
             return
         member = self.members_of(ids)
         for k in np.unique(member).tolist():

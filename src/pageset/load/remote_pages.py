@@ -77,7 +77,8 @@ class RemotePages:
             planned steps (at least the steps the decode threads work on, at most MAX_LOOKAHEAD_STEPS) are pinned
             and may exceed it: with ``random`` order one step pins up to ``batch_size`` pages.
         cache_dir: optional on-disk page cache shared by the processes of one host; ``cache_limit_bytes`` bounds
-            it (default 10 GiB).
+            the whole folder, every dataset in it (default 10 GiB; enforced at construction, see
+            :mod:`pageset.load.disk_cache`).
 
     Counters (``stats()``): requests and bytes over the network, pages used, memory / disk hits.
     """

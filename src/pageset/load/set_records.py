@@ -22,6 +22,7 @@ records the test wrote); errors name the set folder and the global sample id, as
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -54,6 +55,32 @@ def can_flatten(info, stages, remote, page_cache: str, verify_pages: bool) -> bo
     return all(type(s) in FLAT_STAGES for s in stages) and all(int(b) <= _MASK for b in info.bytes)
 
 
+def open_file_limit() -> int | None:
+    """This process's soft RLIMIT_NOFILE (descriptors it may hold), None when unlimited or unknown."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def too_many_open_files(path, k: int, folder, max_open: int) -> OSError:
+    """The EMFILE of opening member ``k`` (``path``) of the set in ``folder``, with the limit and the fixes
+    (errno EMFILE kept)."""
+    soft = open_file_limit()
+    limit = f"is {soft}" if soft is not None else "is reached"
+    return OSError(errno.EMFILE, f"{os.fspath(path)}: cannot open member {k} of the many-file dataset "
+                   f"{os.fspath(folder)}: too many open files: this process's open-file limit (RLIMIT_NOFILE) "
+                   f"{limit} (`ulimit -n`) and the Loader keeps up to {max_open} members of the set open (a quarter "
+                   "of the limit, plus a few per decode thread), more than the descriptors this process has left. "
+                   "Raise the limit (`ulimit -n 4096` before starting, or resource.setrlimit(resource."
+                   "RLIMIT_NOFILE, ...)), close other files the process holds, or read fewer members at once: "
+                   "fewer num_threads, a smaller batch_size, order='quasi_random' (a window reads few members), or "
+                   "fewer, larger members (records_per_member)")
+
+
 class MemberFiles:
     """Descriptors of a set's member files, at most ``max_open`` open (least recently used closed first; a
     member a batch in flight holds is never closed, so the bound can be passed while more are held at once).
@@ -61,14 +88,16 @@ class MemberFiles:
     ``register(k, ds)`` takes member k's identity (device, inode, size, mtime) from its opened, checked Dataset
     and keeps a duplicate of its descriptor; ``acquire(member)`` / ``release(member)`` hold the members of a
     read (``member``: int64[n], repeats allowed; closed ones are re-opened: FileChangedError naming the member
-    when the file is no longer the one registered, FileNotFoundError when it is gone); ``check(ks)`` raises
+    when the file is no longer the one registered, FileNotFoundError when it is gone, OSError EMFILE naming
+    the open-file limit); ``acquire_within(member)`` holds them only if the members held stay within
+    ``max_open`` (else False: the caller reads fewer members at a time); ``check(ks)`` raises
     TruncatedFileError / FileChangedError when a member changed in place (one ``fstat`` each, after reading).
     ``fds`` int64[members] (-1: closed) is what the read kernels index.
     """
 
-    def __init__(self, paths: list, max_open: int):
+    def __init__(self, paths: list, max_open: int, folder=None):
         n = len(paths)
-        self.paths, self.max_open = list(paths), int(max_open)
+        self.paths, self.max_open, self.folder = list(paths), int(max_open), folder
         self.fit = self.max_open >= n  # every member stays open once read: nothing to hold or close
         self.fds = np.full(n, -1, dtype=np.int64)
         self._users = np.zeros(n, dtype=np.int64)  # reads in flight holding each member
@@ -90,7 +119,12 @@ class MemberFiles:
             self._ident[k] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             self._sizes[k], self._mtimes[k] = st.st_size, st.st_mtime_ns
             if self.fds[k] < 0:
-                self.fds[k] = os.dup(ds.fileno())
+                try:
+                    self.fds[k] = os.dup(ds.fileno())
+                except OSError as exc:
+                    if exc.errno == errno.EMFILE:
+                        raise too_many_open_files(self.paths[k], k, self.folder, self.max_open) from None
+                    raise
                 self._n_open += 1
             self._tick += 1
             self._used[k] = self._tick
@@ -102,21 +136,37 @@ class MemberFiles:
             ks = np.flatnonzero(self.fds >= 0)
             return ks[np.argsort(self._used[ks], kind="stable")].tolist()
 
+    def acquire_within(self, member: np.ndarray) -> bool:
+        """:meth:`acquire` ``member`` unless that opens members and the members held would then pass
+        ``max_open`` (a read of more members than may be open at once): then False, nothing held."""
+        if self.fit and not self._closed:
+            return True
+        with self._lock:
+            ks = np.unique(member)
+            if ks.shape[0] > 1 and (self.fds[ks] < 0).any():
+                if int(np.count_nonzero(self._users)) + int(np.count_nonzero(self._users[ks] == 0)) > self.max_open:
+                    return False
+            self._acquire(member)
+            return True
+
     def acquire(self, member: np.ndarray) -> None:
         if self.fit and not self._closed:
             return
         with self._lock:
-            if self._closed:
-                raise RuntimeError("the loader was closed")
-            closed = member[self.fds[member] < 0]
-            if closed.size:
-                for k in np.unique(closed).tolist():
-                    self._reopen(k)
-            self._users[member] += 1  # once per distinct member (a buffered fancy-index add), as release
-            self._tick += 1
-            self._used[member] = self._tick
-            if self._n_open > self.max_open:
-                self._evict()
+            self._acquire(member)
+
+    def _acquire(self, member: np.ndarray) -> None:  # (the caller holds the lock)
+        if self._closed:
+            raise RuntimeError("the loader was closed")
+        closed = member[self.fds[member] < 0]
+        if closed.size:
+            for k in np.unique(closed).tolist():
+                self._reopen(k)
+        self._users[member] += 1  # once per distinct member (a buffered fancy-index add), as release
+        self._tick += 1
+        self._used[member] = self._tick
+        if self._n_open > self.max_open:
+            self._evict()
 
     def release(self, member: np.ndarray) -> None:
         if self.fit:
@@ -128,7 +178,12 @@ class MemberFiles:
 
     def _reopen(self, k: int) -> None:
         path = self.paths[k]
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # FileNotFoundError names the path
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # FileNotFoundError names the path
+        except OSError as exc:
+            if exc.errno == errno.EMFILE:
+                raise too_many_open_files(path, k, self.folder, self.max_open) from None
+            raise
         try:
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self._ident[k]:
@@ -280,7 +335,7 @@ class SetRecords(FileSource):
     def __init__(self, first: FileSource, k0: int, starts: np.ndarray, path, dataset_id, paths, max_open: int):
         self.path, self.dataset_id, self.ds = path, dataset_id, first.ds
         self.starts = starts
-        self.files = MemberFiles(paths, max_open)
+        self.files = MemberFiles(paths, max_open, path)
         self.pages = SetPages(self.files)
         self.verifier = None
         n = int(starts[-1])
@@ -354,7 +409,7 @@ class SetWindows:
         st.path = path
         self.starts, self.path = starts, path
         self.window_member = window_member  # int16|int32[windows]: each global window's member
-        self.files = MemberFiles(paths, max_open)
+        self.files = MemberFiles(paths, max_open, path)
         n = len(paths)
         self._bases = np.zeros(n, dtype=np.int64)
         self._stride = int(st.stride)  # every member's (the layout check refuses others)

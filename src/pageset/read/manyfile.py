@@ -129,6 +129,12 @@ def read_manifest(manifest_path: str, storage_options: dict | None = None, lease
                                 "not finished (the manifest is written last); open a pageset file by its path, or "
                                 f"run `pageset clean {folder}` after a killed write") from None
     try:
+        if raw[:2] == b"\x1f\x8b":  # not JSON: gzip's magic, a body compressed on the way (or stored so)
+            raise FormatError(manifest_path, "manifest", None, "the bytes read are gzip-compressed (they start with "
+                              "1f 8b), not the manifest's JSON: a server or a proxy compressed the body "
+                              "(Content-Encoding: gzip, the header dropped or not decoded on the way) or it was stored "
+                              "compressed; serve the set's files as stored (compression off for them), or store the "
+                              "manifest uncompressed")
         manifest = parse_manifest(raw, manifest_path)
     except BaseException:
         held.close()

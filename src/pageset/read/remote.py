@@ -14,8 +14,10 @@ at most ``RetryPolicy.attempts`` times; then :class:`~pageset.format.errors.Remo
 range, attempts and the last failure. A store that refuses a request (any other 4xx: 400 InvalidArgument, 403,
 404, 412) is answered at once with the store's code and message, never retried. Every range answer is checked
 against the request (status 206, the Content-Range start and end, the body length): a server that answers
-another range is named as the fault. pageset's own retries are the only ones: s3fs's are bypassed and botocore's
-are off unless ``storage_options`` set ``config_kwargs["retries"]``, so one ``request_timeout`` bounds one try.
+another range is named as the fault. HTTP requests ask for the stored bytes (``Accept-Encoding: identity``); an
+answer in a content encoding (a server that gzips the whole body) is refused at once, naming the encoding.
+pageset's own retries are the only ones: s3fs's are bypassed and botocore's are off unless ``storage_options``
+set ``config_kwargs["retries"]``, so one ``request_timeout`` bounds one try.
 
 A RemoteFile (and the Dataset holding it) belongs to the process that opened it: fsspec's event loop and
 connections do not survive ``fork``, so a read from a forked child raises RuntimeError at once.
@@ -116,6 +118,22 @@ def _answered(url: str, asked: tuple[int, int], detail: str) -> RemoteReadError:
     return RemoteReadError(f"{url}: GET bytes {asked[0]}-{asked[1] - 1}: the server answered {detail}: a fault of "
                            "the server or of a proxy in between (the object is not damaged); it must answer "
                            "exactly the range asked (HTTP 206 with that Content-Range): fix or bypass it")
+
+
+IDENTITY = ("", "identity")
+
+
+def _encoded(url: str, what: str, encoding: str, status) -> RemoteReadError:
+    """An answer in a content encoding (gzip, br, ...) although identity was asked: the server's fault, named."""
+    whole = ", the whole object: it ignored the Range header" if status == 200 and what != "HEAD" else ""
+    err = RemoteReadError(f"{url}: {what}: the server answered HTTP {status} with Content-Encoding: {encoding} (a "
+                          f"compressed body{whole}) although pageset asked for Accept-Encoding: identity; pageset "
+                          "reads a file's stored bytes by range and cannot use a compressed answer (the object is "
+                          "not damaged): turn compression off for these files on the server or the proxy in between "
+                          "(e.g. nginx `gzip off;`, or leave application/octet-stream and .json out of its gzip "
+                          "types), or serve them from an object store (s3://, gs://)")
+    err.status, err.code = status, f"Content-Encoding: {encoding}"
+    return err
 
 
 def _content_range(value) -> tuple[int, int, int | None] | None:
@@ -229,9 +247,26 @@ class RemoteFile:
         return {"size": head.get("ContentLength"), "ETag": head.get("ETag"), "VersionId": head.get("VersionId"),
                 "type": "file"}
 
+    async def _info_http(self) -> dict:
+        """fsspec's HTTP info (HEAD, then GET, with Accept-Encoding: identity); where it finds no size, one more
+        HEAD says why when it is a compressed answer (fsspec drops the size of a Content-Encoding answer)."""
+        info = await self.fs._info(self.path)
+        if info.get("size") is None:
+            kw = dict(self.fs.kwargs)
+            headers = {**(kw.pop("headers", {}) or {}), "Accept-Encoding": "identity"}
+            kw.pop("allow_redirects", None)
+            session = await self.fs.set_session()
+            async with session.head(self.fs.encode_url(self.path), headers=headers, allow_redirects=True, **kw) as r:
+                encoding = (r.headers.get("Content-Encoding") or "").strip()
+                if r.status < 400 and encoding.lower() not in IDENTITY:
+                    raise _encoded(self.url, "HEAD", encoding, r.status)
+        return info
+
     def _info(self):
         if self._kind == "s3":
             return self._run(self._info_s3, None)
+        if self._kind == "http":
+            return self._run(self._info_http, None)
         if self._async:
             return self._run(lambda: self.fs._info(self.path), None)
         return self._run(None, lambda: self.fs.info(self.path))
@@ -324,7 +359,7 @@ class RemoteFile:
                             f"{content_range!r}, {got[1] - got[0]} bytes for {end - start} asked)")
 
     async def _get_http(self, start: int, end: int) -> bytes:
-        headers = {"Range": f"bytes={start}-{end - 1}"}
+        headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}  # the stored bytes
         if self.etag:
             headers["If-Match"] = self.etag
         kw = dict(self.fs.kwargs)
@@ -343,6 +378,10 @@ class RemoteFile:
                                           "Message": msg.group(1) if msg else (body.strip()[:200] or r.reason)},
                                 "ResponseMetadata": {"HTTPStatusCode": r.status}}
                 raise exc
+            encoding = (r.headers.get("Content-Encoding") or "").strip()
+            if encoding.lower() not in IDENTITY:  # before the ETag: a compressed answer often carries another one
+                r.release()
+                raise _encoded(self.url, f"GET bytes {start}-{end - 1}", encoding, r.status)
             got = r.headers.get("ETag")
             if self.etag and got and got != self.etag:
                 raise self._changed(f"ETag {got} != pinned {self.etag}")
