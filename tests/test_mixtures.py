@@ -827,21 +827,34 @@ def test_token_weights_follow_the_reference_model_on_ranks_and_after_resume(pack
             check(next(it), 2, step, 0, 1)
 
 
-def test_token_weights_of_stride_windows_follow_the_reference_model(token_files):
+def test_token_weights_of_stride_windows_follow_the_reference_model(token_files, tmp_path):
     """Stride windows hold seq_len predictions per row, so token weights are the sample weights divided by one
     number: the quotas are section 2.6's of the weights as given (rule 3 here), the stream on two ranks the
-    model's, each window the file's tokens."""
+    model's, each window its source's tokens; the second source is a many-file set (its rows and predictions
+    counted over its members, windows cut per member)."""
     from fractions import Fraction
 
+    from reference import manifest as ref_manifest
     from reference import order as model
 
     L, G, weights = 24, 8, [0.134364, 0.847434]
-    layouts = [model_layout(p, L) for p, _ in token_files]
-    n = [sum(s) for s, _ in layouts]
+    rng = np.random.default_rng(12)
+    docs = [rng.integers(0, 1000, size=int(rng.integers(1, 90))) for _ in range(80)]
+    folder = tmp_path / "set"
+    write_tokens(folder, docs, eos_id=1000, dtype="uint16", docs_per_member=20, num_workers=0, page_size=4096,
+                 progress=False, lineage=False)
+    ref_set = ref_manifest.read_set(folder)
+    members = [m.tokens for m in ref_set.members]
+    set_sizes = [s for m in ref_set.members for s in model.window_page_sizes(
+        len(m.tokens), L, 2, m.header["page_size"], m.header["page_count"])]
+    layouts = [model_layout(token_files[0][0], L)[0], set_sizes]
+    streams = [(token_files[0][1],), members]  # the file's stream; the set's members' streams
+    starts = np.cumsum([0] + [(len(t) - 1) // L for t in members])
+    n = [sum(s) for s in layouts]
     v = [Fraction(w) * k / (k * L) for w, k in zip(weights, n)]
     q = model.quotas([float(x / max(v)) for x in v])
-    ref = model.MixtureModel(q, [s for s, _ in layouts], 4, "random", 1, False, G, samples_per_epoch=90)
-    mix = Mixture([p for p, _ in token_files], weights, weight_unit="tokens", samples_per_epoch=90)
+    ref = model.MixtureModel(q, layouts, 4, "random", 1, False, G, samples_per_epoch=90)
+    mix = Mixture([token_files[0][0], folder], weights, weight_unit="tokens", samples_per_epoch=90)
     loaders = [Loader(mix, batch_size=G // 2, rank=r, world_size=2, order="random", seed=4, drop_last=False,
                       pipelines={"tokens": [TokenWindows(L)]}, array_type="numpy") for r in range(2)]
     try:
@@ -851,10 +864,11 @@ def test_token_weights_of_stride_windows_follow_the_reference_model(token_files)
                 src, ids = ref.batch(0, step, rank, 2)
                 assert b["_source"].tolist() == src and b["_index"].tolist() == ids
                 for j, (s, w) in enumerate(zip(src, ids)):
-                    stream = token_files[s][1]
+                    k = int(np.searchsorted(starts, w, side="right")) - 1 if s else 0
+                    stream, w = np.asarray(streams[s][k]), w - (int(starts[k]) if s else 0)
                     np.testing.assert_array_equal(b["input"][j], stream[w * L : w * L + L])
                     np.testing.assert_array_equal(b["target"][j], stream[w * L + 1 : w * L + L + 1])
-        assert step + 1 == ref.steps
+        assert step + 1 == ref.steps and set(ref.slots) == {0, 1}
     finally:
         for ld in loaders:
             ld.close()
