@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from resources import Resources
-from resume_contract import batch_digest, check_resume
+from resume_contract import batch_digest, check_resume, model_layout
 
 from pageset import (
     JSON,
@@ -711,3 +711,164 @@ def test_readme_examples_run(tmp_path, heading):
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+# --- weight_unit="tokens" (formats/mixture.md 2.6) against the reference model, in every configuration -----
+
+PACK_L = 16
+
+
+@pytest.fixture(scope="module")
+def packed_files(tmp_path_factory):
+    """Three token files read as packed rows of 16 columns: A's documents (16 ids + EOS) fill a row each, B's
+    (9 ids + EOS) leave 7 columns of padding, C's are of random lengths (some cut into pieces)."""
+    d = tmp_path_factory.mktemp("tokweights")
+    rng = np.random.default_rng(28)
+    docs = {"a": [np.arange(100 + 16 * k, 116 + 16 * k) for k in range(50)],
+            "b": [np.arange(2000 + 9 * k, 2009 + 9 * k) for k in range(70)],
+            "c": [rng.integers(2, 5000, size=int(rng.integers(1, 40))) for _ in range(60)]}
+    out = []
+    for name, ds in docs.items():
+        path = d / f"{name}.pageset"
+        write_tokens(path, ds, None, eos_id=1, dtype="uint16", num_workers=0, page_size=4096, progress=False,
+                     lineage=False)
+        out.append(path)
+    return out
+
+
+def _packed_reference(path):
+    """(rows, page sizes, predictions, tokens, dataset id) of a file's packed rows: the reference reader and
+    the reference packing (tests/reference/packing.py, formats/packing.md)."""
+    from reference import format as ref_format
+    from reference import packing as ref_packing
+
+    ref = ref_format.read_file(path)
+    h = ref.header
+    rows = ref_packing.rows(ref.doc_offsets, PACK_L, 2, h["page_size"], 1)
+    predictions = sum(m - 1 for row in rows for _, m in row)
+    return rows, ref_packing.row_page_sizes(rows, 2, h["page_size"], h["page_count"]), predictions, ref.tokens, \
+        ref.dataset_id
+
+
+def _token_quotas(weights, refs):
+    """formats/mixture.md 2.6: the token weights w_i become the sample weights w_i * N_i / T_i (exact
+    rationals: the weights' own values), scaled by 1 / max, as floats, resolved to quotas by section 2.1."""
+    from fractions import Fraction
+
+    from reference import order as model
+
+    v = [Fraction(w) * len(rows) / t for w, (rows, _, t, _, _) in zip(weights, refs)]
+    return model.quotas([float(x / max(v)) for x in v])
+
+
+TOKEN_WEIGHTS = {"equal": [1, 1, 1], "floats": [0.134364, 0.847434, 0.763775]}  # floats: quotas by rule 3
+
+
+@pytest.mark.parametrize("weights", list(TOKEN_WEIGHTS))
+@pytest.mark.parametrize("order,drop_last", [("sequential", True), ("random", False), ("quasi_random", True),
+                                             ("quasi_random", False)])
+def test_token_weights_follow_the_reference_model_on_ranks_and_after_resume(packed_files, order, drop_last,
+                                                                             weights):
+    """Packed rows weighted by tokens: the quotas are section 2.6's (computed here from the reference packing's
+    rows and predictions), the (_source, _index) stream on two ranks is the reference mixture model's with those
+    quotas, each row's tokens, labels and positions are the reference packing's, the state is the model's;
+    resumed mid-epoch on one rank (another world size) the stream continues as the model says."""
+    from reference import order as model
+    from reference import packing as ref_packing
+
+    refs = [_packed_reference(p) for p in packed_files]
+    q = _token_quotas(TOKEN_WEIGHTS[weights], refs)
+    G, spe, seed = 6, 100, 8
+    mix_model = model.MixtureModel(q, [r[1] for r in refs], seed, order, 2, drop_last, G, samples_per_epoch=spe)
+    mix = Mixture(packed_files, TOKEN_WEIGHTS[weights], weight_unit="tokens", samples_per_epoch=spe)
+    pipes = {"tokens": [TokenWindows(PACK_L, packing="best_fit")]}
+
+    def make(rank, world):
+        return Loader(mix, batch_size=G // world, rank=rank, world_size=world, order=order, seed=seed,
+                      window_pages=2, drop_last=drop_last, pipelines=pipes, array_type="numpy")
+
+    def check(b, epoch, step, rank, world):
+        src, ids = mix_model.batch(epoch, step, rank, world)
+        assert b["_source"].tolist() == src and b["_index"].tolist() == ids, (epoch, step, rank)
+        for j, (s, i) in enumerate(zip(src, ids)):
+            rows, _, _, tokens, _ = refs[s]
+            want = ref_packing.row_contents(tokens, rows[i], PACK_L, 1)
+            for key in ("input", "target", "labels", "position_ids", "doc_ids"):
+                assert np.asarray(b[key][j]).tolist() == want[key], (key, epoch, step, j)
+
+    ids = [r[4] for r in refs]
+    ranks = [make(r, 2) for r in range(2)]
+    try:
+        assert tuple(ranks[0].state_dict()["mixture"]["quotas"]) == tuple(q)
+        assert len(ranks[0]) == mix_model.steps
+        its = [iter(ld) for ld in ranks]
+        for step in range(mix_model.steps):  # epoch 0 on two ranks
+            for r, it in enumerate(its):
+                check(next(it), 0, step, r, 2)
+        cut = 3
+        its = [iter(ld) for ld in ranks]
+        for step in range(cut):  # into epoch 1
+            for r, it in enumerate(its):
+                check(next(it), 1, step, r, 2)
+        state = ranks[0].state_dict()
+        assert state == ranks[1].state_dict()
+    finally:
+        for ld in ranks:
+            ld.close()
+    want_state = mix_model.state_dict(ids, 1, cut * G, seq_len=PACK_L)
+    assert {k: v for k, v in state.items() if k != "packing"} == want_state
+    with make(0, 1) as ld:  # resumed on one rank: the rest of epoch 1, then epoch 2
+        ld.load_state_dict(state)
+        assert ld.steps_remaining == mix_model.steps - cut
+        for step, b in enumerate(ld, start=cut):
+            check(b, 1, step, 0, 1)
+        it = iter(ld)
+        for step in range(2):
+            check(next(it), 2, step, 0, 1)
+
+
+def test_token_weights_of_stride_windows_follow_the_reference_model(token_files, tmp_path):
+    """Stride windows hold seq_len predictions per row, so token weights are the sample weights divided by one
+    number: the quotas are section 2.6's of the weights as given (rule 3 here), the stream on two ranks the
+    model's, each window its source's tokens; the second source is a many-file set (its rows and predictions
+    counted over its members, windows cut per member)."""
+    from fractions import Fraction
+
+    from reference import manifest as ref_manifest
+    from reference import order as model
+
+    L, G, weights = 24, 8, [0.134364, 0.847434]
+    rng = np.random.default_rng(12)
+    docs = [rng.integers(0, 1000, size=int(rng.integers(1, 90))) for _ in range(80)]
+    folder = tmp_path / "set"
+    write_tokens(folder, docs, eos_id=1000, dtype="uint16", docs_per_member=20, num_workers=0, page_size=4096,
+                 progress=False, lineage=False)
+    ref_set = ref_manifest.read_set(folder)
+    members = [m.tokens for m in ref_set.members]
+    set_sizes = [s for m in ref_set.members for s in model.window_page_sizes(
+        len(m.tokens), L, 2, m.header["page_size"], m.header["page_count"])]
+    layouts = [model_layout(token_files[0][0], L)[0], set_sizes]
+    streams = [(token_files[0][1],), members]  # the file's stream; the set's members' streams
+    starts = np.cumsum([0] + [(len(t) - 1) // L for t in members])
+    n = [sum(s) for s in layouts]
+    v = [Fraction(w) * k / (k * L) for w, k in zip(weights, n)]
+    q = model.quotas([float(x / max(v)) for x in v])
+    ref = model.MixtureModel(q, layouts, 4, "random", 1, False, G, samples_per_epoch=90)
+    mix = Mixture([token_files[0][0], folder], weights, weight_unit="tokens", samples_per_epoch=90)
+    loaders = [Loader(mix, batch_size=G // 2, rank=r, world_size=2, order="random", seed=4, drop_last=False,
+                      pipelines={"tokens": [TokenWindows(L)]}, array_type="numpy") for r in range(2)]
+    try:
+        assert tuple(loaders[0].state_dict()["mixture"]["quotas"]) == tuple(q)
+        for step, batches in enumerate(zip(*loaders)):
+            for rank, b in enumerate(batches):
+                src, ids = ref.batch(0, step, rank, 2)
+                assert b["_source"].tolist() == src and b["_index"].tolist() == ids
+                for j, (s, w) in enumerate(zip(src, ids)):
+                    k = int(np.searchsorted(starts, w, side="right")) - 1 if s else 0
+                    stream, w = np.asarray(streams[s][k]), w - (int(starts[k]) if s else 0)
+                    np.testing.assert_array_equal(b["input"][j], stream[w * L : w * L + L])
+                    np.testing.assert_array_equal(b["target"][j], stream[w * L + 1 : w * L + L + 1])
+        assert step + 1 == ref.steps and set(ref.slots) == {0, 1}
+    finally:
+        for ld in loaders:
+            ld.close()

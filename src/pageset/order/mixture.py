@@ -538,6 +538,9 @@ class Mixture(PlanSpec):
             raise ValueError(f"{len(weights)} weights for {len(self.sources)} sources: give one weight per source")
         self.quotas = quotas(weights)
         self.weights = tuple(float(w) for w in weights)
+        # the weights' exact values (weight_unit="tokens" divides them, not their rounded quotas: section 2.6)
+        self._exact = tuple(Fraction(int(w)) if isinstance(w, numbers.Integral) else Fraction(float(w))
+                            for w in weights)
         if samples_per_epoch is not None:
             if isinstance(samples_per_epoch, bool) or not isinstance(samples_per_epoch, numbers.Integral) \
                     or samples_per_epoch < 1:
@@ -568,12 +571,14 @@ class Mixture(PlanSpec):
 
     def sample_quotas(self, members: list[Member]) -> tuple[int, ...]:
         """The quotas of rows: :attr:`quotas` for ``weight_unit="samples"``; for ``"tokens"`` the quotas of the
-        sample weights ``q_i * N_i / T_i`` (exact rationals, resolved by :func:`quotas`), N_i and T_i the rows
-        and predictions of source i. ValueError naming the file of a weighted source without token rows."""
+        sample weights ``w_i * N_i / T_i`` (exact rationals of the weights as given, not of their quotas: those
+        are rounded when the shares are not simple fractions; formats/mixture.md 2.6), scaled by ``1 / max``,
+        resolved by :func:`quotas`; N_i and T_i the rows and predictions of source i. ValueError naming the
+        file of a weighted source without token rows."""
         if self.weight_unit == "samples":
             return self.quotas
         weights = []
-        for i, (m, q) in enumerate(zip(members, self.quotas)):
+        for i, (m, q, w) in enumerate(zip(members, self.quotas, self._exact)):
             if q == 0:
                 weights.append(Fraction(0))
                 continue
@@ -581,7 +586,7 @@ class Mixture(PlanSpec):
                 raise ValueError(f"{m.path}: source {i} of the mixture has no token rows, so weight_unit='tokens' "
                                  "cannot weigh it; load token files with TokenWindows(...) or use "
                                  "weight_unit='samples'")
-            weights.append(Fraction(q) * m.n_records / m.tokens)
+            weights.append(w * m.n_records / m.tokens)
         scale = max(weights)
         return quotas([float(w / scale) for w in weights])
 
