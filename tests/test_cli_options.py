@@ -26,7 +26,8 @@ BAD = [
     (CONVERT, "--jpeg-quality", "500", "an int in [1, 100]"),
     (CONVERT, "--jpeg-quality", "0", "an int in [1, 100]"),
     (CONVERT, "--jpeg-quality", "high", "an int in [1, 100]"),
-    (CONVERT, "--num-workers", "-3", "an int >= 0"),
+    (CONVERT, "--num-workers", "-3", "an int in [0, 1024]"),
+    (CONVERT, "--num-workers", "99999999999999999999", "an int in [0, 1024]"),
     (CONVERT, "--page-size", "1000", "a power of two in [4096, 1073741824]"),
     (CONVERT, "--page-size", "2048", "a power of two in [4096, 1073741824]"),
     (CONVERT, "--page-size", "2147483648", "a power of two in [4096, 1073741824]"),
@@ -34,9 +35,10 @@ BAD = [
     (CONVERT, "--chunk-size", "0", "an int >= 1"),
     (TEXT, "--eos-id", "-1", "an int in [0, 4294967295]"),
     (TEXT, "--bos-id", "4294967296", "an int in [0, 4294967295]"),
-    (TEXT, "--num-workers", "-1", "an int >= 0"),
+    (TEXT, "--num-workers", "-1", "an int in [0, 1024]"),
     (TEXT, "--page-size", "100", "a power of two in [4096, 1073741824]"),
-    (["warmup"], "--num-workers", "0", "an int >= 1"),
+    (["warmup"], "--num-workers", "0", "an int in [1, 1024]"),
+    (["warmup"], "--num-workers", "1025", "an int in [1, 1024]"),
 ]
 
 

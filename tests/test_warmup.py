@@ -165,13 +165,13 @@ def test_warmup_refuses_a_bad_worker_count(capsys, value):
     with pytest.raises(SystemExit) as exc:
         main(["warmup", "--num-workers", value])
     assert exc.value.code == 2
-    assert f"--num-workers: must be an int >= 1, got '{value}'" in capsys.readouterr().err
+    assert f"--num-workers: must be an int in [1, 1024], got '{value}'" in capsys.readouterr().err
 
 
 def test_warmup_function_refuses_a_bad_worker_count():
     from pageset.warmup import warmup
 
-    with pytest.raises(ValueError, match="num_workers must be an int >= 1"):
+    with pytest.raises(ValueError, match="num_workers must be an int in \\[1, 1024\\]"):
         warmup(0)
     with pytest.raises(TypeError, match="num_workers must be an int"):
         warmup("2")

@@ -165,3 +165,22 @@ def test_a_url_holds_its_windows_in_memory(class_sorted_file):
     ref = model.FileOrder(_class_sorted_layout().tolist(), 2, "quasi_random", None, True, 64)
     assert ids.tolist() == ref.perm(0)[: ids.shape[0]]
     assert stats["pages_fetched"] == 834, stats
+
+
+@pytest.mark.parametrize("page_cache", ["os", "process"])
+def test_a_window_larger_than_the_file_is_one_window(class_sorted_file, page_cache):
+    """window_pages >= K is one window of every page (formats/order.md section 4), however large: 2**40 and 2**64
+    give the model's order with M = K, nothing sized by M is allocated."""
+    ref = model.FileOrder(_class_sorted_layout().tolist(), 3, "quasi_random", 834, True, 500)
+    for m in (834, 2**40, 2**64):
+        with Loader(class_sorted_file, batch_size=500, order="quasi_random", seed=3, num_threads=1, window_pages=m,
+                    page_cache=page_cache, pipelines={"pixels": None}) as ld:
+            it = iter(ld)
+            got = np.concatenate([next(it)["_index"].numpy() for _ in range(3)])
+            assert ld.state_dict()["window_pages"] == m
+        assert got.tolist() == ref.perm(0)[:1500], m
+
+
+def test_both_window_sizes_are_refused(class_sorted_file):
+    with pytest.raises(ValueError, match=r"window_pages=8 and window_records=100 both size the quasi-random window"):
+        Loader(class_sorted_file, batch_size=4, order="quasi_random", window_pages=8, window_records=100)

@@ -43,7 +43,7 @@ from .format.errors import plural
 from .format.fields import Int, RGBImage
 from .read import Dataset
 from .write import ImageList, SampleError, write_dataset
-from .write.filewriter import check_not_input, check_replaceable, is_url, local_path
+from .write.filewriter import MAX_WORKERS, check_not_input, check_replaceable, is_url, local_path
 
 SCHEDULER_TIMEOUT_S = 60  # --scheduler: seconds to reach the Dask scheduler
 
@@ -486,7 +486,8 @@ class _Int:
 
 
 _at_least_one = _Int(1)
-_workers = _Int(0)  # 0: in this process
+_workers = _Int(0, MAX_WORKERS)  # 0: in this process
+_warmup_workers = _Int(1, MAX_WORKERS)
 _page_size = _Int(MIN_PAGE_SIZE, MAX_PAGE_SIZE, power_of_two=True)  # formats/v1.md
 _token_id = _Int(0, int(np.iinfo(np.uint32).max))  # the tokenizer's vocabulary and the dtype are checked later
 
@@ -584,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "The cache is NUMBA_CACHE_DIR when set, else __pycache__ next to pageset's modules "
                        "(two folders: pageset/ops/__pycache__ and pageset/order/__pycache__, when writable), else "
                        "a user cache folder (again one per package).")
-    w.add_argument("--num-workers", type=_at_least_one, default=None,
+    w.add_argument("--num-workers", type=_warmup_workers, default=None,
                    help="processes compiling at once (default: min(2, cores); 1: in this process)")
     w.add_argument("--print-cache-dir", action="store_true",
                    help="print the folders the kernels are cached in (one a line: NUMBA_CACHE_DIR when set, else "

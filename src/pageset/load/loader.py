@@ -111,7 +111,8 @@ class Loader:
             in flight, about ``window_records`` records' bytes each (``page_cache="process"``; a URL's
             in-memory pages; the OS page cache's working set otherwise): lower ``window_records`` for large
             records. ``window_pages=M`` (an int >= 1) gives M pages per window instead, as before
-            (``window_pages=8`` reproduces orders and states saved by pageset versions whose default it was).
+            (``window_pages=8`` reproduces orders and states saved by pageset versions whose default it was);
+            giving both is a ValueError.
         storage_options: for a URL ``path`` (``s3://``, ``http(s)://``, any fsspec protocol): options of the fsspec
             filesystem (endpoint, credentials); see ``pageset.read.remote``. In a Mixture they go to its URL
             members only (ValueError when no member is a URL). A URL is read in whole pages by range
@@ -123,6 +124,7 @@ class Loader:
             Loader opens (a folder filled under a larger limit is cut to 90 % of this one at once) and after
             writes. Each process applies its own: give every rank sharing a folder the same. Temporary files of
             writers that died mid-write are deleted when a cache opens and count towards the bound.
+            ValueError for ``cache_dir=""`` and for ``cache_limit_bytes`` without ``cache_dir``.
         prefetch_bytes, max_requests: URL only: bytes of the next steps' pages requested ahead (default 64
             MiB) and range requests running at once (default 8). Arrived pages stay in memory up to
             ``2 * prefetch_bytes`` or, when more, the default ``cache_pages`` above (the windows in flight) plus
@@ -182,7 +184,7 @@ class Loader:
                  seed: int = 0, drop_last: bool = True, num_threads: int | None = None,
                  batches_ahead: int | None = None, rank: int | None = None, world_size: int | None = None,
                  page_cache: str = "os", window_pages: int | None = None,
-                 window_records: int = DEFAULT_WINDOW_RECORDS, cache_pages: int | None = None,
+                 window_records: int | None = None, cache_pages: int | None = None,
                  verify_pages: bool = False, indices=None, storage_options: dict | None = None, cache_dir=None,
                  cache_limit_bytes: int | None = None, prefetch_bytes: int | None = None, max_requests: int = 8,
                  request_timeout: float = 30.0, request_attempts: int = 5, array_type: str = "torch",
@@ -202,16 +204,27 @@ class Loader:
         world_size = check.integer("world_size", world_size, minimum=1, optional=True)
         page_cache = check.choice("page_cache", page_cache, ("os", "process"))
         window_pages = check.integer("window_pages", window_pages, minimum=1, optional=True)
-        window_records = check.integer("window_records", window_records, minimum=1)
+        window_records = check.integer("window_records", window_records, minimum=1, optional=True)
+        if window_pages is not None and window_records is not None:
+            raise ValueError(f"window_pages={window_pages} and window_records={window_records} both size the "
+                             "quasi-random window: give one (window_pages: M pages a window; window_records: M sized "
+                             "so a window holds that many records)")
+        window_records = DEFAULT_WINDOW_RECORDS if window_records is None else window_records
         cache_pages = check.integer("cache_pages", cache_pages, minimum=1, optional=True)
         verify_pages = check.boolean("verify_pages", verify_pages)
         storage_options = check.mapping("storage_options", storage_options, optional=True)
         if cache_dir is not None and (isinstance(cache_dir, bytes) or not isinstance(cache_dir, (str, os.PathLike))):
             raise TypeError(f"cache_dir must be a folder path (str or os.PathLike) or None, got {cache_dir!r}")
+        if cache_dir is not None and not os.fspath(cache_dir):
+            raise ValueError("cache_dir='' names no folder (it would cache into the current folder): pass a folder "
+                             "path, or None for no on-disk cache")
         if cache_dir is not None and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
             raise NotADirectoryError(f"cache_dir {os.fspath(cache_dir)!r} is a file, not a folder; pass cache_dir= a "
                                      "folder path (created if missing) for the on-disk page cache")
         cache_limit_bytes = check.integer("cache_limit_bytes", cache_limit_bytes, minimum=1, optional=True)
+        if cache_limit_bytes is not None and cache_dir is None:
+            raise ValueError(f"cache_limit_bytes={cache_limit_bytes:,} bounds the on-disk page cache of cache_dir=, "
+                             "and no cache_dir is given: pass cache_dir=<folder> too, or leave cache_limit_bytes out")
         prefetch_bytes = check.integer("prefetch_bytes", prefetch_bytes, minimum=0, optional=True)
         max_requests = check.integer("max_requests", max_requests, minimum=1)
         request_timeout = check.real("request_timeout", request_timeout, low=0, low_open=True)

@@ -250,6 +250,7 @@ def window_layout(page_sizes, seed: int, epoch: int, order: str, window_pages: i
     sizes = _as_page_sizes(page_sizes)
     seed, epoch, m = _check_params(seed, epoch, order, window_pages)
     k = sizes.shape[0]
+    m = min(m, max(k, 1))  # M >= K is one window of every page, whatever M (formats/order.md section 4)
     if order == "quasi_random":
         page_order = page_permutation(k, seed, epoch)
     else:
@@ -318,6 +319,7 @@ def quasi_random_range(
     """
     sizes = _as_page_sizes(page_sizes)
     seed, epoch, m = _check_params(seed, epoch, "quasi_random", window_pages)
+    m = min(m, max(sizes.shape[0], 1))  # M >= K: one window (and M fits the kernel's int64)
     page_order, window_starts = window_layout(sizes, seed, epoch, "quasi_random", m)
     start, stop = _check_range(start, stop, int(window_starts[-1]))
     if start == stop:
@@ -373,7 +375,7 @@ class EpochOrder:
         self._page_starts = _page_starts(sizes)
         self._page_order, self._window_starts = window_layout(sizes, seed, epoch, order, window_pages)
         # Pages per window in self._page_order; "random" has one window of all pages.
-        self._m = self.window_pages if order != "random" else max(sizes.shape[0], 1)
+        self._m = min(self.window_pages, max(sizes.shape[0], 1)) if order != "random" else max(sizes.shape[0], 1)
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self._last = None  # (start, stop, ids) of the cached window the last ids() call read: the loader's fast path

@@ -80,6 +80,11 @@ def _start_worker(parent_pid: int, initializer, initargs) -> None:
         initializer(*initargs)
 
 
+# Worker processes of one write at most: each holds a process, its pipes and a copy of the encoder's state; the
+# pool forks them all at once, so a typo (num_workers=99999) would fork until the machine runs out of processes.
+MAX_WORKERS = 1024
+
+
 def ordered_map(fn, tasks, num_workers: int, initializer, initargs, ahead: int, died: str):
     """Yield ``fn(*task)`` for each task of the iterable ``tasks``, in task order, from ``num_workers`` forked
     worker processes (spawned where fork is unavailable) running at most ``ahead`` tasks ahead.
@@ -87,6 +92,8 @@ def ordered_map(fn, tasks, num_workers: int, initializer, initargs, ahead: int, 
     A dead worker (SIGKILL, out of memory, segfault) raises ``RuntimeError(died)`` at once instead of hanging;
     leaving the generator early (an exception in the caller) cancels queued tasks and joins the workers; a
     worker whose parent is killed (even by SIGKILL) is killed too (Linux, see :func:`die_with_parent`).
+    Callers that know how many tasks there are start no more workers than that (a worker without a task only
+    costs its start: the pool forks every worker up front).
     """
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     pool = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_start_worker,

@@ -30,6 +30,7 @@ from ..format.fields import Tokens
 from ..format.schema import build_schema, canonical_json, parse_schema
 from .assemble import PageWriter
 from .filewriter import (
+    MAX_WORKERS,
     Output,
     check_not_input,
     check_output_path,
@@ -391,8 +392,8 @@ def write_tokens(
             tokens. Validated against the vocabulary before any work. Required without a tokenizer.
         bos_id: optional id put before each document, unless its first id already is ``bos_id`` (never guessed).
         dtype: ``"auto"`` (uint16 iff the largest emitted id <= 65535), ``"uint16"`` or ``"uint32"``.
-        num_workers: encoding processes (``None``: ``os.cpu_count()``; 0: this process). Ignored when
-            ``executor`` is given.
+        num_workers: encoding processes (``None``: ``os.cpu_count()``; 0: this process; at most 1024, ValueError
+            beyond). Ignored when ``executor`` is given.
         progress: tqdm bar over documents.
         text_key: the JSONL key / Parquet column holding the text.
         separator: split text files at lines equal to this (``"%"`` for fortune files); ``None``: one
@@ -468,7 +469,7 @@ def write_tokens(
     else:
         path = check_output_path(path)
     dtype = check.choice("dtype", dtype, ("auto",) + C.TOKEN_DTYPES)
-    num_workers = check.integer("num_workers", num_workers, minimum=0, optional=True)
+    num_workers = check.integer("num_workers", num_workers, minimum=0, maximum=MAX_WORKERS, optional=True)
     progress = check.boolean("progress", progress)
     text_key = check.text("text_key", text_key)
     separator = check.text("separator", separator, optional=True)

@@ -24,6 +24,7 @@ from ..format.fields import Field
 from ..format.schema import build_schema, canonical_json, parse_schema
 from .assemble import Assembly
 from .filewriter import (
+    MAX_WORKERS,
     Output,
     check_not_input,
     check_output_path,
@@ -98,9 +99,10 @@ def write_dataset(
             with ``__len__`` and ``__getitem__`` returning a tuple (one value per field, in field order) or a dict.
         fields: ``{name: Field}`` in storage order, e.g. ``{"image": RGBImage(max_resolution=512), "label":
             Int()}``; defaults exist for ImageFolder and path lists.
-        num_workers: encoding processes (``None``: ``os.cpu_count()``; ``0``: encode in this process). Worker
-            processes are forked where the platform allows, so the source need not be picklable there.
-            Ignored when ``executor`` is given.
+        num_workers: encoding processes (``None``: ``os.cpu_count()``; ``0``: encode in this process; at most
+            1024, ValueError beyond), never more than there are chunks (members) to encode. Worker processes are
+            forked where the platform allows, so the source need not be picklable there. Ignored when
+            ``executor`` is given.
         page_size: bytes per page, a power of two in [4 KiB, 1 GiB] (default 8 MiB).
         progress: show a tqdm progress bar.
         on_error: ``"raise"`` (stop at the first bad sample, nothing written) or ``"skip"`` (leave bad samples
@@ -161,7 +163,7 @@ def write_dataset(
     else:
         path = check_output_path(path)
     fields = check.mapping("fields", fields, optional=True, example="{'image': RGBImage(), 'label': Int()}")
-    num_workers = check.integer("num_workers", num_workers, minimum=0, optional=True)
+    num_workers = check.integer("num_workers", num_workers, minimum=0, maximum=MAX_WORKERS, optional=True)
     _check_page_size(page_size)
     progress = check.boolean("progress", progress)
     on_error = check.choice("on_error", on_error, ("raise", "skip"))
@@ -281,7 +283,8 @@ def _write_members(prepared, folder, src, fields, schema, row_dtype, page_size, 
     died = (f"{src.description}: a writer worker process died (killed or crashed, e.g. out of memory or a "
             "segfault in a decoder); no manifest was written. Retry with num_workers=0 to see the error in this "
             "process.")
-    results = M.run_tasks(fn, tasks, num_workers, executor, M.init_record_worker, (src, fields, row_dtype), died)
+    workers = min(num_workers, max(1, len(cuts)))  # no more processes than members to write
+    results = M.run_tasks(fn, tasks, workers, executor, M.init_record_worker, (src, fields, row_dtype), died)
     done, skipped = [], []
     bar = tqdm(total=len(src), disable=not progress, desc="pageset write", unit="sample", leave=False)
     try:
@@ -368,5 +371,6 @@ def _encoded_parts(src, fields, row_dtype, ranges, num_workers, on_error, execut
             "segfault in a decoder); nothing was written. Retry with num_workers=0 to see the error in this "
             "process.")
     tasks = ((a, b, on_error) for a, b in ranges)
+    num_workers = max(1, min(num_workers, len(ranges)))  # no more processes than ranges to encode
     yield from ordered_map(_encode_in_worker, tasks, num_workers, _init_worker, (src, fields, row_dtype),
                            4 * num_workers, died)
