@@ -61,33 +61,45 @@ class StaticHTTP:
     def __init__(self, root):
         from aiohttp import web
 
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="static-http", daemon=True)
-        self.thread.start()
         app = web.Application()
         app.router.add_static("/", str(root))
-        self.runner = web.AppRunner(app)
-
-        async def start():
-            await self.runner.setup()
-            site = web.TCPSite(self.runner, "127.0.0.1", 0)
-            await site.start()
-            return site._server.sockets[0].getsockname()[1]
-
-        port = asyncio.run_coroutine_threadsafe(start(), self.loop).result(30)
-        self.url = f"http://127.0.0.1:{port}"
+        _serve(self, app, "static-http")
 
     def stop(self):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
-        self.loop.close()
+        _stop(self)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def _serve(server, app, name: str) -> None:
+    """Run aiohttp ``app`` on 127.0.0.1 (a free port) in a loop thread of its own: ``server.url``, ``.loop``,
+    ``.thread``, ``.runner``."""
+    from aiohttp import web
+
+    server.loop = asyncio.new_event_loop()
+    server.thread = threading.Thread(target=server.loop.run_forever, name=name, daemon=True)
+    server.thread.start()
+    server.runner = web.AppRunner(app)
+
+    async def start():
+        await server.runner.setup()
+        site = web.TCPSite(server.runner, "127.0.0.1", 0)
+        await site.start()
+        return site._server.sockets[0].getsockname()[1]
+
+    port = asyncio.run_coroutine_threadsafe(start(), server.loop).result(30)
+    server.url = f"http://127.0.0.1:{port}"
+
+
+def _stop(server) -> None:
+    asyncio.run_coroutine_threadsafe(server.runner.cleanup(), server.loop).result(30)
+    server.loop.call_soon_threadsafe(server.loop.stop)
+    server.thread.join(30)
+    server.loop.close()
 
 
 class GzipHTTP:
@@ -129,27 +141,12 @@ class GzipHTTP:
                 return web.Response(status=200, headers={**headers, "Content-Length": str(len(body))})
             return web.Response(status=200, body=body, headers=headers)
 
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="gzip-http", daemon=True)
-        self.thread.start()
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", handle)
-        self.runner = web.AppRunner(app)
-
-        async def start():
-            await self.runner.setup()
-            site = web.TCPSite(self.runner, "127.0.0.1", 0)
-            await site.start()
-            return site._server.sockets[0].getsockname()[1]
-
-        port = asyncio.run_coroutine_threadsafe(start(), self.loop).result(30)
-        self.url = f"http://127.0.0.1:{port}"
+        _serve(self, app, "gzip-http")
 
     def stop(self):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
-        self.loop.close()
+        _stop(self)
 
     def __enter__(self):
         return self
