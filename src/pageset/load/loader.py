@@ -256,8 +256,8 @@ class Loader:
         # process mode: the child process builds this Loader again from these arguments (pickled; checked below)
         child_args = dict(path=path, batch_size=batch_size, pipelines=pipelines, order=order, seed=seed,
                           drop_last=drop_last, num_threads=num_threads, batches_ahead=batches_ahead,
-                          page_cache=page_cache, window_pages=window_pages, window_records=window_records,
-                          cache_pages=cache_pages,
+                          page_cache=page_cache, window_pages=window_pages,
+                          window_records=window_records if window_pages is None else None, cache_pages=cache_pages,
                           verify_pages=verify_pages, indices=indices, array_type=array_type) if num_workers else None
         self._sources: list[FileSource] = []
         self._datasets = []
