@@ -31,6 +31,7 @@ from ..order.plan import Member, OrderParams, PlanSpec
 from ..order.subset import OneFile
 from ..read.remote import url_scheme
 from .manyfile import ManyFileInput, ManyFileSource, open_input
+from .parts import page_counters
 from .source import FileSource, RowReader, check_same_fields, split_cache_pages
 from .stages import PipelineError
 from .stats import STATS_KEY, LoaderStats, ThreadStats, bottleneck
@@ -296,8 +297,7 @@ class Loader:
         contexts = [{"thread": i, STATS_KEY: ThreadStats()} for i in range(num_threads)]
         for ctx in contexts:
             for st in self._stages:
-                if hasattr(st, "reserve"):
-                    st.reserve(ctx, rows)
+                st.reserve(ctx, rows)
         if self._pool is None:
             self._pool = ThreadPool(0 if self._inline else num_threads, self._run_slice, contexts=contexts)
         self._ctx: dict = {"thread": "consumer", STATS_KEY: ThreadStats()}  # scratch of the thread calling next()
@@ -332,16 +332,16 @@ class Loader:
         # each row of a batch is read from its own file (all from file 0 when the plan names no sources)
         self._reader = RowReader(self._sources, self._stages)
         params = OrderParams(self.seed, self.order, self.window_pages, self.global_batch_size, self.drop_last,
-                             self._seq_len(), next((s.packing for s in self._stages if hasattr(s, "packing")), ""),
+                             self._seq_len(), next((s.packing for s in self._stages if s.packing), ""),
                              self.window_records)
-        self._plan = spec.plan([Member(s.path, s.dataset_id, s.page_sizes, getattr(s, "tokens", None))
+        self._plan = spec.plan([Member(s.path, s.dataset_id, s.page_sizes, s.tokens)
                                  for s in self._sources], params)
         plan = self._plan
         self.path, self.dataset_id, self.n_records, self.epoch_length = (
             plan.path, plan.dataset_id, plan.n_records, plan.epoch_length)
         # Slices per batch: one per thread, unless a slice would be too small to pay for a thread hand-off
         # (~20-50 us): then threads work on different batches instead (token windows: one slice per batch).
-        min_rows = max((getattr(s, "min_slice_rows", 1) for s in self._stages), default=1)
+        min_rows = max((s.min_slice_rows for s in self._stages), default=1)
         self._n_slices = max(1, min(self.num_threads, self.batch_size // min_rows))
         self._needs_keys = any(s.needs_keys for s in self._stages)
         # The consumer runs queued slices while it waits, except for URLs: there a slice waits on the network
@@ -354,7 +354,7 @@ class Loader:
         # Should such fills take long after all (reads waiting on a disk or a network file system), the loader
         # starts its threads and prepares batches ahead instead (see _inline_batches).
         self._inline = (self._n_slices == 1 and self._help
-                        and all(getattr(s, "inline", False) for s in self._stages))
+                        and all(s.inline for s in self._stages))
         self._fill_times: list[float] = []  # seconds of the inline fills since the last check
 
     def _default_cache_pages(self, n_records: int, page_count: int, subset_records: int | None = None) -> int:
@@ -510,7 +510,7 @@ class Loader:
 
     def _seq_len(self) -> int:
         """The TokenWindows length of a token file (of a mixture's token files), 0 for record files."""
-        return next((int(st.seq_len) for st in self._stages if hasattr(st, "seq_len")), 0)
+        return next((int(st.seq_len) for st in self._stages if st.seq_len), 0)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (possibly saved with another world size, thread count or global batch).
@@ -556,7 +556,7 @@ class Loader:
         pid = os.getpid()
         if pid == self._pid:
             return
-        remote = any(getattr(ds, "remote", None) is not None for ds in self._datasets)
+        remote = any(ds.remote is not None for ds in self._datasets)
         if not remote and not self._pool.threads:
             self._pid = pid
             return
@@ -601,7 +601,7 @@ class Loader:
         # each remote file the pages of its own samples in each step
         planned = [(src.pages, functools.partial(self._step_pages, order, k, base))
                    for k, src in enumerate(self._sources)
-                   if hasattr(src.pages, "advance") and any(hasattr(s, "pages") for s in src.stages)]
+                   if src.pages.prefetches and any(s.pages is not None for s in src.stages)]
         for pages, pages_of_step in planned:
             pages.plan(pages_of_step, first, steps, min_ahead=self.batches_ahead)
         try:
@@ -705,22 +705,17 @@ class Loader:
         are being prepared, ``stats()`` may see a slice half counted (its time, not yet its row count).
         """
         reset = check.boolean("reset", reset)
-        refresh = getattr(self._pool, "refresh", None)
-        if refresh is not None:  # process mode: the child's threads' counters, fetched now
-            refresh()
+        self._pool.refresh()  # process mode: the child's threads' counters, fetched now (threads: no-op)
         out = self._stats.collect([c[STATS_KEY] for c in self._pool.contexts[:len(self._pool.threads)]],
                                   self._ctx[STATS_KEY], self._pool.threads, reset)
         if len(self._stages) == 1:  # one field: its stage is the whole slice
             out["stages"] = {self._stages[0].name: out["fill_s"]}
-        counters = getattr(self._pool, "page_counters", None)
-        if counters is not None:  # process mode: the child's files are the ones read
-            caches, cache = counters()
+        counted = self._pool.page_counters()  # process mode: the child's files are the ones read
+        if counted is None:
+            cache = page_counters(self._sources)
+            caches = cache.pop("cached")
         else:
-            cached = [src.pages for src in self._sources if hasattr(src.pages, "hits")]
-            counted = [src.pages.bytes_read for src in self._sources if hasattr(src.pages, "bytes_read")]
-            caches = bool(cached)
-            cache = {"hits": sum(c.hits for c in cached), "misses": sum(c.misses for c in cached),
-                     "bytes_read": sum(counted)}
+            caches, cache = counted
         prev = self._cache_base or {k: 0 for k in cache}
         if reset:
             self._cache_base = cache
@@ -756,7 +751,7 @@ class Loader:
         disk_hits / disk_misses with cache_dir); None for a local file. For several files (a Mixture, a FileSet):
         those counters summed over its files read from URLs, plus ``"per_source"``: each file's own dict (None
         for a local file); None when every file is local."""
-        per_source = [src.pages.stats() if hasattr(src.pages, "stats") else None for src in self._sources]
+        per_source = [src.pages.stats() for src in self._sources]
         remote = [d for d in per_source if d is not None]
         if len(per_source) == 1 or not remote:  # one file: its own counters (None when local)
             return per_source[0]

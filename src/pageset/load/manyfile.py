@@ -39,6 +39,7 @@ import numpy as np
 from ..read.manyfile import ManyFileSet, _Members, is_many_file, manifest_exists, many_file_members
 from ..read.reader import Dataset
 from ..read.remote import local_path, url_scheme
+from .parts import PageSource, Source
 from .set_records import SetRecords, SetWindows, can_flatten, too_many_open_files
 from .source import FileSource, RowReader
 from .stages import BytesStage
@@ -153,7 +154,7 @@ class SetView:
         pass
 
 
-class ManyFileSource:
+class ManyFileSource(Source):
     """A many-file set read as one file (see the module docstring); built by the Loader like a FileSource.
 
     ``ManyFileSource(inp, pipelines, page_cache, cache_pages, verify_pages, in_mixture, remote_options,
@@ -197,7 +198,7 @@ class ManyFileSource:
         try:
             self.stages, self.row_bytes, self.verifier = first.stages, first.row_bytes, None
             self._token = info.kind == "tokens"
-            if self._token and getattr(first.stages[0], "packing", ""):
+            if self._token and first.stages[0].packing:
                 raise ValueError(
                     f"{self.path}: packed rows (TokenWindows(packing='best_fit')) of a many-file token set are not "
                     "supported: rows are packed within one file's pages. Merge the set into one file and pack that "
@@ -352,9 +353,9 @@ class ManyFileSource:
             if len(self._open) <= self.max_open:
                 break
             src = self._open.pop(k)
-            stats = getattr(src.pages, "stats", None)
+            stats = src.pages.stats()
             if stats is not None:  # a closed member's counters stay in remote_stats()
-                for key, value in stats().items():
+                for key, value in stats.items():
                     self._closed_stats[key] = self._closed_stats.get(key, 0) + value
             src.close()
             src.ds.close()
@@ -546,7 +547,7 @@ def _windows_per_page(tokens: int, pages: int, page_size: int, seq_len: int, ite
     return np.diff(np.minimum(-(-bounds // (seq_len * itemsize)), n))
 
 
-class _LocalSetPages:
+class _LocalSetPages(PageSource):
     """A local set's ``pages``: members read their own pages (nothing is prefetched)."""
 
     def opened(self, k: int, src) -> None:
@@ -556,10 +557,13 @@ class _LocalSetPages:
         pass
 
 
-class _RemoteSetPages:
+class _RemoteSetPages(PageSource):
     """A URL set's ``pages``: the Loader's prefetch plan (``plan`` / ``advance``, pages of the virtual file)
     split over the members: the members of the next ``min_ahead`` steps are opened (and held) by the thread
     calling ``next()``, and each open member's RemotePages prefetches its share of the coming steps."""
+
+    prefetches = True  # the Loader hands it the epoch's plan (plan / advance)
+
 
     def __init__(self, owner: ManyFileSource):
         self.owner = owner
@@ -589,7 +593,7 @@ class _RemoteSetPages:
         return pages_of_step
 
     def opened(self, k: int, src) -> None:
-        if self._pages_of_step is not None and hasattr(src.pages, "plan"):
+        if self._pages_of_step is not None and src.pages.prefetches:
             src.pages.plan(self._member_pages(k), self._first, self._steps, min_ahead=self._min_ahead)
 
     def plan(self, pages_of_step, first: int, steps: int, min_ahead: int = 1) -> None:
@@ -600,7 +604,7 @@ class _RemoteSetPages:
         self._min_ahead, self._next_hold = max(1, int(min_ahead)), first
         for k in self.owner.open_members():
             src = self.owner._open.get(k)
-            if src is not None and hasattr(src.pages, "plan"):
+            if src is not None and src.pages.prefetches:
                 src.pages.plan(self._member_pages(k), first, steps, min_ahead=self._min_ahead)
         self.advance(first)
 
@@ -628,7 +632,7 @@ class _RemoteSetPages:
             self._next_hold = s + 1
         for k in owner.open_members():
             src = owner._open.get(k)
-            if src is not None and hasattr(src.pages, "advance"):
+            if src is not None and src.pages.prefetches:
                 src.pages.advance(step)
 
     def stats(self) -> dict:
@@ -636,8 +640,9 @@ class _RemoteSetPages:
         total = dict(owner._closed_stats)
         for k in owner.open_members():
             src = owner._open.get(k)
-            if src is not None and hasattr(src.pages, "stats"):
-                for key, value in src.pages.stats().items():
+            stats = src.pages.stats() if src is not None else None
+            if stats is not None:
+                for key, value in stats.items():
                     total[key] = total.get(key, 0) + value
         total["members_opened"] = owner.opened_count
         return total

@@ -22,6 +22,7 @@ class PackedTokenStage(Stage):
     a row, or when the file has no document of two or more tokens."""
 
     inline = True  # a slice is a few reads and one kernel call, as for stride windows
+    windows = True  # records are packed rows
 
     def __init__(self, name, ops, ds, pages, array_type):
         self.name, self.pages, self.path = name, pages, ds.path

@@ -32,6 +32,7 @@ import numpy as np
 from ..format.checksum import crc32
 from ..ops import spans
 from ..ops import tokens as token_ops
+from .parts import PageSource
 from .stats import STATS_KEY
 
 
@@ -70,8 +71,11 @@ def contiguous_runs(offs: np.ndarray, lens: np.ndarray, ordered: bool = True):
     return out_offs, int(ends[-1]), offs[first], run_dst, ends[last] - run_dst
 
 
-class PreadPages:
+class PreadPages(PageSource):
     """``page_cache="os"``: records read with ``pread`` into the thread's staging buffer; thread-safe."""
+
+    direct = True  # windows may be read with pread on ds.fileno() by another reader (RowReader)
+
 
     def __init__(self, ds):
         self.ds = ds
@@ -156,7 +160,7 @@ class _Fill:
         self.ok = False
 
 
-class ProcessPageCache:
+class ProcessPageCache(PageSource):
     """``page_cache="process"``: a bounded LRU cache of whole pages read with ``pread``; thread-safe.
 
     The cache owns one arena of ``capacity * page_size`` bytes, allocated once (untouched parts cost no
@@ -202,6 +206,10 @@ class ProcessPageCache:
         self.bytes_read = 0  # bytes read from the file: pages into the cache, records read around it
         self.peak_resident = 0
         spans.prepare()
+
+    def counters(self) -> dict:
+        """``{"hits", "misses", "bytes_read"}``: page lookups found / not found, bytes read from the file."""
+        return {"hits": self.hits, "misses": self.misses, "bytes_read": self.bytes_read}
 
     @property
     def resident_pages(self) -> int:

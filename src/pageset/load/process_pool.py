@@ -34,6 +34,7 @@ import time
 import traceback
 import weakref
 
+from .parts import Pool
 from .shared_slots import SharedBuffers
 from .stats import STATS_KEY
 
@@ -155,9 +156,10 @@ class _ChildStats:
         return {"fill_s": 0.0, "slices": 0, "rows": 0, "stage_s": {}, "read_s": 0.0, "read_bytes": 0}
 
 
-class ProcessPool:
-    """The ThreadPool interface the Loader uses (``submit``, ``cancel``, ``help``, ``alive``, ``threads``,
-    ``contexts``, ``start``, ``generation``, ``close``) over one child process running ``num_threads`` threads.
+class ProcessPool(Pool):
+    """The pool contract (load/parts.py ``Pool``: ``submit``, ``cancel``, ``help``, ``alive``, ``threads``,
+    ``contexts``, ``start``, ``generation``, ``close``, ``refresh``, ``page_counters``) over one child process
+    running ``num_threads`` threads.
 
     ``init``: the child's Loader arguments (picklable; see ``Loader``); ``shared``: the slots' SharedBuffers;
     ``name``: named in errors (the file's path). The child is started here, in the background: construction

@@ -27,6 +27,7 @@ import threading
 
 from .loader import Loader
 from .process_pool import exception_payload, recv_msg, send_msg, wait_readable
+from .parts import page_counters
 from .shared_slots import map_file, views
 from .stats import STATS_KEY, _thread_cpu
 from .workers import Slot
@@ -45,12 +46,9 @@ class WorkerLoader(Loader):
     def report(self) -> dict:
         """The threads' counters (ThreadStats snapshots, CPU seconds) and the files' page-cache counters."""
         n = len(self._pool.threads)
-        caches = [src.pages for src in self._sources if hasattr(src.pages, "hits")]
-        counted = [src.pages.bytes_read for src in self._sources if hasattr(src.pages, "bytes_read")]
         return {"threads": [c[STATS_KEY].snapshot() for c in self._pool.contexts[:n]],
                 "cpu_s": [_thread_cpu(t) for t in self._pool.threads],
-                "pages": {"cached": bool(caches), "hits": sum(c.hits for c in caches),
-                          "misses": sum(c.misses for c in caches), "bytes_read": sum(counted)}}
+                "pages": page_counters(self._sources)}
 
 
 class _Reply:

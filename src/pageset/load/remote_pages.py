@@ -35,6 +35,7 @@ import time
 import numpy as np
 
 from ..format.errors import RemoteReadError
+from .parts import PageSource
 
 MAX_LOOKAHEAD_STEPS = 256
 
@@ -66,7 +67,7 @@ def _settle(fut: concurrent.futures.Future, result=None, exc: BaseException | No
     return True
 
 
-class RemotePages:
+class RemotePages(PageSource):
     """Prefetching page source over a remote dataset (``ds.page_reader``); thread-safe.
 
     Args:
@@ -82,6 +83,9 @@ class RemotePages:
 
     Counters (``stats()``): requests and bytes over the network, pages used, memory / disk hits.
     """
+
+    prefetches = True  # the Loader hands it the epoch's plan (plan / advance)
+
 
     def __init__(self, ds, *, prefetch_bytes: int | None = None, max_requests: int = 8,
                  memory_bytes: int | None = None, cache_dir=None, cache_limit_bytes: int | None = None,

@@ -33,6 +33,7 @@ from ..format.errors import FileChangedError, TruncatedFileError
 from ..ops import spans
 from ..ops import tokens as token_ops
 from .pages import _staging, contiguous_runs
+from .parts import PageSource
 from .source import FileSource
 from .stages import ArrayStage, BytesStage, DecodeError, ImageStage, JSONStage, ScalarStage, TokenStage
 from .stats import STATS_KEY
@@ -51,7 +52,7 @@ def can_flatten(info, stages, remote, page_cache: str, verify_pages: bool) -> bo
     if remote or page_cache != "os" or verify_pages:
         return False
     if info.kind == "tokens":
-        return len(stages) == 1 and type(stages[0]) is TokenStage and stages[0].mask_bits is None
+        return len(stages) == 1 and stages[0].strided and stages[0].mask_bits is None
     return all(type(s) in FLAT_STAGES for s in stages) and all(int(b) <= _MASK for b in info.bytes)
 
 
@@ -267,7 +268,7 @@ class MemberFiles:
             self._n_open = 0
 
 
-class SetPages:
+class SetPages(PageSource):
     """The set stages' ``pages``: ``gather(virtual offsets, lengths, staging)`` as PreadPages.gather, each run
     of contiguous bytes read from its member's descriptor, all runs in one kernel call, then every member read
     checked unchanged. The caller holds the members (MemberFiles.acquire)."""
@@ -343,9 +344,9 @@ class SetRecords(FileSource):
         self.stages = first.stages
         self.row_bytes = first.row_bytes
         for st in self.stages:
-            if hasattr(st, "pages"):
+            if st.pages is not None:
                 st.pages = self.pages
-            if hasattr(st, "path"):
+            if st.path is not None:
                 st.path = path
         self._columns = []  # (stage, attribute, set-wide array) of every per-record column
         for st in self.stages:

@@ -25,6 +25,7 @@ from .stages import (
     Stage,
     TokenStage,
 )
+from .parts import Source
 from .stats import STATS_KEY, add_stage
 
 # Rows of a mixture slice that come from one file but are not contiguous are filled in place, one call per run of
@@ -64,7 +65,7 @@ def build_stage(name, field, ops, ds, pages, array_type: str = "torch") -> Stage
     raise PipelineError(f"field {name!r}: the loader does not handle {type(field).__name__} fields")
 
 
-class FileSource:
+class FileSource(Source):
     """Page access, stages and record layout of one open dataset ``ds`` (the caller owns ``ds``).
 
     Attributes: ``ds``, ``path``, ``dataset_id``; ``pages`` (PreadPages, ProcessPageCache, or RemotePages for a URL); ``stages`` (one
@@ -75,6 +76,8 @@ class FileSource:
     "numpy") is what the stages hand out; ``cache_pages`` (``page_cache="process"``) is an int or a function
     ``(n_records, page_count) -> int``; ``close()`` releases the page access (not ``ds``).
     """
+
+    direct_windows = True  # RowReader may read a file's token windows itself (pread on ds.fileno())
 
     def __init__(self, ds, pipelines: dict, page_cache: str, cache_pages, verify_pages: bool,
                  in_mixture: bool = False, remote_options: dict | None = None, array_type: str = "torch"):
@@ -95,13 +98,12 @@ class FileSource:
             self.stages = [build_stage(n, f, pipelines.get(n), ds, self.pages, array_type)
                            for n, f in ds.fields.items() if not (n in pipelines and pipelines[n] is None)]
             # Records are the file's records, or, for a token file, its seq_len windows.
-            windows = [s for s in self.stages if hasattr(s, "records_per_page")]
+            windows = [s for s in self.stages if s.windows]
             if windows:
                 self.n_records = windows[0].n_records
                 self.page_sizes = windows[0].records_per_page(ds.page_count)
                 self.spans = windows[0].spans
-                count = getattr(windows[0], "token_count", None)
-                self.tokens = count() if count is not None else None
+                self.tokens = windows[0].token_count()
             else:
                 self.tokens = None  # records, not token rows
                 self.n_records = len(ds)
@@ -113,7 +115,7 @@ class FileSource:
                 capacity = cache_pages(self.n_records, ds.page_count) if callable(cache_pages) else cache_pages
                 self.pages = ProcessPageCache(ds, capacity)
                 for stage in self.stages:
-                    if hasattr(stage, "pages"):
+                    if stage.pages is not None:
                         stage.pages = self.pages
             elif ds.remote is not None and callable(cache_pages):
                 # a URL's in-memory pages hold the quasi-random windows in flight too, as the process cache
@@ -234,13 +236,13 @@ class RowReader:
         self.sources = sources
         self._windows = None  # the token stage whose conversion serves every file, or None
         firsts = [s.stages[0] if len(s.stages) == 1 else None for s in sources]
-        if (all(type(st) is TokenStage for st in firsts) and len({st.dtype for st in firsts}) == 1
-                and all(isinstance(s, FileSource) for s in sources)):  # windows (a many-file set fills its own rows)
+        if (all(st is not None and st.strided for st in firsts) and len({st.dtype for st in firsts}) == 1
+                and all(s.direct_windows for s in sources)):  # windows (a many-file set fills its own rows)
             self._windows = stages[0]
             self._row_bytes = (self._windows.seq_len + 1) * self._windows.itemsize
             self._base = np.array([st.data_offset for st in firsts], dtype=np.int64)
             self._stride = np.array([st.seq_len * st.itemsize for st in firsts], dtype=np.int64)
-            self._direct = all(type(s.pages) is PreadPages and s.verifier is None for s in sources)
+            self._direct = all(s.pages.direct and s.verifier is None for s in sources)
             if self._direct:  # the descriptors stay valid until the loader closes the files
                 self._fds = np.array([s.ds.fileno() for s in sources], dtype=np.int64)
                 self._checks = [s.ds.check_unchanged for s in sources]

@@ -25,6 +25,7 @@ from ..ops.transforms import (
     ToTensor,
     ToTorchImage,
 )
+from .parts import Stage, _to_torch
 
 
 class PipelineError(ValueError):
@@ -68,43 +69,6 @@ def _split_common(name, ops, array_type):
                                     "put ToTensor and ToDevice last")
             rest.append(op)
     return rest, to_tensor, to_device
-
-
-class Stage:
-    """Base: ``outputs`` maps output key -> (per-sample shape, numpy storage dtype, torch dtype or None)."""
-
-    name: str
-    to_tensor: bool
-    to_device = None
-    outputs: dict
-    needs_keys = False  # whether fill() uses the per-sample augmentation keys (else it gets None)
-    fills_rows = False  # whether fill_rows(arrays, rows, ...) writes scattered rows itself (no scratch copy)
-    # whether a batch of one slice costs less than a thread hand-off (then the thread calling next() fills it)
-    inline = False
-    op = None  # the op that fixes the output shape (a crop, TokenWindows), named in buffer errors
-
-    def buffer_shapes(self, batch_size: int) -> dict:
-        """``{key: (shape, numpy dtype)}`` of the buffers :meth:`alloc` makes for one slot."""
-        return {k: ((batch_size, *shape), np.dtype(dt)) for k, (shape, dt, _) in self.outputs.items()}
-
-    def alloc(self, batch_size: int, empty) -> dict:
-        """Buffers for one slot; ``empty(shape, np_dtype)`` allocates (pinned when copying to a GPU)."""
-        return {k: empty((batch_size, *shape), dt) for k, (shape, dt, _) in self.outputs.items()}
-
-    def handout(self, arrays: dict, view) -> dict:
-        """``{batch key: value}`` for the user: ``view(arr)`` makes the handed-out view; torch if asked.
-
-        One output is handed out under the field's name; several (Bytes: data and lengths) as a tuple there.
-        """
-        vals = {k: view(a) for k, a in arrays.items()}
-        if self.to_tensor:
-            vals = {k: _to_torch(v, self.outputs[k][2]) for k, v in vals.items()}
-        return {self.name: vals[self.name] if len(vals) == 1 else tuple(vals[k] for k in self.outputs)}
-
-
-def _to_torch(arr: np.ndarray, torch_dtype):
-    t = torch.from_numpy(arr)
-    return t.view(torch_dtype) if torch_dtype is not None and t.dtype != torch_dtype else t
 
 
 class ImageStage(Stage):
@@ -328,6 +292,7 @@ class TokenStage(Stage):
     """
 
     inline = True  # one kernel call reads and widens a slice (below ~64K tokens a slice: ~0.1 ms)
+    windows = strided = True  # records are stride windows (RowReader and SetWindows may read them themselves)
 
     def __init__(self, name, ops, ds, pages, array_type):
         self.name, self.pages, self.path = name, pages, ds.path
@@ -369,9 +334,7 @@ class TokenStage(Stage):
 
     def reserve(self, ctx: dict, rows: int) -> None:
         """Size a thread's scratch (``ctx``) for slices of up to ``rows`` windows (at Loader construction)."""
-        reserve = getattr(self.pages, "reserve", None)
-        if reserve is not None:
-            reserve(ctx, rows * (self.seq_len + 1) * self.itemsize)
+        self.pages.reserve(ctx, rows * (self.seq_len + 1) * self.itemsize)
 
     def token_count(self) -> int:
         """Predictions of all windows: ``n_records * seq_len`` (every column of a window holds a target)."""
@@ -400,8 +363,7 @@ class TokenStage(Stage):
         # Read, never mapped: a file truncated under the loader raises TruncatedFileError instead of SIGBUS.
         # Local files: one kernel call reads (pread, or copies out of the page cache) and widens every window.
         inp, tgt = arrays["input"][lo:hi], arrays["target"][lo:hi]
-        read = getattr(self.pages, "read_windows", None)
-        if read is None or not read(self.data_offset, self.stride, ids, self.dtype, inp, tgt, ctx):
+        if not self.pages.read_windows(self.data_offset, self.stride, ids, self.dtype, inp, tgt, ctx):
             # the windows' bytes land back to back in the thread's staging buffer (a URL, or pages not cached)
             starts, lens = self.spans(ids)
             buf, _ = self.pages.gather(starts, lens, ctx)

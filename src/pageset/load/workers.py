@@ -13,6 +13,8 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
+from .parts import Pool
+
 
 @dataclass
 class Slot:
@@ -39,7 +41,7 @@ class WorkerFailed(RuntimeError):
     """Wraps nothing: the original exception is re-raised; this names where it happened (``__cause__``)."""
 
 
-class ThreadPool:
+class ThreadPool(Pool):
     """``num_threads`` daemon threads executing ``(slot, lo, hi, generation)`` tasks with ``run_slice``.
 
     The consumer runs queued tasks itself while it waits (:meth:`help`): a loader-bound training loop gets one
