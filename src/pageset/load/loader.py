@@ -31,7 +31,7 @@ from ..order.plan import Member, OrderParams, PlanSpec
 from ..order.subset import OneFile
 from ..read.remote import url_scheme
 from .manyfile import ManyFileInput, ManyFileSource, open_input
-from .parts import page_counters
+from .parts import PageSource, page_counters
 from .source import FileSource, RowReader, check_same_fields, split_cache_pages
 from .stages import PipelineError
 from .stats import STATS_KEY, LoaderStats, ThreadStats, bottleneck
@@ -102,6 +102,8 @@ class Loader:
             a given ``cache_pages`` bounds the whole loader: a Mixture's files share it evenly, at least one page
             each, ValueError if it is smaller than the number of files). Neither maps the file: a file truncated or modified in
             place under the loader raises TruncatedFileError / FileChangedError at the next batch, never SIGBUS.
+            Or a ``pageset.load.parts.PageSource`` subclass: every local file is read through ``cls(ds)``, a
+            storage kind of the caller's (``cache_pages`` does not apply; ValueError for a URL).
         window_pages, window_records: the size of a ``quasi_random`` window (``formats/order.md`` section 4.1).
             ``window_pages=None`` (default) sizes it in records: each page layout (a file, a subset, each file
             of a Mixture, a many-file set) gets the fewest pages M whose windows hold at least
@@ -203,7 +205,8 @@ class Loader:
         batches_ahead = check.integer("batches_ahead", batches_ahead, minimum=1, optional=True)
         rank = check.integer("rank", rank, minimum=0, optional=True)
         world_size = check.integer("world_size", world_size, minimum=1, optional=True)
-        page_cache = check.choice("page_cache", page_cache, ("os", "process"))
+        if not (isinstance(page_cache, type) and issubclass(page_cache, PageSource)):  # else a storage kind
+            page_cache = check.choice("page_cache", page_cache, ("os", "process"))
         window_pages = check.integer("window_pages", window_pages, minimum=1, optional=True)
         window_records = check.integer("window_records", window_records, minimum=1, optional=True)
         if window_pages is not None and window_records is not None:

@@ -14,9 +14,17 @@ and the rest of ``load/`` ask a part what it declares and never which kind it is
   load/manyfile.py ``ManyFileSource``): its stages, layout, ``fill``/``fill_rows``/``spans``/``close``.
 - :class:`Pool`: what runs the slices of a batch (load/workers.py ``ThreadPool``; load/process_pool.py
   ``ProcessPool``, the threads of a child process).
+
+Two of them are open to kinds defined outside pageset, with no edit to it (tests/test_extension_kinds.py):
+
+- a stage kind: a pipeline whose first op is a :class:`StageOp` is built by that op's ``build_stage``;
+- a storage kind: ``Loader(page_cache=SomePageSource)``, a :class:`PageSource` subclass, reads every local
+  file through ``SomePageSource(ds)``.
 """
 
 from __future__ import annotations
+
+import abc
 
 import numpy as np
 import torch
@@ -64,8 +72,29 @@ class Stage:
         return {self.name: vals[self.name] if len(vals) == 1 else tuple(vals[k] for k in self.outputs)}
 
 
+class StageOp(abc.ABC):
+    """Base of a pipeline op that brings its own stage kind.
+
+    When the first op of a field's pipeline is a StageOp, the Loader loads that field with the stage
+    ``op.build_stage(name, field, ops, ds, pages, array_type)`` returns instead of the field type's own stage:
+    ``name`` (str) the field, ``field`` its ``pageset`` field type, ``ops`` the whole pipeline (list), ``ds`` the
+    open Dataset, ``pages`` the file's :class:`PageSource` (``gather`` reads byte spans), ``array_type``
+    ("torch" or "numpy"). The stage declares what it needs through the :class:`Stage` attributes; its errors
+    should name ``ds.path``, the sample and the field. In process mode (``num_workers=1``) the op must be
+    importable by the child (a module-level class)."""
+
+    @abc.abstractmethod
+    def build_stage(self, name: str, field, ops: list, ds, pages, array_type: str) -> Stage:
+        """The stage that loads field ``name``; PipelineError (load/stages.py) for a pipeline it cannot run."""
+
+
 class PageSource:
     """Base of the page sources: ``gather(offs, lens, staging, ordered=True) -> (buf, offsets)`` is each one's own.
+
+    A subclass constructed as ``cls(ds)`` (``ds`` an open local Dataset) may be given to the Loader as
+    ``page_cache``: a storage kind of its own. ``gather`` returns ``buf`` (uint8, the records' bytes back to
+    back, from ``staging``'s buffer or its own) and ``offsets`` (int64[n], where record i starts in ``buf``); with
+    ``ordered=False`` the spans may be in any order and overlap.
 
     Defaults (a local file): ``reserve`` sizes nothing, ``read_windows`` reads nothing (returns False: the caller
     gathers), the prefetch calls ``plan``/``advance`` do nothing, ``stats()`` is None (a URL's fetch counters

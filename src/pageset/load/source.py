@@ -25,7 +25,7 @@ from .stages import (
     Stage,
     TokenStage,
 )
-from .parts import Source
+from .parts import Source, StageOp
 from .stats import STATS_KEY, add_stage
 
 # Rows of a mixture slice that come from one file but are not contiguous are filled in place, one call per run of
@@ -46,6 +46,8 @@ def build_stage(name, field, ops, ds, pages, array_type: str = "torch") -> Stage
     for op in ops:
         if isinstance(op, type):
             raise PipelineError(f"field {name!r}: {op.__name__} is a class; pass an instance, e.g. {op.__name__}()")
+    if ops and isinstance(ops[0], StageOp):  # a stage kind defined outside pageset (load/parts.py)
+        return ops[0].build_stage(name, field, ops, ds, pages, array_type)
     if isinstance(field, Tokens):
         if any(isinstance(op, TokenWindows) and op.packing for op in ops):
             return PackedTokenStage(name, ops, ds, pages, array_type)
@@ -83,10 +85,15 @@ class FileSource(Source):
                  in_mixture: bool = False, remote_options: dict | None = None, array_type: str = "torch"):
         self.ds, self.path, self.dataset_id = ds, ds.path, ds.dataset_id
         if ds.remote is not None:  # a URL: whole pages by range request, each CRC-checked on arrival
+            if not isinstance(page_cache, str):
+                raise ValueError(f"{self.path}: page_cache={page_cache.__name__} reads local files; a URL is read "
+                                 "through its own page source (give page_cache='os' or 'process')")
             from .remote_pages import RemotePages
 
             self.pages = RemotePages(ds, **(remote_options or {}))
             verify_pages = False
+        elif not isinstance(page_cache, str):  # a storage kind of the caller's (a PageSource subclass)
+            self.pages = page_cache(ds)
         else:  # "process": a ProcessPageCache replaces it below, sized once the record count is known
             self.pages = PreadPages(ds)
         try:
