@@ -459,8 +459,8 @@ MUTATIONS += [
 TC = "tests/test_chat.py"
 MUTATIONS += [
     Mutation("packed rows of a chat file ignore its loss mask", "load/packed.py",
-             "self.mask = np.zeros(0, np.uint8) if mask is None else np.asarray(mask, dtype=np.uint8)",
-             "self.mask = np.zeros(0, np.uint8)",
+             "else np.asarray(self.mask_bits, dtype=np.uint8))",
+             "else np.zeros(0, np.uint8))",
              (f"{TC}::test_packed_rows_of_a_chat_file_follow_its_mask[1-random]",)),
     Mutation("a {% generation %} template with train_on user loses the user turns", "write/chat.py",
              'if m["role"] in self.train_on and not (self.has_generation and m["role"] == "assistant"):',

@@ -11,32 +11,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops import packing as pack_ops
-from ..ops.transforms import TokenWindows
-from .stages import PipelineError, Stage, _split_common, _to_torch
+from .stages import TokenRows, _to_torch
 
 
-class PackedTokenStage(Stage):
+class PackedTokenStage(TokenRows):
     """A token file's documents -> packed rows: ``input``, ``target`` ([B, seq_len]), ``position_ids``,
     ``doc_ids``, ``labels`` ([B, seq_len]), ``cu_seqlens`` (int32[S + 1] over the flattened batch) and
     ``max_seqlen`` (int). ValueError naming the file when ``split_documents=False`` and a document does not fit
     a row, or when the file has no document of two or more tokens."""
 
-    inline = True  # a slice is a few reads and one kernel call, as for stride windows
-    windows = True  # records are packed rows
-
     def __init__(self, name, ops, ds, pages, array_type):
-        self.name, self.pages, self.path = name, pages, ds.path
-        rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
-        if len(rest) != 1 or not isinstance(rest[0], TokenWindows):
-            raise PipelineError(f"{ds.path} is a token file: give pipelines={{{name!r}: [TokenWindows(seq_len), "
-                                "ToTensor?, ToDevice?]}")
-        op = self.op = rest[0]
-        self.seq_len, self.docs = op.seq_len, True
-        info = ds.tokens_info
-        self.eos_id = int(info["eos_id"])
-        self.itemsize = np.dtype(info["dtype"]).itemsize
-        self.dtype = np.dtype(info["dtype"]).newbyteorder("<")
-        self.data_offset, self.page_size = ds.data_offset, ds.page_size
+        super().__init__(name, ops, ds, pages, array_type, docs=True)  # a slice: a few reads and one kernel call
+        op = self.op
         self.packing = f"best_fit:pages={op.pack_pages if op.pack_pages else 'all'}"
         group = op.pack_pages * ds.page_size // self.itemsize if op.pack_pages else None
         pack_ops.prepare()
@@ -45,15 +31,10 @@ class PackedTokenStage(Stage):
         if not self.n_records:
             raise ValueError(f"{ds.path}: no document has two or more tokens: nothing to pack (a one-token document "
                              "holds no prediction)")
-        # a chat file's loss mask (formats/v1.md 10.1): uint8[ceil(count / 8)], bit t % 8 of byte t // 8; labels are
-        # -100 where the target token's bit is 0 (formats/packing.md section 5)
-        mask = ds.loss_mask_bits
-        self.mask = np.zeros(0, np.uint8) if mask is None else np.asarray(mask, dtype=np.uint8)
-        self.min_slice_rows = max(1, (1 << 18) // self.seq_len)
-        L = self.seq_len
-        self.outputs = {"input": ((L,), np.dtype(op.input_dtype), None), "target": ((L,), np.dtype(np.int64), None),
-                        "position_ids": ((L,), np.dtype(np.int64), None), "doc_ids": ((L,), np.dtype(np.int32), None),
-                        "labels": ((L,), np.dtype(np.int64), None)}
+        # the kernel's form of the loss mask (formats/packing.md section 5): labels are -100 where the target
+        # token's bit is 0; an empty array when the file has none
+        self._kernel_mask = (np.zeros(0, np.uint8) if self.mask_bits is None
+                             else np.asarray(self.mask_bits, dtype=np.uint8))
 
     def token_count(self) -> int:
         """Predictions of all rows: the columns that hold a target (a piece of m tokens fills m - 1), padding not
@@ -76,21 +57,11 @@ class PackedTokenStage(Stage):
         hi = np.maximum.reduceat(starts + lens, first)
         return self.data_offset + lo * self.itemsize, (hi - lo) * self.itemsize
 
-    def buffer_shapes(self, batch_size):
-        shapes = super().buffer_shapes(batch_size)
-        shapes["cu_seqlens"] = ((batch_size * self.seq_len + 1,), np.dtype(np.int32))
-        return shapes
-
-    def alloc(self, batch_size, empty):
-        arrays = super().alloc(batch_size, empty)
-        arrays["cu_seqlens"] = empty((batch_size * self.seq_len + 1,), np.dtype(np.int32))
-        return arrays
-
     def fill(self, arrays, lo, hi, ids, keys, ctx):
         counts, starts, lens = pack_ops.row_pieces(self.rows, ids)
         buf, _ = self.pages.gather(self.data_offset + starts * self.itemsize, lens * self.itemsize, ctx)
         tokens = buf[: int(lens.sum()) * self.itemsize].view(self.dtype)
-        pack_ops.fill_packed(tokens, counts, lens, starts, self.mask, self.eos_id, arrays["input"][lo:hi],
+        pack_ops.fill_packed(tokens, counts, lens, starts, self._kernel_mask, self.eos_id, arrays["input"][lo:hi],
                              arrays["target"][lo:hi], arrays["position_ids"][lo:hi], arrays["doc_ids"][lo:hi],
                              arrays["labels"][lo:hi])
 

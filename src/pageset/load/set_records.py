@@ -35,7 +35,7 @@ from ..ops import tokens as token_ops
 from .pages import _staging, contiguous_runs
 from .parts import PageSource
 from .source import FileSource
-from .stages import ArrayStage, BytesStage, DecodeError, ImageStage, JSONStage, ScalarStage, TokenStage
+from .stages import ArrayStage, BytesStage, DecodeError, ImageStage, JSONStage, ScalarStage
 from .stats import STATS_KEY
 
 MEMBER_SHIFT = 40  # virtual offset = (member << 40) | byte offset: members below 1 TiB (checked from the manifest)

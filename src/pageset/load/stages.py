@@ -284,40 +284,35 @@ class JSONStage(Stage):
         return {self.name: list(arrays[self.name])}
 
 
-class TokenStage(Stage):
-    """A token file's stream -> ``input``/``target`` windows (+ document outputs) via ``ops.tokens``.
-
-    Records are windows: window ``w`` starts at token ``w * seq_len``; ``records_per_page()`` counts the
-    windows starting in each page, so the quasi-random order shuffles windows page-locally.
-    """
+class TokenRows(Stage):
+    """The set-up every token stage shares (stride windows: :class:`TokenStage`; packed rows: load/packed.py):
+    the pipeline ``[TokenWindows(seq_len), ToTensor?, ToDevice?]``, the file's token dtype (little-endian),
+    ``eos_id``, ``data_offset``/``page_size``, ``mask_bits`` (a chat file's loss mask: uint8[ceil(count / 8)],
+    bit t % 8 of byte t // 8, formats/v1.md 10.1; None without one), ``min_slice_rows`` and the outputs
+    ``input`` (``TokenWindows.input_dtype``), ``target`` (int64) [B, seq_len], with ``docs`` also
+    ``position_ids`` (int64), ``doc_ids`` (int32), ``labels`` (int64) and the slot's ``cu_seqlens`` buffer
+    (int32[B * seq_len + 1]); ``labels`` too when the file has a loss mask. PipelineError for another pipeline."""
 
     inline = True  # one kernel call reads and widens a slice (below ~64K tokens a slice: ~0.1 ms)
-    windows = strided = True  # records are stride windows (RowReader and SetWindows may read them themselves)
+    windows = True  # records are token rows (n_records, records_per_page, token_count)
 
-    def __init__(self, name, ops, ds, pages, array_type):
+    def __init__(self, name, ops, ds, pages, array_type, docs: bool | None = None):
         self.name, self.pages, self.path = name, pages, ds.path
         rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
         if len(rest) != 1 or not isinstance(rest[0], TokenWindows):
             raise PipelineError(f"{ds.path} is a token file: give pipelines={{{name!r}: [TokenWindows(seq_len), "
                                 "ToTensor?, ToDevice?]}")
         op = self.op = rest[0]
-        self.seq_len, self.docs = op.seq_len, op.document_outputs
+        self.seq_len, self.docs = op.seq_len, op.document_outputs if docs is None else docs
         info = ds.tokens_info
         self.eos_id = int(info["eos_id"])
         self.itemsize = np.dtype(info["dtype"]).itemsize
         self.data_offset, self.page_size = ds.data_offset, ds.page_size
         self.dtype = np.dtype(info["dtype"]).newbyteorder("<")
-        self.stride = self.seq_len * self.itemsize  # bytes between window starts
-        count = ds.data_length // self.itemsize
-        if count < self.seq_len + 1:
-            raise ValueError(f"{ds.path}: {plural(count, 'token')}, fewer than seq_len + 1 = {self.seq_len + 1}:"
-                             " no window fits (windows are never padded); use a smaller seq_len or more data")
-        self.n_records = token_ops.num_windows(count, self.seq_len)
         # rows per slice: ~256K tokens (~0.2-0.3 ms of reading and widening) pays for handing a slice to a thread
         # and waiting for it (a wake-up and a GIL hand-back: ~20-50 us on an idle core, ~140 us measured on a busy
         # one); smaller batches are one slice, filled inline by the thread calling next() (see ``inline``)
         self.min_slice_rows = max(1, (1 << 18) // self.seq_len)
-        token_ops.prepare()
         L = self.seq_len
         self.outputs = {"input": ((L,), np.dtype(op.input_dtype), None), "target": ((L,), np.dtype(np.int64), None)}
         if self.docs:
@@ -326,6 +321,38 @@ class TokenStage(Stage):
         self.mask_bits = ds.loss_mask_bits  # a chat file's loss mask: labels are -100 where it is 0
         if self.mask_bits is not None:
             self.outputs["labels"] = ((L,), np.dtype(np.int64), None)
+
+    def buffer_shapes(self, batch_size):
+        shapes = super().buffer_shapes(batch_size)
+        if self.docs:
+            shapes["cu_seqlens"] = ((batch_size * self.seq_len + 1,), np.dtype(np.int32))
+        return shapes
+
+    def alloc(self, batch_size, empty):
+        arrays = super().alloc(batch_size, empty)
+        if self.docs:
+            arrays["cu_seqlens"] = empty((batch_size * self.seq_len + 1,), np.dtype(np.int32))
+        return arrays
+
+
+class TokenStage(TokenRows):
+    """A token file's stream -> ``input``/``target`` windows (+ document outputs) via ``ops.tokens``.
+
+    Records are windows: window ``w`` starts at token ``w * seq_len``; ``records_per_page()`` counts the
+    windows starting in each page, so the quasi-random order shuffles windows page-locally.
+    """
+
+    strided = True  # records are stride windows (RowReader and SetWindows may read them themselves)
+
+    def __init__(self, name, ops, ds, pages, array_type):
+        super().__init__(name, ops, ds, pages, array_type)
+        self.stride = self.seq_len * self.itemsize  # bytes between window starts
+        count = ds.data_length // self.itemsize
+        if count < self.seq_len + 1:
+            raise ValueError(f"{ds.path}: {plural(count, 'token')}, fewer than seq_len + 1 = {self.seq_len + 1}:"
+                             " no window fits (windows are never padded); use a smaller seq_len or more data")
+        self.n_records = token_ops.num_windows(count, self.seq_len)
+        token_ops.prepare()
 
     def spans(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Absolute byte spans (starts, lengths) of windows ``ids``."""
@@ -346,18 +373,6 @@ class TokenStage(Stage):
         bounds = np.arange(max(page_count, 1) + 1, dtype=np.int64) * self.page_size
         first = np.minimum(-(-bounds // stride), self.n_records)  # first window starting at or after each bound
         return np.diff(first)
-
-    def buffer_shapes(self, batch_size):
-        shapes = super().buffer_shapes(batch_size)
-        if self.docs:
-            shapes["cu_seqlens"] = ((batch_size * self.seq_len + 1,), np.dtype(np.int32))
-        return shapes
-
-    def alloc(self, batch_size, empty):
-        arrays = super().alloc(batch_size, empty)
-        if self.docs:
-            arrays["cu_seqlens"] = empty((batch_size * self.seq_len + 1,), np.dtype(np.int32))
-        return arrays
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
         # Read, never mapped: a file truncated under the loader raises TruncatedFileError instead of SIGBUS.
