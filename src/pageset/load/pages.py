@@ -44,6 +44,48 @@ def _staging(staging: dict, total: int) -> np.ndarray:
     return buf
 
 
+def resume_reads(read, finish, n: int) -> tuple[int, bool]:
+    """Read items ``[0, n)`` with a kernel that stops at the first item it reads short, finishing each such item
+    with ``finish(j)`` (its absolute index; a Python read that completes it or raises TruncatedFileError) and
+    resuming after it: the one short-read loop of every ``pread`` path (records, token windows, a Mixture's
+    windows, a set's runs and windows).
+
+    ``read(done)`` runs the kernel over items ``[done, n)`` and returns the index, relative to ``done``, of the
+    item it read short, or a negative code when it stopped without one (-1: all read; a set's kernels return
+    ``-2 - member`` for a member that changed). Returns ``(code, finished)``: the kernel's last negative code
+    (-1 when every item was read) and whether any item was finished by ``finish``."""
+    done, finished = 0, False
+    while done < n:
+        r = read(done)
+        if r < 0:
+            return r, finished
+        j = done + r
+        finish(j)
+        done, finished = j + 1, True
+    return -1, finished
+
+
+def gather_runs(offs: np.ndarray, lens: np.ndarray, staging: dict, ordered: bool, read_runs, after=None):
+    """The frame of a ``pread`` gather (PreadPages, a set's SetPages): records ``offs``/``lens`` (int64[n]) as
+    runs (:func:`contiguous_runs`) into the thread's staging buffer, ``read_runs(run_offs, run_lens, buf,
+    run_dst)`` reading them (not called for n = 0), then ``after()`` (a check that the file is unchanged, also
+    for n = 0), the thread's read seconds and bytes counted (Loader.stats()). Returns ``(buf, offsets)``."""
+    t0 = time.perf_counter()
+    n = offs.shape[0]
+    out_offs, total, run_offs, run_dst, run_lens = (contiguous_runs(offs, lens, ordered) if n else
+                                                    (offs, 0, None, None, None))
+    buf = _staging(staging, total)
+    if n:
+        read_runs(run_offs, run_lens, buf, run_dst)
+    if after is not None:
+        after()
+    st = staging.get(STATS_KEY)  # Loader.stats(): this thread's read seconds and bytes
+    if st is not None:
+        st.read_s += time.perf_counter() - t0
+        st.read_bytes += total
+    return buf, out_offs
+
+
 def contiguous_runs(offs: np.ndarray, lens: np.ndarray, ordered: bool = True):
     """Records ``offs``/``lens`` (int64[n], n >= 1) packed back to back: ``(out_offs, total, run_offs, run_dst,
     run_lens)``: each record's offset in the packed buffer, the buffer's bytes, and per run of records that follow
@@ -76,7 +118,6 @@ class PreadPages(PageSource):
 
     direct = True  # windows may be read with pread on ds.fileno() by another reader (RowReader)
 
-
     def __init__(self, ds):
         self.ds = ds
         spans.prepare()
@@ -94,27 +135,21 @@ class PreadPages(PageSource):
         batch order from byte 0 (else in file order: fewer reads; see :func:`contiguous_runs`). Raises TruncatedFileError /
         FileChangedError when the file was truncated or modified in place since it was opened.
         """
-        t0 = time.perf_counter()
-        n = offs.shape[0]
-        out_offs, total, run_offs, run_dst, run_lens = (contiguous_runs(offs, lens, ordered) if n else
-                                                        (offs, 0, None, None, None))
-        buf = _staging(staging, total)
-        if n:
-            # runs of records that follow each other in the file (sequential order, small records): one read
-            # each, all in one nogil kernel call (~1 us per read, the GIL released once per batch)
-            bad = spans.pread_spans(self.ds.fileno(), run_offs, run_lens, buf, run_dst)
-            while bad >= 0:  # a short read (past the end, or > 2 GiB): read_into finishes it or raises
-                lo, hi = int(run_dst[bad]), int(run_dst[bad] + run_lens[bad])
-                self.ds.read_into(int(run_offs[bad]), buf[lo:hi])
-                rest = bad + 1
-                bad = spans.pread_spans(self.ds.fileno(), run_offs[rest:], run_lens[rest:], buf, run_dst[rest:])
-                bad = bad + rest if bad >= 0 else -1
-        self.ds.check_unchanged()
-        st = staging.get(STATS_KEY)  # Loader.stats(): this thread's read seconds and bytes
-        if st is not None:
-            st.read_s += time.perf_counter() - t0
-            st.read_bytes += total
-        return buf, out_offs
+        return gather_runs(offs, lens, staging, ordered, self._read_runs, self.ds.check_unchanged)
+
+    def _read_runs(self, run_offs, run_lens, buf, run_dst) -> None:
+        # runs of records that follow each other in the file (sequential order, small records): one read each,
+        # all in one nogil kernel call (~1 us per read, the GIL released once per batch); a short read (past the
+        # end, or > 2 GiB): read_into finishes it or raises
+        ds = self.ds
+        fd = ds.fileno()
+
+        def finish(j):
+            lo, hi = int(run_dst[j]), int(run_dst[j] + run_lens[j])
+            ds.read_into(int(run_offs[j]), buf[lo:hi])
+
+        resume_reads(lambda d: spans.pread_spans(fd, run_offs[d:], run_lens[d:], buf, run_dst[d:]), finish,
+                     run_offs.shape[0])
 
     def read_windows(self, base: int, stride: int, ids: np.ndarray, dtype, out_input: np.ndarray,
                      out_target: np.ndarray, ctx: dict) -> bool:
@@ -125,15 +160,14 @@ class PreadPages(PageSource):
         Raises TruncatedFileError / FileChangedError as :meth:`gather` does.
         """
         row = _row(ctx, out_input.shape[1] + 1, dtype)
-        fd, done = self.ds.fileno(), 0
-        while done < ids.shape[0]:
-            bad = token_ops.pread_windows(fd, base, stride, ids[done:], row, out_input[done:], out_target[done:])
-            if bad < 0:
-                break
-            j = done + bad  # a short read: read_into finishes it or raises TruncatedFileError
-            self.ds.read_into(base + int(ids[j]) * stride, row)
+        fd, ds = self.ds.fileno(), self.ds
+
+        def finish(j):  # a short read: read_into finishes it or raises TruncatedFileError
+            ds.read_into(base + int(ids[j]) * stride, row)
             token_ops.split_windows(row[None], out_input[j : j + 1], out_target[j : j + 1])
-            done = j + 1
+
+        resume_reads(lambda d: token_ops.pread_windows(fd, base, stride, ids[d:], row, out_input[d:], out_target[d:]),
+                     finish, ids.shape[0])
         self.ds.check_unchanged()
         st = ctx.get(STATS_KEY)  # Loader.stats(): bytes read (the time is the token stage's, one kernel)
         if st is not None:

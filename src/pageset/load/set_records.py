@@ -25,14 +25,13 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import time
 
 import numpy as np
 
 from ..format.errors import FileChangedError, TruncatedFileError
 from ..ops import spans
 from ..ops import tokens as token_ops
-from .pages import _staging, contiguous_runs
+from .pages import _staging, gather_runs, resume_reads
 from .parts import PageSource
 from .source import FileSource
 from .stages import ArrayStage, BytesStage, DecodeError, ImageStage, JSONStage, ScalarStage
@@ -283,44 +282,34 @@ class SetPages(PageSource):
 
     def gather(self, offs: np.ndarray, lens: np.ndarray, staging: dict,
                ordered: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        t0 = time.perf_counter()
-        n = offs.shape[0]
-        out_offs, total, run_v, run_dst, run_lens = (contiguous_runs(offs, lens, ordered) if n else
-                                                     (offs, 0, None, None, None))
-        buf = _staging(staging, total)
-        if n:
-            # runs of bytes that follow each other (in one member: a run never crosses 1 TiB of virtual space),
-            # read and their members checked in one kernel call
-            files = self.files
-            scratch = staging.get(self)
-            if scratch is None:  # the thread's flags of the members read, fstat buffer
-                scratch = staging[self] = (np.zeros(files.fds.shape[0], np.uint8), np.zeros(18, np.int64))
-            touched, stat_buf = scratch
-            check = files.use_kernel(int(run_v[0] >> MEMBER_SHIFT))
-            done, partial, runs = 0, False, run_v.shape[0]
-            try:
-                while done < runs:
-                    r = spans.pread_set_spans(files.fds, run_v[done:], run_lens[done:], buf, run_dst[done:], touched,
-                                              files._sizes, files._mtimes, stat_buf, check, MEMBER_SHIFT)
-                    if r == -1:
-                        break
-                    if r <= -2:  # a member changed: named (check raises; one changed back meanwhile reads on)
-                        files.check([-2 - r])
-                        break
-                    j = done + r  # a short read (past the end, or > 2 GiB): read_into finishes it or raises
-                    lo, v = int(run_dst[j]), int(run_v[j])
-                    files.read_into(v >> MEMBER_SHIFT, v & _MASK, buf[lo : lo + int(run_lens[j])])
-                    done, partial = j + 1, True
-                if partial or not check:  # members flagged before a short read (or all, without the kernel)
-                    files.check_touched(touched, stat_buf)
-            except BaseException:
-                touched.fill(0)
-                raise
-        st = staging.get(STATS_KEY)
-        if st is not None:
-            st.read_s += time.perf_counter() - t0
-            st.read_bytes += total
-        return buf, out_offs
+        return gather_runs(offs, lens, staging, ordered, lambda *runs: self._read_runs(staging, *runs))
+
+    def _read_runs(self, staging, run_v, run_lens, buf, run_dst) -> None:
+        # runs of bytes that follow each other (in one member: a run never crosses 1 TiB of virtual space), read
+        # and their members checked in one kernel call
+        files = self.files
+        scratch = staging.get(self)
+        if scratch is None:  # the thread's flags of the members read, fstat buffer
+            scratch = staging[self] = (np.zeros(files.fds.shape[0], np.uint8), np.zeros(18, np.int64))
+        touched, stat_buf = scratch
+        check = files.use_kernel(int(run_v[0] >> MEMBER_SHIFT))
+
+        def finish(j):  # a short read (past the end, or > 2 GiB): read_into finishes it or raises
+            lo, v = int(run_dst[j]), int(run_v[j])
+            files.read_into(v >> MEMBER_SHIFT, v & _MASK, buf[lo : lo + int(run_lens[j])])
+
+        try:
+            r, partial = resume_reads(
+                lambda d: spans.pread_set_spans(files.fds, run_v[d:], run_lens[d:], buf, run_dst[d:], touched,
+                                                files._sizes, files._mtimes, stat_buf, check, MEMBER_SHIFT),
+                finish, run_v.shape[0])
+            if r <= -2:  # a member changed: named (check raises; one changed back meanwhile reads on)
+                files.check([-2 - r])
+            if partial or not check:  # members flagged before a short read (or all, without the kernel)
+                files.check_touched(touched, stat_buf)
+        except BaseException:
+            touched.fill(0)
+            raise
 
     def close(self) -> None:
         pass
@@ -440,22 +429,19 @@ class SetWindows:
         row, touched, stat_buf = scratch
         inp, tgt = arrays[0]["input"][lo:hi], arrays[0]["target"][lo:hi]
         check = files.use_kernel(int(self.window_member[ids[0]])) if ids.shape[0] else False
+        def finish(j):  # a short read: read_into finishes it or raises TruncatedFileError naming the member
+            k = int(self.window_member[ids[j]])
+            files.read_into(k, int(self._bases[k] + (ids[j] - self.starts[k]) * self._stride), row)
+            token_ops.split_windows(row[None], inp[j : j + 1], tgt[j : j + 1])
+
         try:
-            done, partial = 0, False
-            while done < ids.shape[0]:
-                r = token_ops.pread_set_windows(files.fds, self._bases, self.starts, self._stride, self.window_member,
-                                                ids[done:], row, inp[done:], tgt[done:], touched, files._sizes,
-                                                files._mtimes, stat_buf, check)
-                if r == -1:
-                    break
-                if r <= -2:  # a member changed: named (check raises; one changed back meanwhile reads on)
-                    files.check([-2 - r])
-                    break
-                j = done + r  # a short read: read_into finishes it or raises TruncatedFileError naming the member
-                k = int(self.window_member[ids[j]])
-                files.read_into(k, int(self._bases[k] + (ids[j] - self.starts[k]) * self._stride), row)
-                token_ops.split_windows(row[None], inp[j : j + 1], tgt[j : j + 1])
-                done, partial = j + 1, True
+            r, partial = resume_reads(
+                lambda d: token_ops.pread_set_windows(files.fds, self._bases, self.starts, self._stride,
+                                                      self.window_member, ids[d:], row, inp[d:], tgt[d:], touched,
+                                                      files._sizes, files._mtimes, stat_buf, check),
+                finish, ids.shape[0])
+            if r <= -2:  # a member changed: named (check raises; one changed back meanwhile reads on)
+                files.check([-2 - r])
             if partial or not check:  # members flagged before a short read (or every member, without the kernel)
                 files.check_touched(touched, stat_buf)
         except BaseException:

@@ -13,7 +13,7 @@ import numpy as np
 from ..format.fields import JSON, Bytes, Float, Int, NDArray, RGBImage, Tokens
 from ..ops import tokens as token_ops
 from ..ops.transforms import FloatDecoder, IntDecoder, TokenWindows
-from .pages import PageVerifier, PreadPages, ProcessPageCache
+from .pages import PageVerifier, PreadPages, ProcessPageCache, resume_reads
 from .packed import PackedTokenStage
 from .stages import (
     ArrayStage,
@@ -295,18 +295,14 @@ class RowReader:
         inp, tgt = arrays[0]["input"], arrays[0]["target"]
         if lo or hi != inp.shape[0]:
             inp, tgt = inp[lo:hi], tgt[lo:hi]
+        def finish(j):  # a short read: read_into finishes it or raises TruncatedFileError
+            i = int(src[j])
+            self.sources[i].ds.read_into(int(self._base[i] + ids[j] * self._stride[i]), row)
+            token_ops.split_windows(row[None], inp[j : j + 1], tgt[j : j + 1])
+
         try:
-            bad = token_ops.pread_mixed_windows(self._fds, self._base, self._stride, src, ids, row, inp, tgt,
-                                                touched)
-            done = 0
-            while bad >= 0:
-                j = done + bad  # a short read: read_into finishes it or raises TruncatedFileError
-                i = int(src[j])
-                self.sources[i].ds.read_into(int(self._base[i] + ids[j] * self._stride[i]), row)
-                token_ops.split_windows(row[None], inp[j : j + 1], tgt[j : j + 1])
-                done = j + 1
-                bad = token_ops.pread_mixed_windows(self._fds, self._base, self._stride, src[done:], ids[done:],
-                                                    row, inp[done:], tgt[done:], touched) if done < hi - lo else -1
+            resume_reads(lambda d: token_ops.pread_mixed_windows(self._fds, self._base, self._stride, src[d:], ids[d:],
+                                                                 row, inp[d:], tgt[d:], touched), finish, hi - lo)
             for i in touched.nonzero()[0].tolist():
                 self._checks[i]()
             st = ctx.get(STATS_KEY)
