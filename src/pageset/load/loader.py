@@ -17,33 +17,25 @@ from __future__ import annotations
 import functools
 import os
 import pickle
-import time
-import weakref
 from dataclasses import dataclass
 
-import numpy as np
-import torch
-
 from ..format import arguments as check
-from ..order import DEFAULT_WINDOW_RECORDS, ORDERS, enable_kernel_cache, resolve_rank, sample_keys, window_pages_of
+from ..order import DEFAULT_WINDOW_RECORDS, ORDERS, enable_kernel_cache, resolve_rank, window_pages_of
 from ..order.keys import MASK64
 from ..order.plan import Member, OrderParams, PlanSpec
 from ..order.subset import OneFile
 from ..read.remote import url_scheme
 from .manyfile import ManyFileInput, ManyFileSource, open_input
-from .parts import PageSource, page_counters
+from .parts import PageSource
 from .source import FileSource, RowReader, check_same_fields, split_cache_pages
-from .stages import PipelineError
-from .stats import STATS_KEY, LoaderStats, ThreadStats, bottleneck
+from .epoch import EpochRunner
+from .ring import SlotRing
+from .stats import STATS_KEY, LoaderReport, LoaderStats, ThreadStats
 from .compile_notice import announce_compiles
 from .process_pool import ProcessPool
-from .shared_slots import SharedBuffers
-from .workers import Slot, ThreadPool, close_context
+from .workers import ThreadPool, close_context
 
-INDEX_KEY = "_index"  # int64[B]: record ids of the batch (field names never start with "_")
-PADDING_KEY = "_is_padding"  # bool[B]: True for wrap-around samples of drop_last=False
 ARRAY_TYPES = ("torch", "numpy")  # what a batch's arrays are: torch tensors (default) or numpy arrays
-SOURCE_KEY = "_source"  # int16[B]: which file of a Mixture each sample comes from (mixtures only)
 
 
 @dataclass(frozen=True)
@@ -63,7 +55,7 @@ def _torch_distributed():
     return None
 
 
-class Loader:
+class Loader(SlotRing, EpochRunner, LoaderReport):
     """Batches from a pageset file.
 
     Args:
@@ -177,11 +169,6 @@ class Loader:
     for bad pipelines, FormatError for a damaged file; an exception raised while preparing a batch is re-raised
     by ``next()`` with the thread's traceback.
     """
-
-    # Inline filling (see _inline_batches) gives way to the threads when the median of this many fills exceeds
-    # this many seconds: several times a batch of the largest inline size read from the page cache (256K tokens,
-    # ~0.3-0.5 ms on a busy 2-core VM), less than its reads waiting on a disk or a network file system.
-    _INLINE_CHECK, _INLINE_SLOW_S = 16, 2e-3
 
     def __init__(self, path, *, batch_size: int, pipelines: dict | None = None, order: str = "random",
                  seed: int = 0, drop_last: bool = True, num_threads: int | None = None,
@@ -385,68 +372,6 @@ class Loader:
         in_flight = (self.batches_ahead + 1) * self.global_batch_size
         return m * -(-in_flight // per_window) + 2
 
-    def _setup_buffers(self) -> None:
-        """The device queue and the ring of batch buffers: ``batches_ahead + 2`` slots, all allocated here.
-
-        Inline filling uses two of them (the batch handed out and the one being filled); the others are there
-        for the switch to threads (see _inline_batches), which then allocates nothing in the middle of an epoch.
-        Raises MemoryError naming the field, its op, the buffer shape and the bytes when the slots need more than
-        the machine's memory or cannot be allocated.
-        """
-        self._queue = self._device_queue()
-        empty = self._queue.empty if self._queue is not None else (lambda shape, dt: np.empty(shape, dt))
-        n_slots = self.batches_ahead + 2
-        self._check_buffer_memory(n_slots)
-        self._shared = self._pinned = None
-        try:
-            if self.num_workers:  # process mode: the child fills them, in anonymous shared memory (process_pool)
-                self._shared = SharedBuffers(self._stages, self.batch_size)
-                self._slots = [Slot(i, self._shared.arrays(i)) for i in range(n_slots)]
-                if self._queue is not None and self._queue.prefetch:  # CUDA: copied into pinned buffers, then sent
-                    self._pinned = [Slot(i, [s.alloc(self.batch_size, empty) for s in self._stages])
-                                    for i in range(n_slots)]
-            else:
-                self._slots = [Slot(i, [s.alloc(self.batch_size, empty) for s in self._stages])
-                               for i in range(n_slots)]
-        except MemoryError:
-            raise MemoryError(self._buffer_message(n_slots, "could not be allocated")) from None
-        self._empty = empty
-        # Batches take the slots in turn, across epochs: the slot filled next is the one used longest ago, never
-        # the one of the batch a `for batch in loader` loop still holds when it asks for the next (step % slots
-        # would restart at slot 0 each epoch: a new batch buffer, 38 MB for 64 float32 224 px images, whenever
-        # the epoch's step count is 1 more than a multiple of the slots).
-        self._turn = 0
-
-    def _buffers(self, n_slots: int) -> list:
-        """(stage, key, shape, dtype, bytes) of one slot's buffers, largest first."""
-        out = []
-        for st in self._stages:
-            for key, (shape, dt) in st.buffer_shapes(self.batch_size).items():
-                out.append((st, key, shape, dt, int(np.prod(shape, dtype=object)) * dt.itemsize))
-        return sorted(out, key=lambda b: -b[4])
-
-    def _buffer_message(self, n_slots: int, what: str) -> str:
-        bufs = self._buffers(n_slots)
-        total = n_slots * sum(b[4] for b in bufs)
-        st, key, shape, dt, nbytes = bufs[0]
-        op = f"{st.op!r}" if st.op is not None else "its decoder"
-        return (f"{self.path}: the batch buffers {what}: {n_slots} slots (batches_ahead + 2) x "
-                f"{sum(b[4] for b in bufs) / 2**30:.3g} GiB = {total / 2**30:.3g} GiB; the largest: field "
-                f"{st.name!r} ({op}), {key!r} of shape {tuple(shape)} {dt.name}, {nbytes / 2**30:.3g} GiB per batch. "
-                "Use a smaller output size, batch_size or batches_ahead")
-
-    def _check_buffer_memory(self, n_slots: int) -> None:
-        """MemoryError when the slots' buffers need more than the machine's physical memory (they would be
-        allocated lazily and fail, or be killed, at the first batches)."""
-        total = n_slots * sum(b[4] for b in self._buffers(n_slots))
-        try:
-            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):  # no sysconf: the allocation decides
-            return
-        if total > ram:
-            raise MemoryError(self._buffer_message(n_slots, f"need more than this machine's memory "
-                                                            f"({ram / 2**30:.3g} GiB)"))
-
     def _child_init(self, args: dict) -> dict:
         """The arguments the child process builds this Loader from (process mode): the given ones, rank and
         world size as resolved here, pipelines without ToDevice (the parent copies to the device). TypeError
@@ -470,16 +395,6 @@ class Loader:
             raise TypeError(f"num_workers=1: the Loader's arguments cannot be pickled for the child process ({exc}); "
                             "use num_workers=0") from exc
         return init
-
-    # ---- configuration helpers -------------------------------------------------------------------------
-    def _device_queue(self):
-        targets = {s.to_device for s in self._stages if s.to_device is not None}
-        devices = {str(op.device) for op in targets}
-        if len(devices) > 1:
-            raise PipelineError(f"all ToDevice ops must name one device, got {sorted(devices)}")
-        if not targets:
-            return None
-        return next(iter(targets)).make_queue()
 
     # ---- state -----------------------------------------------------------------------------------------
     @property
@@ -537,348 +452,6 @@ class Loader:
         if epoch > self._epoch:  # a stream across epochs (a Mixture) continues after the whole current epoch
             self._shift += self._plan.epoch_end(self._cursor) - self.epoch_length
         self._epoch, self._cursor = int(epoch), 0
-
-    # ---- iteration -------------------------------------------------------------------------------------
-    def __iter__(self):
-        """The rest of the current epoch; a new ``iter()`` stops the previous one and continues from the
-        state (batches already handed out are not repeated). The epoch counter advances at its end."""
-        if self._closed:
-            raise RuntimeError("this Loader is closed")
-        self._check_process()
-        self._stop_active()
-        gen = self._stats.timed(self._epoch_batches())
-        self._active = weakref.ref(gen)
-        return gen
-
-    def _check_process(self) -> None:
-        """Raise RuntimeError at once when this Loader is used in a forked child of the process that created it
-        and holds something a fork does not carry over: a URL's fetch threads and connections (fsspec's event
-        loop), or decode threads already started (their tasks and locks stay behind in the parent). A Loader
-        with neither (a local file whose batches are filled by the calling thread) is the child's from then on.
-        """
-        pid = os.getpid()
-        if pid == self._pid:
-            return
-        remote = any(ds.remote is not None for ds in self._datasets)
-        if not remote and not self._pool.threads:
-            self._pid = pid
-            return
-        lost = ("the store's connections (fsspec's event loop) and its fetch threads" if remote else
-                f"its {len(self._pool.threads)} decode threads")
-        raise RuntimeError(
-            f"{self.path}: this Loader was created in process {self._pid} and is used in process {pid}, a forked "
-            f"child: {lost} do not survive a fork. Create the Loader in the child (after the fork, e.g. in the "
-            "worker's own code or a DataLoader worker_init_fn), or start the workers with the 'spawn' or "
-            "'forkserver' method (multiprocessing.get_context('spawn'), DataLoader(multiprocessing_context="
-            "'spawn'))")
-
-    def _stop_active(self) -> None:
-        gen = self._active() if self._active is not None else None
-        self._active = None
-        if gen is not None:
-            gen.close()
-
-    def _next_epoch(self, end: int) -> None:
-        """The epoch ended at position ``end`` (L, or another end when the global batch changed in it)."""
-        self._epoch, self._cursor, self._shift = self._epoch + 1, 0, self._shift + end - self.epoch_length
-
-    def _epoch_batches(self):
-        end = self._plan.epoch_end(self._cursor)
-        if self._cursor >= end:  # the last batch was handed out but the epoch not closed yet
-            self._next_epoch(end)
-            end = self.epoch_length
-        G, epoch = self.global_batch_size, self._epoch
-        # step s covers positions base + s*G + [0, G): base = 0, unless the epoch was resumed from a state of
-        # another global batch (then the steps continue from the saved cursor)
-        self._base = base = self._cursor % G
-        steps = (end - base) // G
-        first = self._cursor // G
-        order = self._plan.epoch(epoch, self._shift)
-        if self._inline:
-            first = yield from self._inline_batches(order, epoch, first, steps)
-            if first is None:  # the epoch is done
-                return
-        scheduled: list[Slot] = []
-        nxt = first
-        # remote pages: fetch the next steps' pages ahead (unless only index columns are loaded: no page reads),
-        # each remote file the pages of its own samples in each step
-        planned = [(src.pages, functools.partial(self._step_pages, order, k, base))
-                   for k, src in enumerate(self._sources)
-                   if src.pages.prefetches and any(s.pages is not None for s in src.stages)]
-        for pages, pages_of_step in planned:
-            pages.plan(pages_of_step, first, steps, min_ahead=self.batches_ahead)
-        try:
-            for step in range(first, steps):
-                self._check_process()  # a generator carried over a fork: say so before touching its threads
-                if self._closed:
-                    raise RuntimeError(f"{self.path}: the Loader was closed (by another thread) during this epoch")
-                for pages, _ in planned:
-                    pages.advance(step)
-                while nxt < steps and nxt - step < self.batches_ahead:
-                    scheduled.append(self._schedule(order, epoch, nxt))
-                    nxt += 1
-                slot = scheduled.pop(0)
-                self._stats.note_ready(slot.done.is_set() + sum(s.done.is_set() for s in scheduled))
-                self._wait(slot)
-                batch = self._handout(slot)
-                self._cursor = base + (step + 1) * G
-                self._prefetch_to_device(scheduled[0] if scheduled else None)
-                yield batch
-            self._next_epoch(end)
-        finally:
-            self._pool.cancel()
-            for slot in scheduled if os.getpid() == self._pid and not self._closed else ():  # (forked child: no
-                self._wait(slot, raise_errors=False)  # thread runs them) let in-flight slices finish first
-            if self._closed:  # closed by another thread while this epoch ran: release now
-                self._release()
-
-    def _inline_batches(self, order, epoch: int, first: int, steps: int):
-        """Steps ``[first, steps)`` of ``epoch``, each filled here, by the thread calling next() (``_inline``).
-
-        Returns None at the end of the epoch, or the next step when the fills turned out slow (the median of
-        ``_INLINE_CHECK`` fills above ``_INLINE_SLOW_S``: reads waiting on a disk or a network file system): the
-        threads are then started and the caller prepares the rest of the epoch ahead with them.
-        """
-        G, B, base = self.global_batch_size, self.batch_size, self._base
-        times = self._fill_times
-        for step in range(first, steps):
-            self._check_process()
-            slot = self._next_slot()
-            self._reclaim(slot)
-            self._prepare(slot, order, epoch, step)
-            times.append(self._run_slice(slot, 0, B, self._ctx))
-            batch = self._handout(slot, owned=True)
-            self._cursor = base + (step + 1) * G
-            if len(times) >= self._INLINE_CHECK:
-                slow = sorted(times)[len(times) // 2] > self._INLINE_SLOW_S
-                times.clear()
-                if slow:
-                    self._leave_inline()
-                    yield batch
-                    return step + 1
-            yield batch
-        self._next_epoch(base + steps * G)
-        return None
-
-    def _leave_inline(self) -> None:
-        """From now on, prepare batches ahead on ``num_threads`` threads, over the whole ring of slots (allocated
-        at construction); the next batch takes slot 2, never one of the two the inline batches used."""
-        self._inline = False
-        self._turn = 2
-        self._pool.start(self.num_threads)
-
-    def _step_pages(self, order, k: int, base: int, step: int) -> np.ndarray:
-        """Sorted unique pages of file ``k`` that this rank reads at ``step`` (its remote page source prefetches
-        them): positions ``base + step*G + rank*B + [0, B)``, those :meth:`_prepare` reads."""
-        from .remote_pages import span_pages
-
-        start = base + step * self.global_batch_size + self.dist.rank * self.batch_size
-        src = self._sources[k]
-        starts, lens = src.spans(order.file_ids(k, start, start + self.batch_size))
-        ds = src.ds
-        return span_pages(np.asarray(starts, np.int64), np.asarray(lens, np.int64), ds.data_offset, ds.page_size,
-                          ds.page_count)
-
-    def stats(self, reset: bool = False) -> dict:
-        """Where the time went since construction or the last ``stats(reset=True)``; always on (see below).
-
-        Consumer side (the thread iterating the loader): ``wall_s`` (seconds since construction / the last reset),
-        ``batches`` (handed out), ``next_s`` (seconds spent inside ``next()``: waiting for a batch, filling it
-        when batches are filled inline, helping the threads; the call that ends an epoch included), ``step_s``
-        (seconds between a batch handed out and the next ``next()`` of the same loop: the training step) over
-        ``steps`` such intervals; within one loop ``next_s + step_s`` is its wall time. ``ready_ahead``: at each
-        ``next()`` of the threaded path, the batches already prepared (the one asked for included; 0: the consumer
-        had to wait): ``{"mean", "min", "count"}``, None when every batch was filled inline.
-
-        Work: ``fill_s`` (wall seconds filling batch slices, all threads and the consumer together), ``slices``,
-        ``rows``; ``stages`` ({field: wall seconds of its stage}; an image field's stage is one fused kernel:
-        read, decode, crop, resize, flip, normalize; a token field's reads and widens in one kernel; a file
-        loading one field counts whole slices); ``read_s`` (part of the stages' time: reads of records' bytes
-        into a thread's staging buffer, ``pread`` or copies out of the process page cache; token windows read by
-        their kernel are not split out); ``bytes_read`` (bytes read from local files with ``pread``: with
-        ``page_cache="os"`` the sum of the records' lengths read (a token window: ``(seq_len + 1) * itemsize``
-        bytes); with ``"process"`` the pages read into the cache and records read around it); ``threads``
-        (per decode thread and the consumer: ``name``, ``fill_s``, ``slices``, ``rows``, and for decode threads
-        ``cpu_s`` from the thread's CPU clock, None where the platform has none); ``num_threads`` (threads
-        started), ``inline`` (batches filled by the thread calling next()), ``page_cache`` (``{"hits",
-        "misses"}`` page lookups of ``page_cache="process"``, else None), ``remote`` (:meth:`remote_stats`).
-
-        Cost: a few ``time.perf_counter`` reads per batch and slice (~50 ns each), no lock; under 1% of the
-        fastest batch (a token batch filled inline, ~0.05-0.2 ms). Threads count their own numbers: while batches
-        are being prepared, ``stats()`` may see a slice half counted (its time, not yet its row count).
-        """
-        reset = check.boolean("reset", reset)
-        self._pool.refresh()  # process mode: the child's threads' counters, fetched now (threads: no-op)
-        out = self._stats.collect([c[STATS_KEY] for c in self._pool.contexts[:len(self._pool.threads)]],
-                                  self._ctx[STATS_KEY], self._pool.threads, reset)
-        if len(self._stages) == 1:  # one field: its stage is the whole slice
-            out["stages"] = {self._stages[0].name: out["fill_s"]}
-        counted = self._pool.page_counters()  # process mode: the child's files are the ones read
-        if counted is None:
-            cache = page_counters(self._sources)
-            caches = cache.pop("cached")
-        else:
-            caches, cache = counted
-        prev = self._cache_base or {k: 0 for k in cache}
-        if reset:
-            self._cache_base = cache
-        cache = {k: v - prev[k] for k, v in cache.items()}
-        out["bytes_read"] = out.pop("read_bytes") + cache.pop("bytes_read")
-        out.update(num_threads=len(self._pool.threads), inline=self._inline, page_cache=cache if caches else None,
-                   remote=self.remote_stats())
-        return out
-
-    def bottleneck(self, step_seconds: float | None = None) -> dict:
-        """Is the training loop waiting on the loader? From :meth:`stats` (since construction or its last reset).
-
-        Returns ``{"verdict", "text", "wait_share", "work_s_per_batch", "step_s", "num_threads", "inline",
-        "recommended_num_threads", "thread_cpu_share"}``: ``wait_share`` = ``next_s / (next_s + step_s)``, the share of the consumer's
-        loop spent in ``next()``; ``verdict`` ``"loader-bound"`` when it exceeds 5%, else ``"step-bound"``
-        (``"unknown"`` before two batches of one loop); ``work_s_per_batch`` = ``fill_s / batches`` (wall
-        seconds of filling per batch, all threads together); ``recommended_num_threads`` = ``ceil(work / step)``
-        (at least 1): the threads that keep up with a step of ``step_s`` seconds, cores permitting;
-        ``thread_cpu_share``: the decode threads' CPU seconds (their CPU clocks) per second of filling, None
-        without threads: well under 1 when they wait for a core or the GIL, then the text says so (loader-bound
-        although ``num_threads`` would suffice: free cores rather than add threads).
-        ``step_seconds`` (float > 0, seconds): judge against this step time instead of the measured one (e.g.
-        the GPU step a CPU test run stands in for): loader-bound when ``work / num_threads`` exceeds it.
-        ``text``: one line, e.g. ``"loader-bound: the step waited 37.0% of its time in next(); ..."``.
-        """
-        if step_seconds is not None:
-            step_seconds = check.real("step_seconds", step_seconds, low=0, low_open=True)
-        return bottleneck(self.stats(), len(self._pool.threads) or self.num_threads, self._inline, step_seconds,
-                          os.cpu_count())
-
-    def remote_stats(self) -> dict | None:
-        """For a URL: what was fetched (requests, bytes_fetched, pages_fetched, pages_used, memory_hits, waits,
-        disk_hits / disk_misses with cache_dir); None for a local file. For several files (a Mixture, a FileSet):
-        those counters summed over its files read from URLs, plus ``"per_source"``: each file's own dict (None
-        for a local file); None when every file is local."""
-        per_source = [src.pages.stats() for src in self._sources]
-        remote = [d for d in per_source if d is not None]
-        if len(per_source) == 1 or not remote:  # one file: its own counters (None when local)
-            return per_source[0]
-        total: dict = {}
-        for d in remote:
-            for key, value in d.items():
-                total[key] = total.get(key, 0) + value
-        return {**total, "per_source": per_source}
-
-    def _prefetch_to_device(self, slot: Slot | None) -> None:
-        """Issue the next batch's host-to-device copy now, if it is ready, so it overlaps the step the consumer
-        is about to run on the batch just handed out (CUDA queue only)."""
-        if (slot is not None and self._queue is not None and self._queue.prefetch and slot.prefetched is None
-                and slot.done.is_set() and slot.error is None):
-            slot.prefetched = self._issue(slot, None)
-
-    def _issue(self, slot: Slot, view):
-        """The device queue's copy of a filled slot. Process mode with a CUDA queue: the slot's shared buffers
-        are first copied into the slot's pinned ones (one host copy, in this process), which the DMA reads."""
-        if self._pinned is None:
-            return self._queue.issue(self._stages, slot, view)
-        staged = self._pinned[slot.index]
-        for dst, src in zip(staged.arrays, slot.arrays):
-            for key, value in src.items():
-                if isinstance(value, np.ndarray):
-                    np.copyto(dst[key], value)
-                else:
-                    dst[key] = list(value)
-        staged.ids, staged.padding, staged.event = slot.ids, slot.padding, None
-        pending = self._queue.issue(self._stages, staged, view)
-        slot.event = staged.event  # _reclaim waits on it before the pinned buffers are written again
-        return pending
-
-    def _next_slot(self) -> Slot:
-        slot = self._slots[self._turn % (2 if self._inline else len(self._slots))]
-        self._turn += 1
-        return slot
-
-    def _schedule(self, order, epoch: int, step: int) -> Slot:
-        slot = self._next_slot()
-        self._reclaim(slot)
-        self._prepare(slot, order, epoch, step)
-        B, n = self.batch_size, self._n_slices
-        slot.done.clear()
-        slot.pending = n
-        for i in range(n):
-            self._pool.submit(slot, i * B // n, (i + 1) * B // n)
-        return slot
-
-    def _prepare(self, slot: Slot, order, epoch: int, step: int) -> None:
-        """Set the slot up for ``step``: each row's file and record id, padding, ``_index``, augmentation keys."""
-        # rank_positions(step, rank, world_size, G, N, drop_last) without re-validating what __init__ checked
-        # (step is in [0, steps of the epoch) here): positions base + step*G + rank*B + j; the plan flags padding
-        B = self.batch_size
-        start = self._base + step * self.global_batch_size + self.dist.rank * B
-        slot.step, slot.generation, slot.error, slot.prefetched = step, self._pool.generation, None, None
-        slot.sources, slot.read_ids, slot.padding, slot.ids = order.batch(start, start + B)
-        slot.keys = (sample_keys(self.seed, epoch, np.arange(start, start + B, dtype=np.int64))
-                     if self._needs_keys else None)
-
-    def _reclaim(self, slot: Slot) -> None:
-        """Make the slot's buffers safe to overwrite: wait for a GPU copy out of it, and give it new buffers
-        where the user still holds a batch made from the old ones."""
-        if slot.event is not None:
-            slot.event.synchronize()
-            slot.event = None
-        if any(ref() is not None for ref in slot.handed):
-            slot.arrays = (self._shared.arrays(slot.index) if self._shared is not None else
-                           [s.alloc(self.batch_size, self._empty) for s in self._stages])
-        slot.handed = []
-
-    def _run_slice(self, slot: Slot, lo: int, hi: int, ctx: dict) -> float:
-        """Fill rows ``[lo, hi)`` of ``slot`` (in the thread whose scratch is ``ctx``); the wall seconds it took."""
-        t0 = time.perf_counter()
-        # slot.keys: None when no stage uses augmentation keys
-        self._reader.fill(slot.arrays, lo, hi, slot.sources, slot.read_ids, slot.keys, ctx)
-        dt = time.perf_counter() - t0
-        st = ctx[STATS_KEY]
-        st.fill_s += dt
-        st.slices += 1
-        st.rows += hi - lo
-        return dt
-
-    def _wait(self, slot: Slot, raise_errors: bool = True) -> None:
-        # run queued slices (this batch's, else the next ones') here rather than sleeping until a thread is done
-        while raise_errors and self._help and not slot.done.is_set() and self._pool.help(self._ctx):
-            pass
-        t0 = time.monotonic()
-        while not slot.done.wait(0.1):
-            if self._closed and raise_errors:
-                raise RuntimeError(f"{self.path}: the Loader was closed (by another thread) while next() waited for "
-                                   f"batch step {slot.step}")
-            if self._pool.alive() < self.num_threads:
-                raise RuntimeError(f"{self.path}: a loader thread exited unexpectedly")
-            if time.monotonic() - t0 > 3600:
-                raise TimeoutError(f"{self.path}: batch step {slot.step} not ready after an hour")
-        if slot.error is not None and raise_errors:
-            exc, slot.error = slot.error, None
-            raise exc
-
-    def _handout(self, slot: Slot, owned: bool = False) -> dict:
-        """The batch of a filled slot; ``owned``: the slot's ids/padding/sources arrays are new for this batch
-        (inline filling) and are handed out without a copy."""
-        def view(arr):
-            v = arr[...]  # a new view object: its lifetime tells whether the user still holds the batch
-            slot.handed.append(weakref.ref(v))
-            return v
-
-        if self._queue is not None:
-            pending, slot.prefetched = slot.prefetched, None
-            batch = self._queue.deliver(pending if pending is not None else self._issue(slot, view))
-        else:
-            batch = {}
-            for stage, arrays in zip(self._stages, slot.arrays):
-                batch.update(stage.handout(arrays, view))
-            batch[INDEX_KEY] = slot.ids if owned else slot.ids.copy()
-            batch[PADDING_KEY] = slot.padding if owned else slot.padding.copy()
-        if self._plan.hands_sources:
-            batch[SOURCE_KEY] = slot.sources if owned else slot.sources.copy()
-        if self.array_type == "torch":  # owned copies: from_numpy shares them, costs no copy
-            for key in (INDEX_KEY, PADDING_KEY, SOURCE_KEY):
-                if isinstance(batch.get(key), np.ndarray):
-                    batch[key] = torch.from_numpy(batch[key])
-        return batch
 
     # ---- lifetime --------------------------------------------------------------------------------------
     def close(self) -> None:
