@@ -26,7 +26,7 @@ from ..order.plan import Member, OrderParams, PlanSpec
 from ..order.subset import OneFile
 from ..read.remote import url_scheme
 from .manyfile import ManyFileInput, ManyFileSource, open_input
-from .parts import PageSource
+from .options import PageOptions, RemoteOptions, resolve
 from .source import FileSource, RowReader, check_same_fields, split_cache_pages
 from .epoch import EpochRunner
 from .ring import SlotRing
@@ -154,6 +154,11 @@ class Loader(SlotRing, EpochRunner, LoaderReport):
             raised by ``next()`` as with threads, the child's traceback as their ``__cause__``; a child that dies
             raises RuntimeError naming its exit code or signal. Pipelines are pickled for the child (TypeError
             naming the op that cannot be); local files only (ValueError for a URL). ValueError for more than 1.
+        page_options, remote_options: the same arguments grouped as objects (``pageset.PageOptions``: page_cache,
+            cache_pages, verify_pages, window_pages, window_records; ``pageset.RemoteOptions``: storage_options,
+            cache_dir, cache_limit_bytes, prefetch_bytes, max_requests, request_timeout, request_attempts;
+            load/options.py). ValueError naming an argument given both in the object and flat; TypeError for
+            another type.
 
     Each batch is a dict: one entry per loaded field (a Bytes field gives ``(data, lengths)``; a JSON field a
     list of Python values), plus ``"_index"`` (int64[B] record ids) and ``"_is_padding"`` (bool[B]); a Mixture
@@ -178,7 +183,8 @@ class Loader(SlotRing, EpochRunner, LoaderReport):
                  verify_pages: bool = False, indices=None, storage_options: dict | None = None, cache_dir=None,
                  cache_limit_bytes: int | None = None, prefetch_bytes: int | None = None, max_requests: int = 8,
                  request_timeout: float = 30.0, request_attempts: int = 5, array_type: str = "torch",
-                 num_workers: int = 0):
+                 num_workers: int = 0, page_options: PageOptions | None = None,
+                 remote_options: RemoteOptions | None = None):
         if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike, PlanSpec)):
             raise TypeError(f"path must be the pageset file's path or URL (str or os.PathLike) or a Mixture, got "
                             f"{path!r}")
@@ -192,34 +198,16 @@ class Loader(SlotRing, EpochRunner, LoaderReport):
         batches_ahead = check.integer("batches_ahead", batches_ahead, minimum=1, optional=True)
         rank = check.integer("rank", rank, minimum=0, optional=True)
         world_size = check.integer("world_size", world_size, minimum=1, optional=True)
-        if not (isinstance(page_cache, type) and issubclass(page_cache, PageSource)):  # else a storage kind
-            page_cache = check.choice("page_cache", page_cache, ("os", "process"))
-        window_pages = check.integer("window_pages", window_pages, minimum=1, optional=True)
-        window_records = check.integer("window_records", window_records, minimum=1, optional=True)
-        if window_pages is not None and window_records is not None:
-            raise ValueError(f"window_pages={window_pages} and window_records={window_records} both size the "
-                             "quasi-random window: give one (window_pages: M pages a window; window_records: M sized "
-                             "so a window holds that many records)")
-        window_records = DEFAULT_WINDOW_RECORDS if window_records is None else window_records
-        cache_pages = check.integer("cache_pages", cache_pages, minimum=1, optional=True)
-        verify_pages = check.boolean("verify_pages", verify_pages)
-        storage_options = check.mapping("storage_options", storage_options, optional=True)
-        if cache_dir is not None and (isinstance(cache_dir, bytes) or not isinstance(cache_dir, (str, os.PathLike))):
-            raise TypeError(f"cache_dir must be a folder path (str or os.PathLike) or None, got {cache_dir!r}")
-        if cache_dir is not None and not os.fspath(cache_dir):
-            raise ValueError("cache_dir='' names no folder (it would cache into the current folder): pass a folder "
-                             "path, or None for no on-disk cache")
-        if cache_dir is not None and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
-            raise NotADirectoryError(f"cache_dir {os.fspath(cache_dir)!r} is a file, not a folder; pass cache_dir= a "
-                                     "folder path (created if missing) for the on-disk page cache")
-        cache_limit_bytes = check.integer("cache_limit_bytes", cache_limit_bytes, minimum=1, optional=True)
-        if cache_limit_bytes is not None and cache_dir is None:
-            raise ValueError(f"cache_limit_bytes={cache_limit_bytes:,} bounds the on-disk page cache of cache_dir=, "
-                             "and no cache_dir is given: pass cache_dir=<folder> too, or leave cache_limit_bytes out")
-        prefetch_bytes = check.integer("prefetch_bytes", prefetch_bytes, minimum=0, optional=True)
-        max_requests = check.integer("max_requests", max_requests, minimum=1)
-        request_timeout = check.real("request_timeout", request_timeout, low=0, low_open=True)
-        request_attempts = check.integer("request_attempts", request_attempts, minimum=1)
+        pages = resolve(PageOptions, page_options, PageOptions(page_cache, cache_pages, verify_pages, window_pages,
+                                                               window_records))
+        page_cache, cache_pages, verify_pages = pages.page_cache, pages.cache_pages, pages.verify_pages
+        window_pages = pages.window_pages
+        window_records = DEFAULT_WINDOW_RECORDS if pages.window_records is None else pages.window_records
+        remote = resolve(RemoteOptions, remote_options, RemoteOptions(
+            storage_options, cache_dir, cache_limit_bytes, prefetch_bytes, max_requests, request_timeout,
+            request_attempts))
+        storage_options, request_timeout, request_attempts = (remote.storage_options, remote.request_timeout,
+                                                               remote.request_attempts)
         self.array_type = check.choice("array_type", array_type, ARRAY_TYPES)
         num_workers = check.integer("num_workers", num_workers, minimum=0)
         if num_workers > 1:
@@ -252,8 +240,8 @@ class Loader(SlotRing, EpochRunner, LoaderReport):
                           verify_pages=verify_pages, indices=indices, array_type=array_type) if num_workers else None
         self._sources: list[FileSource] = []
         self._datasets = []
-        self._remote_options = dict(prefetch_bytes=prefetch_bytes, max_requests=max_requests, cache_dir=cache_dir,
-                                    cache_limit_bytes=cache_limit_bytes)
+        self._remote_options = dict(prefetch_bytes=remote.prefetch_bytes, max_requests=remote.max_requests,
+                                    cache_dir=remote.cache_dir, cache_limit_bytes=remote.cache_limit_bytes)
         try:
             # storage_options go to the URL members of a Mixture; with no URL at all, Dataset refuses them
             any_url = any(url_scheme(p) is not None for p in spec.paths)
