@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import report
+from benchmarks.sections import BENCHES
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "bench" / "results.json"
@@ -123,8 +124,6 @@ def _absent(res: dict, name: str) -> str:
 def blocks(res: dict) -> dict[str, str]:
     """{marker name: markdown} for every table the result can give."""
     out = {"targets": block_targets(res), "loaders": block_loaders(res)}
-    from benchmarks.run_all import BENCHES  # noqa: PLC0415 (run_all imports this module at its end)
-
     for name in BENCHES:
         out[name] = block_bench(res, name)
     return out

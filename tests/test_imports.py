@@ -229,3 +229,75 @@ def test_the_facade_loads_the_writers_on_first_use():
             "assert write_tokens.__module__ == 'pageset.write.tokens', write_tokens.__module__;"
             "assert merge_datasets.__module__ == 'pageset.merge'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _graph(root: Path, package: str) -> dict[str, set[str]]:
+    """module -> modules of the same tree it imports, at any depth of its code (lazy imports count too);
+    ``from . import x`` depends on the submodule ``x`` when there is one, else on the package."""
+    mods = {}
+    for p in root.rglob("*.py"):
+        parts = p.relative_to(root.parent).with_suffix("").parts
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    graph = {}
+    for m, p in mods.items():
+        pkg = m if p.name == "__init__.py" else m.rsplit(".", 1)[0]
+        deps = set()
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in mods]
+                deps.update(subs)
+                if len(subs) < len(node.names) and target in mods:
+                    deps.add(target)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in mods)
+        graph[m] = deps - {m}
+    assert any(m.startswith(package) for m in graph)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_in_the_package_or_the_benchmarks():
+    """No module imports, directly or through others, a module that imports it, lazy imports included."""
+    assert _cycles(_graph(SRC, "pageset")) == []
+    assert _cycles(_graph(SRC.parents[1] / "benchmarks", "benchmarks")) == []
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
