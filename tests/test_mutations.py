@@ -469,7 +469,7 @@ MUTATIONS += [
     Mutation("the message rule leaves the end-of-turn token out", "write/chat.py",
              "return (at, at + max(content, len(turn))), None", "return (at, at + content), None",
              (f"{TC}::test_normalised_turns_hand_checked[llama3]",)),
-    Mutation("skipped conversations numbered within their chunk", "write/tokens.py",
+    Mutation("skipped conversations numbered within their chunk", "write/tokens/encoding.py",
              "skipped.append((start + k, conv.where, str(exc)))", "skipped.append((k, conv.where, str(exc)))",
              (f"{TC}::test_on_error_skip_leaves_out_bad_conversations_naming_their_lines",)),
 ]

@@ -18,13 +18,13 @@ its imports), or ``("failed", error)`` if it cannot be built.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
 import sys
 import threading
 
+from ..format.processes import die_with_parent
 from .loader import Loader
 from .process_pool import exception_payload, recv_msg, send_msg, wait_readable
 from .parts import page_counters
@@ -126,19 +126,6 @@ class Worker:
         self.loader.close()
 
 
-def _die_with_parent(parent: int) -> None:
-    """Linux: SIGKILL this process when the parent (its creating thread: the main thread here) exits."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(0)
-
-
 def main(fd: int) -> None:
     """Entry point of the child (``fd``: its end of the socketpair)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it then closes the loader
@@ -148,7 +135,7 @@ def main(fd: int) -> None:
         if setup is None:
             return
         if setup.get("deathsig"):  # only when the Loader was made on the parent's main thread (PDEATHSIG follows
-            _die_with_parent(setup["parent"])  # the thread that started the child, not the process)
+            die_with_parent(setup["parent"], exit_code=0)  # the thread that started the child, not the process)
         worker = Worker(sock, setup)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, raised by its next()
         try:

@@ -23,6 +23,7 @@ import numpy as np
 from ..format import constants as C
 from ..format.checksum import crc32
 from ..format.layout import HEADER, SECTION_ENTRY
+from ..format.processes import die_with_parent
 from ..format.store_errors import one_try_options
 
 WAIT_ON_FAILURE_S = 600.0  # after a failure, how long to wait for running tasks before deleting their shards
@@ -53,29 +54,8 @@ def executor_map(executor: futures.Executor, fn, tasks, ahead: int):
             futures.wait(pending, timeout=WAIT_ON_FAILURE_S)
 
 
-PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Make this (worker) process end when its parent does, even by SIGKILL: on Linux, ask the kernel for
-    SIGKILL at the parent's death (``prctl(PR_SET_PDEATHSIG)``), then exit at once if the parent is already gone
-    (it died before the request took effect). Elsewhere a no-op: the pool's own pipes end idle workers."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):  # no prctl in this libc (musl builds have it; odd ones may not)
-        return
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-
 def _start_worker(parent_pid: int, initializer, initargs) -> None:
-    die_with_parent(parent_pid)
+    die_with_parent(parent_pid, exit_code=1)
     if initializer is not None:
         initializer(*initargs)
 
@@ -91,7 +71,8 @@ def ordered_map(fn, tasks, num_workers: int, initializer, initargs, ahead: int, 
 
     A dead worker (SIGKILL, out of memory, segfault) raises ``RuntimeError(died)`` at once instead of hanging;
     leaving the generator early (an exception in the caller) cancels queued tasks and joins the workers; a
-    worker whose parent is killed (even by SIGKILL) is killed too (Linux, see :func:`die_with_parent`).
+    worker whose parent is killed (even by SIGKILL) is killed too (Linux, see
+    :func:`~pageset.format.processes.die_with_parent`).
     Callers that know how many tasks there are start no more workers than that (a worker without a task only
     costs its start: the pool forks every worker up front).
     """
