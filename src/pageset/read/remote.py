@@ -33,12 +33,12 @@ import random
 import re
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..format.checksum import crc32
 from ..format.errors import ChecksumMismatchError, ObjectChangedError, RemoteReadError, plural
+from ..format.retry import RetryPolicy
 from ..format.store_errors import StoreFault, one_try_options, store_fault
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
@@ -62,41 +62,6 @@ def local_path(path):
     if isinstance(path, str) and path.lower().startswith("file://"):
         return path[len("file://"):]
     return path
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Per-request ``timeout`` (seconds), ``attempts`` (>= 1, the first try included) and the backoff between
-    attempts: ``min(backoff_max, backoff * 2**i)`` seconds times a random factor in [0.5, 1] (jitter)."""
-
-    timeout: float = 30.0
-    attempts: int = 5
-    backoff: float = 0.1
-    backoff_max: float = 5.0
-
-    def __post_init__(self):
-        if not self.timeout > 0:
-            raise ValueError(f"request_timeout must be > 0 seconds, got {self.timeout!r}")
-        if not isinstance(self.attempts, int) or self.attempts < 1:
-            raise ValueError(f"request_attempts must be an int >= 1, got {self.attempts!r}")
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        return min(self.backoff_max, self.backoff * (2 ** attempt)) * rng.uniform(0.5, 1.0)
-
-    @property
-    def backoff_total(self) -> float:
-        """The longest total sleep between the attempts of one request (seconds)."""
-        return sum(min(self.backoff_max, self.backoff * (2 ** i)) for i in range(self.attempts - 1))
-
-    @property
-    def bound(self) -> float:
-        """Seconds one request may take at most, every attempt included: ``attempts x timeout`` plus
-        :attr:`backoff_total` (5 x 30 s + 1.5 s = 151.5 s by default)."""
-        return self.attempts * self.timeout + self.backoff_total
-
-    def describe(self) -> str:
-        return (f"request_attempts {self.attempts} x request_timeout {self.timeout:g} s + backoff "
-                f"{self.backoff_total:.2f} s = {self.bound:.2f} s")
 
 
 class _Retry(Exception):

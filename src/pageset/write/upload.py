@@ -11,7 +11,7 @@ but the last is within S3's 5 MiB .. 5 GiB and any output up to 5 TiB (S3's larg
 A larger output is refused before its bytes past the limit are uploaded (before any upload where a lower bound of
 its size is known), naming the limit. Memory: part 1 plus the part being filled (at most 64 MiB + 1,280 MiB).
 
-Every request to the store is bounded like the reader's (:class:`WritePolicy`: ``request_timeout`` seconds per
+Every request to the store is bounded like the reader's (:class:`~pageset.format.retry.RetryPolicy`: ``request_timeout`` seconds per
 request, ``request_attempts`` attempts, backoff with jitter between them), so an endpoint that never answers
 fails within about ``attempts x (timeout + backoff)`` with an error naming the URL instead of hanging; failures
 that retrying cannot fix (no bucket, no credentials, access denied) are raised at once, naming the URL and the fix.
@@ -28,6 +28,7 @@ import warnings
 from dataclasses import dataclass
 
 from ..format.errors import plural
+from ..format.retry import RetryPolicy
 from ..format.store_errors import one_try_options, store_fault
 
 MIN_PART = 5 << 20  # S3's smallest part but the last
@@ -103,20 +104,8 @@ def _plan_total(first: int, parts_per_step: int, max_object: int) -> int:
     return min(sum(plan.size(n) for n in range(1, MAX_PARTS + 1)), max_object)
 
 
-@dataclass(frozen=True)
-class WritePolicy:
-    """Bounds on every request a writer sends to an object store: ``timeout`` seconds per request (> 0) and
-    ``attempts`` (>= 1, the first included); ``request_timeout`` / ``request_attempts`` of the writers, named
-    like the reader's (:func:`pageset.open_dataset`). Between attempts: ``min(5, 0.1 * 2**i)`` s x [0.5, 1]."""
-
-    timeout: float = 30.0
-    attempts: int = 5
-
-    def __post_init__(self):
-        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
-            raise ValueError(f"request_timeout must be a number of seconds > 0, got {self.timeout!r}")
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
-            raise ValueError(f"request_attempts must be an int >= 1, got {self.attempts!r}")
+# the writers' request bounds: the reader's policy type (format/retry.py), one type for reads and writes
+WritePolicy = RetryPolicy
 
 
 def _chain(exc):
@@ -178,7 +167,7 @@ def bounded(fs, make_coro, url: str, what: str, policy: WritePolicy | None):
     last, timed_out, fault = "?", True, None
     for attempt in range(policy.attempts):
         if attempt:
-            time.sleep(min(5.0, 0.1 * 2 ** (attempt - 1)) * rng.uniform(0.5, 1.0))
+            time.sleep(policy.delay(attempt - 1, rng))
         fut = asyncio.run_coroutine_threadsafe(asyncio.wait_for(make_coro(), policy.timeout), fs.loop)
         try:
             return fut.result(policy.timeout + 5)
