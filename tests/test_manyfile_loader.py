@@ -30,7 +30,7 @@ from resume_contract import model_layout
 from pageset import JSON, Bytes, Int, Loader, Mixture, TokenWindows, merge_datasets, open_dataset, write_dataset, write_tokens
 from pageset.format.errors import FileChangedError, MemberMismatchError, TruncatedFileError
 from pageset.format.manifest import Member, build_manifest, common_schema, schema_digest
-from pageset.load import manyfile as load_manyfile
+from pageset.read import member_cache
 from pageset.load.stages import DecodeError
 from pageset.ops import spans
 from pageset.order import StateMismatchError
@@ -110,8 +110,8 @@ def test_a_set_loads_its_records_in_the_order_of_the_concatenated_pages(record_s
 
 
 def test_members_open_lazily_and_a_bounded_number_stay_open(record_set, monkeypatch):
-    monkeypatch.setattr(load_manyfile, "MAX_OPEN", 2)
-    monkeypatch.setattr(load_manyfile, "MAX_OPEN_FILES", 2)
+    monkeypatch.setattr(member_cache, "MAX_OPEN_MEMBERS", 2)
+    monkeypatch.setattr(member_cache, "MAX_OPEN_FILES", 2)
     sizes, set_id, _ = set_layout(record_set)
     ref = model.FileOrder(sizes, 1, "quasi_random", 1, True, 10)
     with Loader(record_set, batch_size=10, order="quasi_random", seed=1, window_pages=1, num_threads=2,
@@ -180,7 +180,7 @@ def test_a_token_member_changed_after_it_was_read_is_named_before_its_windows(tm
     ``kernel=False``: where libc's fstat layout is not the one expected, an ``os.fstat`` each): a member modified
     in place or truncated while open, or replaced while closed (max_open 1), raises naming the member, and no
     batch with its windows comes out; every batch before holds the member's tokens."""
-    monkeypatch.setattr(load_manyfile, "MAX_OPEN_FILES", max_open)
+    monkeypatch.setattr(member_cache, "MAX_OPEN_FILES", max_open)
     if not kernel:
         monkeypatch.setattr(spans, "fstat_layout_ok", lambda fd: False)
     folder, seq = tmp_path / "tokens", 16
@@ -397,7 +397,7 @@ def test_a_member_changed_after_it_was_read_is_named_when_read_again(tmp_path, m
     changed in place, raises naming the member before any batch with its records; a member replaced by a rename
     while open is read as opened (the old file), as one file is. ``kernel=False``: the members checked with
     ``os.fstat`` (where libc's fstat layout is not the one expected), not in the read kernel."""
-    monkeypatch.setattr(load_manyfile, "MAX_OPEN_FILES", max_open)
+    monkeypatch.setattr(member_cache, "MAX_OPEN_FILES", max_open)
     if not kernel:
         monkeypatch.setattr(spans, "fstat_layout_ok", lambda fd: False)
     folder = tmp_path / "set"

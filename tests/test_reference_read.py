@@ -288,10 +288,10 @@ def test_a_many_file_set_loads_like_the_reference_of_its_records(files, sets, na
                                                                  monkeypatch):
     """page_cache="os" without verification reads the set flat (one gather across members, load/set_records.py),
     the other cases member by member; at most 2 members stay open, so members are closed and opened again."""
-    from pageset.load import manyfile as load_manyfile
+    from pageset.read import member_cache
 
-    monkeypatch.setattr(load_manyfile, "MAX_OPEN", 2)
-    monkeypatch.setattr(load_manyfile, "MAX_OPEN_FILES", 2)
+    monkeypatch.setattr(member_cache, "MAX_OPEN_MEMBERS", 2)
+    monkeypatch.setattr(member_cache, "MAX_OPEN_FILES", 2)
     ref = read_file(files / f"{name}.pageset")
     pipes = _image_pipelines() if name == "images" else {k: v for k, v in _record_pipelines().items() if k != "img"}
     kw = dict(cache_pages=2) if page_cache == "process" else {}

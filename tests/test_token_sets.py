@@ -29,7 +29,7 @@ from reference import manifest as ref_manifest
 from reference import order as model
 
 from pageset import Loader, Mixture, TokenWindows, write_tokens
-from pageset.load import manyfile as load_manyfile
+from pageset.read import member_cache
 
 SEQ = 16
 EOS = {"uint16": 60001, "uint32": 200001}
@@ -178,8 +178,8 @@ def test_a_token_set_gives_each_windows_input_target_and_document_outputs(token_
     folder, dtype = token_set
     page_cache, verify, flat = READS[read]
     if read == "flat" and order == "random":
-        monkeypatch.setattr(load_manyfile, "MAX_OPEN", 2)
-        monkeypatch.setattr(load_manyfile, "MAX_OPEN_FILES", 2)
+        monkeypatch.setattr(member_cache, "MAX_OPEN_MEMBERS", 2)
+        monkeypatch.setattr(member_cache, "MAX_OPEN_FILES", 2)
     ref = ref_set(folder, SEQ)
     W, B = 2, 4
     plan = model.FileOrder(ref.page_sizes, 11, order, 2, True, W * B)

@@ -27,6 +27,7 @@ from .format.errors import ChecksumMismatchError, FileChangedError, MemberMismat
 from .format.manifest import MANIFEST_NAME, schema_difference
 from .format.schema import canonical_json
 from .read import manyfile
+from .read.open import open_path
 from .read.reader import Dataset
 from .write.assemble import Assembly
 from .write.filewriter import (
@@ -189,25 +190,21 @@ def _open_inputs(out, paths, storage_options, request_timeout, request_attempts)
     a set's members (ValueError, before they are read)."""
     opened = []
     for p in paths:
-        info = None
-        if manyfile.is_many_file(p):
+        def open_set(p):
             if not is_url(p) and os.path.isdir(p) and not os.path.isfile(os.path.join(p, MANIFEST_NAME)):
                 raise FileNotFoundError(
                     f"{p} is a folder without {MANIFEST_NAME}: not a many-file pageset set (or its write has not "
                     f"finished: the manifest is written last); give the pageset files in it as the inputs, e.g. "
                     f"{os.path.join(p, '*.pageset')}")
-            info = manyfile.many_file_members(p, storage_options if is_url(p) else None)
-        else:
-            try:
-                ds = _open(p, storage_options, request_timeout, request_attempts)
-            except FileNotFoundError:
-                if not (is_url(p) and manyfile.manifest_exists(p, storage_options)):
-                    raise
-                info = manyfile.many_file_members(p + "/", storage_options)  # a set's URL prefix without its "/"
-            else:
-                ds.close()
-                opened.append(ds)
-                continue
+            return manyfile.many_file_members(p, storage_options if is_url(p) else None)
+
+        got = open_path(p, storage_options, lambda q: _open(q, storage_options, request_timeout, request_attempts),
+                        open_set)
+        if not isinstance(got, manyfile.ManyFileSet):
+            got.close()
+            opened.append(got)
+            continue
+        info = got
         check_not_input(out, list(info.paths))
         for k, member in enumerate(info.paths):
             ds = _open(member, storage_options, request_timeout, request_attempts)

@@ -15,9 +15,9 @@ read (``read/manyfile.py``: schema, dataset id, size, page and record counts; he
 - URL members: by the thread calling ``next()``, for the steps the decode threads are about to fill (then their
   pages are prefetched like a single URL's, through the member's own page source and the shared ``cache_dir``).
 
-At most ``max_open`` members stay open (least recently used closed first; a member a batch in flight reads is
-never closed): by default MAX_OPEN, or a quarter of the process's open-file limit (``ulimit -n``) if that is
-lower. A slice whose rows lie in more members than may be held at once (random batches over many small members)
+At most ``max_open`` members stay open (the set's :class:`~pageset.read.member_cache.MemberCache`: least recently
+used closed first; a member a batch in flight reads is never closed): by default ``MAX_OPEN_MEMBERS``, or a
+quarter of the process's open-file limit (``ulimit -n``) if that is lower. A slice whose rows lie in more members than may be held at once (random batches over many small members)
 is read a few members at a time (flat reading: runs of rows of at most ``max_open // 4`` members; else one member
 at a time), so a set of any size stays within the limit: about ``max_open`` plus a few members per decode thread.
 A member that still cannot be opened (the process holds other files) raises OSError EMFILE naming the member, the
@@ -36,7 +36,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..read.manyfile import ManyFileSet, _Members, is_many_file, manifest_exists, many_file_members
+from ..read import member_cache
+from ..read.manyfile import CheckedMembers, ManyFileSet, many_file_members
+from ..read.member_cache import MemberCache, max_open_files
+from ..read.open import open_path
 from ..read.reader import Dataset
 from ..read.remote import local_path, url_scheme
 from .parts import PageSource, Source
@@ -44,12 +47,6 @@ from .set_records import SetRecords, SetWindows, can_flatten, too_many_open_file
 from .source import FileSource, RowReader
 from .stages import BytesStage
 
-# members open at once (file descriptors, and each member's index in memory): a quasi-random window of 8 pages reads
-# up to 8 members, a few windows are in flight; a set of at most this many members is never re-opened
-MAX_OPEN = 128
-# member descriptors a flat set keeps open (load/set_records.py: there a member costs only its descriptor; never more
-# than a quarter of the process's open-file limit): a set of at most this many members is never re-opened
-MAX_OPEN_FILES = 4096
 PREFETCH_SHARE = 8  # a URL member prefetches prefetch_bytes / PREFETCH_SHARE (the members of a default window)
 
 
@@ -65,19 +62,6 @@ def _member_chunks(member: np.ndarray, cap: int) -> list[tuple[int, int]]:
     return out
 
 
-def _max_open_files() -> int:
-    """MAX_OPEN_FILES, or a quarter of this process's soft open-file limit (at least 16) if that is lower."""
-    try:
-        import resource
-
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != resource.RLIM_INFINITY:
-            return min(MAX_OPEN_FILES, max(16, soft // 4))
-    except (ImportError, OSError, ValueError):  # no resource module (Windows): the constant
-        pass
-    return MAX_OPEN_FILES
-
-
 def open_input(path, storage_options, request_timeout: float, request_attempts: int):
     """What ``Loader`` opens for one path of its spec: a :class:`~pageset.read.reader.Dataset`, or for a many-file
     set (a folder, its manifest, a URL prefix) a :class:`ManyFileInput` (only the manifest is read). Raises what
@@ -85,15 +69,8 @@ def open_input(path, storage_options, request_timeout: float, request_attempts: 
     remote = {"request_timeout": request_timeout, "request_attempts": request_attempts}
     if not isinstance(path, (str, os.PathLike)):
         return Dataset(path, storage_options, **remote)  # its TypeError
-    if is_many_file(path):
-        return ManyFileInput(many_file_members(path, storage_options), storage_options, remote)
-    try:
-        return Dataset(path, storage_options, **remote)
-    except FileNotFoundError:
-        p = os.fspath(path)  # a URL prefix without its trailing "/"
-        if url_scheme(local_path(p)) is not None and manifest_exists(p, storage_options):
-            return ManyFileInput(many_file_members(p + "/", storage_options), storage_options, remote)
-        raise
+    return open_path(path, storage_options, lambda p: Dataset(p, storage_options, **remote),
+                     lambda p: ManyFileInput(many_file_members(p, storage_options), storage_options, remote))
 
 
 class _TokenMember:
@@ -127,10 +104,10 @@ class ManyFileInput:
             ds = Dataset(p, storage_options if url_scheme(p) else None, **remote)
             return _TokenMember(ds) if tokens else ds
 
-        self._checked = _Members(info, opener, storage_options, 1)
+        self._checked = CheckedMembers(info, opener, storage_options)
 
     def open_member(self, k: int) -> Dataset:
-        ds = self._checked._open(k)  # opened and compared with the manifest's entry (read/manyfile.py)
+        ds = self._checked.open(k)  # opened and compared with the manifest's entry (read/manyfile.py)
         return getattr(ds, "dataset", ds)
 
     def close(self) -> None:
@@ -160,7 +137,7 @@ class ManyFileSource(Source):
     ``ManyFileSource(inp, pipelines, page_cache, cache_pages, verify_pages, in_mixture, remote_options,
     array_type, max_open=None)``: ``inp`` a :class:`ManyFileInput`; the rest as for FileSource, applied to
     every member (``cache_pages`` an int: the set's share, split over ``max_open`` members; ``max_open`` default
-    MAX_OPEN, or a quarter of the open-file limit if lower).
+    ``read.member_cache.MAX_OPEN_MEMBERS``, or a quarter of the open-file limit if lower).
 
     Attributes as FileSource: ``path`` (the folder), ``dataset_id`` (the set's), ``stages`` (of the first member
     opened: they size and hand out the batch buffers), ``n_records`` (global ids), ``page_sizes`` (the members'
@@ -178,7 +155,7 @@ class ManyFileSource(Source):
                  max_open: int | None = None):
         info = self.info = inp.info
         self.input, self.path, self.dataset_id = inp, info.folder, info.dataset_id
-        self.max_open = int(min(MAX_OPEN, _max_open_files()) if max_open is None else max_open)
+        self.max_open = int(max_open_files(member_cache.MAX_OPEN_MEMBERS) if max_open is None else max_open)
         if isinstance(cache_pages, int):
             cache_pages = max(1, cache_pages // min(self.max_open, len(info.paths)))
         opts = dict(remote_options or {})
@@ -187,9 +164,10 @@ class ManyFileSource(Source):
             opts["prefetch_bytes"] = (64 << 20 if prefetch is None else prefetch) // PREFETCH_SHARE
         self._args = (pipelines, page_cache, cache_pages, verify_pages, in_mixture, opts, array_type)
         self._lock = threading.RLock()
-        self._open: collections.OrderedDict[int, FileSource] = collections.OrderedDict()
-        self._users: collections.Counter = collections.Counter()
-        self._closed_stats: dict = {}
+        # the open members' FileSources (not used when the set is read flat: set_records.MemberFiles)
+        self._members = MemberCache(len(info.paths), self._open_member, self._close_member, self.max_open,
+                                    f"{self.path}: the loader was closed")
+        self._closed_stats: dict = {}  # the counters of closed members' page sources (remote_stats())
         self._closed = False
         self._opened = 1  # members opened so far (the first one below)
         # the first member opened: the largest (a token set's shortest members may hold no window at all)
@@ -234,7 +212,7 @@ class ManyFileSource(Source):
             # gather per batch across members, members kept as descriptors (load/set_records.py)
             self._flat = None
             if can_flatten(info, first.stages, inp.remote, page_cache, verify_pages):
-                fds = self.max_open if max_open is not None else _max_open_files()
+                fds = self.max_open if max_open is not None else max_open_files(member_cache.MAX_OPEN_FILES)
                 if self._token:
                     self._flat = SetWindows(first, k0, self.starts, self._window_member, self.path, info.paths, fds)
                 else:
@@ -242,8 +220,7 @@ class ManyFileSource(Source):
                 first.close()
                 first.ds.close()  # its descriptor lives on (a duplicate) in the flat reader
             else:
-                with self._lock:
-                    self._open[k0] = first
+                self._members.put(k0, first)
             self.ds = SetView(self.path, self.dataset_id, first.ds.fields, info.page_size, int(self._page_base[-1]), 0,
                               inp.remote)
             self.pages = _RemoteSetPages(self) if inp.remote else _LocalSetPages()
@@ -297,79 +274,52 @@ class ManyFileSource(Source):
                                  "were sized for (the first member's longest); load the set with Loader(FileSet("
                                  "member paths, dataset_id)), which opens every member first, or pad the values")
 
+    def _open_member(self, k: int) -> FileSource:
+        """Member k's FileSource, opened and checked (the member cache's ``open_member``)."""
+        src = self._build(k)
+        try:
+            self._check_layout(k, src)
+            self._fits(k, src)
+        except BaseException:
+            src.close()
+            src.ds.close()
+            raise
+        self.pages.opened(k, src)
+        return src
+
+    def _close_member(self, k: int, src: FileSource) -> None:
+        stats = src.pages.stats()
+        if stats is not None:  # a closed member's counters stay in remote_stats()
+            for key, value in stats.items():
+                self._closed_stats[key] = self._closed_stats.get(key, 0) + value
+        src.close()
+        src.ds.close()
+
     def acquire(self, ks) -> list[FileSource]:
         """The open sources of members ``ks`` (opened now if needed), held until :meth:`release`."""
-        out = []
-        with self._lock:
-            if self._closed:
-                raise RuntimeError(f"{self.path}: the loader was closed")
-            try:
-                for k in ks:
-                    k = int(k)
-                    src = self._open.get(k)
-                    if src is None:
-                        src = self._build(k)
-                        try:
-                            self._check_layout(k, src)
-                            self._fits(k, src)
-                        except BaseException:
-                            src.close()
-                            src.ds.close()
-                            raise
-                        self._open[k] = src
-                        self._opened += 1
-                        self.pages.opened(k, src)
-                    else:
-                        self._open.move_to_end(k)
-                    self._users[k] += 1
-                    out.append(src)
-            except BaseException:
-                self.release(ks[: len(out)])
-                raise
-            self._evict()
-        return out
+        return self._members.acquire(ks)
 
     def acquire_within(self, ks) -> list[FileSource] | None:
         """:meth:`acquire` ``ks`` (distinct members) unless that opens members and the members held would then
         pass ``max_open``: then None, nothing held (the caller reads them one at a time)."""
-        with self._lock:
-            if len(ks) > 1 and any(int(k) not in self._open for k in ks):
-                held = sum(1 for v in self._users.values() if v > 0)
-                if held + sum(1 for k in ks if not self._users.get(int(k))) > self.max_open:
-                    return None
-            return self.acquire(ks)
+        return self._members.acquire_within(ks)
 
     def release(self, ks) -> None:
-        with self._lock:
-            for k in ks:
-                self._users[int(k)] -= 1
-            self._users = +self._users
-            self._evict()
+        self._members.release(ks)
 
-    def _evict(self) -> None:
-        if len(self._open) <= self.max_open:
-            return
-        for k in [k for k in self._open if not self._users.get(k)]:
-            if len(self._open) <= self.max_open:
-                break
-            src = self._open.pop(k)
-            stats = src.pages.stats()
-            if stats is not None:  # a closed member's counters stay in remote_stats()
-                for key, value in stats.items():
-                    self._closed_stats[key] = self._closed_stats.get(key, 0) + value
-            src.close()
-            src.ds.close()
+    def open_source(self, k: int):
+        """Member k's FileSource when it is open now, else None (nothing opened, no use recorded)."""
+        return self._members.peek(k)
 
     @property
     def opened_count(self) -> int:
         """Member files opened so far: parsed members, and (flat reading) descriptors re-opened after eviction."""
-        return self._opened + (self._flat.files.reopens if self._flat is not None else 0)
+        return self._opened + self._members.opens + (self._flat.files.reopens if self._flat is not None else 0)
 
     def open_members(self) -> list[int]:
         if self._flat is not None:
             return self._flat.files.open_members()
-        with self._lock:
-            return list(self._open)
+        return self._members.open_members()
 
     def members_of(self, ids: np.ndarray) -> np.ndarray:
         """int64 member index of each global id (a token set's: a lookup in its per-window column)."""
@@ -516,8 +466,7 @@ class ManyFileSource(Source):
         page = np.minimum(page, np.maximum(self._members_pages[member] - 1, 0))
         starts = base + page * ps
         lens = (self._members_pages[member] > 0).astype(np.int64)
-        with self._lock:
-            open_now = {k: src for k, src in self._open.items()}
+        open_now = self._members.items()
         for k in np.unique(member).tolist():
             src = open_now.get(k)
             if src is not None:
@@ -533,10 +482,7 @@ class ManyFileSource(Source):
             self._closed = True
             if self._flat is not None:
                 self._flat.close()
-            while self._open:
-                _, src = self._open.popitem()
-                src.close()
-                src.ds.close()
+        self._members.close()
 
 
 def _windows_per_page(tokens: int, pages: int, page_size: int, seq_len: int, itemsize: int) -> np.ndarray:
@@ -603,7 +549,7 @@ class _RemoteSetPages(PageSource):
         self._pages_of_step, self._first, self._steps = pages_of_step, first, steps
         self._min_ahead, self._next_hold = max(1, int(min_ahead)), first
         for k in self.owner.open_members():
-            src = self.owner._open.get(k)
+            src = self.owner.open_source(k)
             if src is not None and src.pages.prefetches:
                 src.pages.plan(self._member_pages(k), first, steps, min_ahead=self._min_ahead)
         self.advance(first)
@@ -631,7 +577,7 @@ class _RemoteSetPages(PageSource):
             self._held.append((s, ks))
             self._next_hold = s + 1
         for k in owner.open_members():
-            src = owner._open.get(k)
+            src = owner.open_source(k)
             if src is not None and src.pages.prefetches:
                 src.pages.advance(step)
 
@@ -639,7 +585,7 @@ class _RemoteSetPages(PageSource):
         owner = self.owner
         total = dict(owner._closed_stats)
         for k in owner.open_members():
-            src = owner._open.get(k)
+            src = owner.open_source(k)
             stats = src.pages.stats() if src is not None else None
             if stats is not None:
                 for key, value in stats.items():

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import errno
 import os
-import threading
 
 import numpy as np
 
 from ..format.errors import FileChangedError, TruncatedFileError
 from ..ops import spans
 from ..ops import tokens as token_ops
+from ..read.member_cache import MemberCache
 from .pages import _staging, gather_runs, resume_reads
 from .parts import PageSource
 from .source import FileSource
@@ -82,8 +82,9 @@ def too_many_open_files(path, k: int, folder, max_open: int) -> OSError:
 
 
 class MemberFiles:
-    """Descriptors of a set's member files, at most ``max_open`` open (least recently used closed first; a
-    member a batch in flight holds is never closed, so the bound can be passed while more are held at once).
+    """Descriptors of a set's member files, at most ``max_open`` open: a
+    :class:`~pageset.read.member_cache.MemberCache` of descriptors (least recently used closed first; a member a
+    batch in flight holds is never closed, so the bound can be passed while more are held at once).
 
     ``register(k, ds)`` takes member k's identity (device, inode, size, mtime) from its opened, checked Dataset
     and keeps a duplicate of its descriptor; ``acquire(member)`` / ``release(member)`` hold the members of a
@@ -98,85 +99,57 @@ class MemberFiles:
     def __init__(self, paths: list, max_open: int, folder=None):
         n = len(paths)
         self.paths, self.max_open, self.folder = list(paths), int(max_open), folder
-        self.fit = self.max_open >= n  # every member stays open once read: nothing to hold or close
         self.fds = np.full(n, -1, dtype=np.int64)
-        self._users = np.zeros(n, dtype=np.int64)  # reads in flight holding each member
-        self._used = np.zeros(n, dtype=np.int64)  # tick of each member's last acquire (the LRU order)
-        self._tick = 0
-        self._n_open = 0
+        self._cache = MemberCache(n, self._reopen, self._close_fd, self.max_open)
+        self.fit = self._cache.fit  # every member stays open once read: nothing to hold or close
         self._ident: dict[int, tuple] = {}
         # size and mtime of each registered member, checked after each read (one nogil fstat call for a batch's
         # members where fstat_layout_ok, else an os.fstat each)
         self._sizes, self._mtimes = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         self._kernel = None
-        self._lock = threading.Lock()
-        self.reopens = 0
-        self._closed = False
+
+    @property
+    def reopens(self) -> int:
+        """Descriptors opened again after they were closed (evicted)."""
+        return self._cache.opens
 
     def register(self, k: int, ds) -> None:
         st = os.fstat(ds.fileno())
-        with self._lock:
+        with self._cache.lock:
             self._ident[k] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             self._sizes[k], self._mtimes[k] = st.st_size, st.st_mtime_ns
-            if self.fds[k] < 0:
+            fd = int(self.fds[k])
+            if fd < 0:
                 try:
-                    self.fds[k] = os.dup(ds.fileno())
+                    fd = self.fds[k] = os.dup(ds.fileno())
                 except OSError as exc:
                     if exc.errno == errno.EMFILE:
                         raise too_many_open_files(self.paths[k], k, self.folder, self.max_open) from None
                     raise
-                self._n_open += 1
-            self._tick += 1
-            self._used[k] = self._tick
-            self._evict()
+            self._cache.put(k, fd)
 
     def open_members(self) -> list[int]:
         """The members open now, least recently used first."""
-        with self._lock:
-            ks = np.flatnonzero(self.fds >= 0)
-            return ks[np.argsort(self._used[ks], kind="stable")].tolist()
+        return self._cache.open_members()
 
     def acquire_within(self, member: np.ndarray) -> bool:
         """:meth:`acquire` ``member`` unless that opens members and the members held would then pass
         ``max_open`` (a read of more members than may be open at once): then False, nothing held."""
-        if self.fit and not self._closed:
+        if self.fit and not self._cache.closed:
             return True
-        with self._lock:
-            ks = np.unique(member)
-            if ks.shape[0] > 1 and (self.fds[ks] < 0).any():
-                if int(np.count_nonzero(self._users)) + int(np.count_nonzero(self._users[ks] == 0)) > self.max_open:
-                    return False
-            self._acquire(member)
-            return True
+        return self._cache.acquire_within(member) is not None
 
     def acquire(self, member: np.ndarray) -> None:
-        if self.fit and not self._closed:
+        if self.fit and not self._cache.closed:
             return
-        with self._lock:
-            self._acquire(member)
-
-    def _acquire(self, member: np.ndarray) -> None:  # (the caller holds the lock)
-        if self._closed:
-            raise RuntimeError("the loader was closed")
-        closed = member[self.fds[member] < 0]
-        if closed.size:
-            for k in np.unique(closed).tolist():
-                self._reopen(k)
-        self._users[member] += 1  # once per distinct member (a buffered fancy-index add), as release
-        self._tick += 1
-        self._used[member] = self._tick
-        if self._n_open > self.max_open:
-            self._evict()
+        self._cache.hold(member)
 
     def release(self, member: np.ndarray) -> None:
         if self.fit:
             return
-        with self._lock:
-            self._users[member] -= 1
-            if self._n_open > self.max_open:
-                self._evict()
+        self._cache.release(member)
 
-    def _reopen(self, k: int) -> None:
+    def _reopen(self, k: int) -> int:
         path = self.paths[k]
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # FileNotFoundError names the path
@@ -194,19 +167,11 @@ class MemberFiles:
             os.close(fd)
             raise
         self.fds[k] = fd
-        self._n_open += 1
-        self.reopens += 1
+        return fd
 
-    def _evict(self) -> None:
-        """Close the least recently used members nobody holds until at most ``max_open`` are open."""
-        idle = np.flatnonzero((self.fds >= 0) & (self._users == 0))
-        extra = min(self._n_open - self.max_open, idle.shape[0])
-        if extra <= 0:
-            return
-        for k in idle[np.argsort(self._used[idle], kind="stable")[:extra]].tolist():
-            os.close(int(self.fds[k]))
-            self.fds[k] = -1
-            self._n_open -= 1
+    def _close_fd(self, k: int, fd: int) -> None:
+        self.fds[k] = -1
+        os.close(int(fd))
 
     def use_kernel(self, k: int) -> bool:
         """True when the members can be checked by the nogil ``fstat`` kernels (decided at the first read, on
@@ -259,12 +224,7 @@ class MemberFiles:
             done += n
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            for k in np.flatnonzero(self.fds >= 0).tolist():
-                os.close(int(self.fds[k]))
-                self.fds[k] = -1
-            self._n_open = 0
+        self._cache.close()
 
 
 class SetPages(PageSource):

@@ -11,9 +11,7 @@ run through the members in manifest order: member k holds ids ``[sum(records[:k]
 
 from __future__ import annotations
 
-import collections
 import os
-import threading
 import weakref
 from dataclasses import dataclass, field
 
@@ -22,9 +20,9 @@ import numpy as np
 from ..format import locks
 from ..format.errors import FormatError, MemberMismatchError, SchemaError, plural
 from ..format.manifest import MANIFEST_NAME, Manifest, parse_manifest, schema_difference, set_dataset_id
+from .member_cache import MAX_OPEN_MEMBERS, MemberCache
 from .remote import local_path, url_scheme
 
-MAX_OPEN = 16  # members open at once, by default
 
 
 def _join(folder: str, name: str) -> str:
@@ -193,34 +191,19 @@ def many_file_members(path, storage_options: dict | None = None) -> ManyFileSet:
                        tuple(x.records_per_page for x in ms) if m.kind == "records" else None, m, lease)
 
 
-class _Members:
-    """Members opened on demand, checked against the manifest, at most ``max_open`` open (LRU)."""
+class CheckedMembers:
+    """Members of a set opened by ``opener(path)`` and checked against the manifest (``open(k)``; the errors
+    name the member, ``context(k)``). Caching them is the caller's (:class:`~pageset.read.member_cache.MemberCache`)."""
 
-    def __init__(self, info: ManyFileSet, opener, storage_options, max_open: int):
-        self.info, self.opener, self.storage_options, self.max_open = info, opener, storage_options, max_open
-        self.open: collections.OrderedDict = collections.OrderedDict()
-        self.lock = threading.Lock()
-        self.first_schema = None
+    def __init__(self, info: ManyFileSet, opener, storage_options):
+        self.info, self.opener, self.storage_options = info, opener, storage_options
 
-    def get(self, k: int):
-        with self.lock:
-            ds = self.open.get(k)
-            if ds is not None:
-                self.open.move_to_end(k)
-                return ds
-            ds = self._open(k)
-            self.open[k] = ds
-            while len(self.open) > self.max_open:
-                _, old = self.open.popitem(last=False)
-                old.close()
-            return ds
-
-    def _context(self, k: int) -> str:
+    def context(self, k: int) -> str:
         m = self.info.manifest.members[k]
         return (f"member {k} of the many-file dataset {self.info.folder} (its manifest lists {m.name} with "
                 f"{m.bytes:,} bytes and dataset id {m.dataset_id[:16]}...)")
 
-    def _open(self, k: int):
+    def open(self, k: int):
         path, m = self.info.paths[k], self.info.manifest.members[k]
         try:
             ds = self.opener(path)
@@ -230,13 +213,13 @@ class _Members:
                 raise FileNotFoundError(f"{path}: missing: the set {self.info.folder} was replaced while it was read "
                                         f"(generation {self.info.manifest.generation}, now generation "
                                         f"{now.generation}): open it again to read the new set (a new Loader); "
-                                        f"{self._context(k)}; on an object store, or a file system without locks, "
+                                        f"{self.context(k)}; on an object store, or a file system without locks, "
                                         "a rewrite removes the old members once its manifest is in") from None
-            raise FileNotFoundError(f"{path}: missing: {self._context(k)}; the set is incomplete: restore the file "
+            raise FileNotFoundError(f"{path}: missing: {self.context(k)}; the set is incomplete: restore the file "
                                     f"or rewrite the set ({exc})") from None
         except FormatError as exc:
             try:
-                err = type(exc)(exc.path, exc.section, exc.offset, f"{exc.detail}; {self._context(k)}")
+                err = type(exc)(exc.path, exc.section, exc.offset, f"{exc.detail}; {self.context(k)}")
             except TypeError:
                 raise exc from None
             raise err from exc
@@ -263,7 +246,7 @@ class _Members:
         diff = schema_difference(self.info.manifest.schema, base.schema)
         if diff is not None:
             raise SchemaError(path, "schema", None, f"the member's schema differs from the set's: {diff}; "
-                              f"{self._context(k)}; members of one set need the same fields and settings")
+                              f"{self.context(k)}; members of one set need the same fields and settings")
         checks = [("dataset id", base.dataset_id, m.dataset_id), ("size in bytes", base.file_size, m.bytes),
                   ("page count", base.page_count, m.pages)]
         if self.info.kind == "records":
@@ -274,13 +257,11 @@ class _Members:
             if found != want:
                 raise MemberMismatchError(path, "header", None, f"its {what} is {found}, the manifest lists {want}: "
                                           f"the file was replaced or rewritten after the manifest was written; "
-                                          f"{self._context(k)}; restore the member or rewrite the set")
+                                          f"{self.context(k)}; restore the member or rewrite the set")
 
-    def close(self) -> None:
-        with self.lock:
-            while self.open:
-                _, ds = self.open.popitem()
-                ds.close()
+
+def _close_member(k: int, ds) -> None:
+    ds.close()
 
 
 def _check_max_open(max_open) -> int:
@@ -312,7 +293,8 @@ class _ManyFileBase:
         def opener(p):
             return member_class(p, storage_options if url_scheme(p) else None, **remote)
 
-        self._members = _Members(self.info, opener, storage_options, self.max_open)
+        self._checked = CheckedMembers(self.info, opener, storage_options)
+        self._members = MemberCache(len(self.paths), self._checked.open, _close_member, self.max_open, None)
 
     def member(self, k: int):
         """Member ``k``'s open, checked dataset (opened now if it is not); IndexError out of range."""
@@ -354,7 +336,7 @@ class ManyFileDataset(_ManyFileBase):
     kind, other_opener = "records", "open_tokens"
 
     def __init__(self, path, storage_options: dict | None = None, *, request_timeout: float = 30.0,
-                 request_attempts: int = 5, max_open: int = MAX_OPEN):
+                 request_attempts: int = 5, max_open: int = MAX_OPEN_MEMBERS):
         from .reader import Dataset
 
         self._open_set(path, storage_options, request_timeout, request_attempts, max_open, Dataset)
@@ -419,7 +401,7 @@ def _verify(ds) -> None:
             member.verify()
         except FormatError as exc:
             raise type(exc)(exc.path, exc.section, exc.offset,
-                            f"{exc.detail}; {ds._members._context(k)}") from exc
+                            f"{exc.detail}; {ds._checked.context(k)}") from exc
 
 
 class ManyFileTokens(_ManyFileBase):
@@ -435,7 +417,7 @@ class ManyFileTokens(_ManyFileBase):
     kind, other_opener = "tokens", "open_dataset"
 
     def __init__(self, path, storage_options: dict | None = None, *, request_timeout: float = 30.0,
-                 request_attempts: int = 5, max_open: int = MAX_OPEN):
+                 request_attempts: int = 5, max_open: int = MAX_OPEN_MEMBERS):
         from .tokens import TokenDataset
 
         self._open_set(path, storage_options, request_timeout, request_attempts, max_open, TokenDataset)

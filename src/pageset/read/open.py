@@ -12,6 +12,23 @@ from .remote import local_path, url_scheme
 from .tokens import TokenDataset
 
 
+def open_path(path, storage_options, open_file, open_set):
+    """The one decision of how to open ``path`` (each opener of pageset calls it): ``open_set(path)`` for a
+    many-file set (a folder, its manifest, a URL prefix ending in ``/``: :func:`~pageset.read.manyfile.is_many_file`),
+    else ``open_file(path)``; when that raises FileNotFoundError for a URL below which a manifest exists (a set's
+    prefix given without its ``/``), ``open_set(path + "/")``. Returns what the opener returned; raises what it
+    raises (the first FileNotFoundError when no set is there either)."""
+    if manyfile.is_many_file(path):
+        return open_set(path)
+    try:
+        return open_file(path)
+    except FileNotFoundError:
+        p = os.fspath(path)
+        if url_scheme(local_path(p)) is not None and manyfile.manifest_exists(p, storage_options):
+            return open_set(p + "/")
+        raise
+
+
 def open_dataset(path, storage_options: dict | None = None, *, request_timeout: float = 30.0,
                  request_attempts: int = 5) -> Dataset:
     """Open and validate a pageset file of records, local or at a URL (``s3://``, ``http(s)://``, any fsspec
@@ -24,14 +41,10 @@ def open_dataset(path, storage_options: dict | None = None, *, request_timeout: 
     ``verify()``); TypeError for a path that is not a str or os.PathLike."""
     check_open_arguments(path, storage_options, request_timeout, request_attempts)
     remote = {"request_timeout": request_timeout, "request_attempts": request_attempts}
-    if manyfile.is_many_file(path):
-        return manyfile.ManyFileDataset(path, storage_options, **remote)
-    try:
-        ds = Dataset(path, storage_options, **remote)
-    except FileNotFoundError:
-        if url_scheme(local_path(os.fspath(path))) and manyfile.manifest_exists(os.fspath(path), storage_options):
-            return manyfile.ManyFileDataset(os.fspath(path) + "/", storage_options, **remote)
-        raise
+    ds = open_path(path, storage_options, lambda p: Dataset(p, storage_options, **remote),
+                   lambda p: manyfile.ManyFileDataset(p, storage_options, **remote))
+    if isinstance(ds, manyfile.ManyFileDataset):
+        return ds
     if ds.tokens_info is not None:
         ds.close()
         raise ValueError(f"{ds.path} is a token file ({ds.tokens_info['count']} tokens in "
@@ -51,11 +64,5 @@ def open_tokens(path: str | os.PathLike, storage_options: dict | None = None, **
     if unknown:
         raise TypeError(f"open_tokens() got unexpected keyword arguments {sorted(unknown)}")
     check_open_arguments(path, storage_options, remote.get("request_timeout", 30.0), remote.get("request_attempts", 5))
-    if manyfile.is_many_file(path):
-        return manyfile.ManyFileTokens(path, storage_options, **remote)
-    try:
-        return TokenDataset(path, storage_options, **remote)
-    except FileNotFoundError:
-        if url_scheme(local_path(os.fspath(path))) and manyfile.manifest_exists(os.fspath(path), storage_options):
-            return manyfile.ManyFileTokens(os.fspath(path) + "/", storage_options, **remote)
-        raise
+    return open_path(path, storage_options, lambda p: TokenDataset(p, storage_options, **remote),
+                     lambda p: manyfile.ManyFileTokens(p, storage_options, **remote))
