@@ -43,7 +43,7 @@ import numpy as np
 SIM = r"""
 import json, resource, sys, time
 import numpy as np
-from pageset.order.manyfile import FileSet
+from pageset.order.fileset import FileSet
 from pageset.order.plan import Member, OrderParams
 records, members, per_page, order, phase, world = [int(x) if x.isdigit() else x for x in sys.argv[1:7]]
 from pageset.order import enable_kernel_cache
@@ -92,8 +92,8 @@ print(json.dumps(t))
 READ = r"""
 import json, sys, time
 from pageset import Loader
-from pageset.order.manyfile import FileSet
-from pageset.read.manyfile import many_file_members
+from pageset.order.fileset import FileSet
+from pageset.read.set_manifest import many_file_members
 path, kind, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
 t0 = time.perf_counter()
 if kind == "fileset":
@@ -227,7 +227,7 @@ def reading(args, tmp: Path) -> tuple[list, list]:
 
 def _reading(args, tmp: Path, members: int):
     from pageset import merge_datasets
-    from pageset.read.manyfile import many_file_members
+    from pageset.read.set_manifest import many_file_members
 
     tmp.mkdir(parents=True, exist_ok=True)
     folder = tmp / "set"
@@ -281,7 +281,7 @@ def _write_token_set(folder: Path, members: int, tokens: int) -> None:
 
 def token_reading(args, tmp: Path) -> tuple[dict, dict]:
     from pageset import merge_datasets
-    from pageset.read.manyfile import many_file_members
+    from pageset.read.set_manifest import many_file_members
 
     members, tokens = args.token_members, args.member_tokens
     folder = tmp / "tokset"

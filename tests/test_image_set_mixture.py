@@ -1,6 +1,6 @@
 """Augmentation through a many-file image set in a Mixture: every sample's crop and flip against Pillow.
 
-A Mixture's rows of a set are filled by the set (``load/manyfile.py`` ``ManyFileSource.fill_rows``): flat
+A Mixture's rows of a set are filled by the set (``load/set_source.py`` ``ManyFileSource.fill_rows``): flat
 (``page_cache="os"``, no page checks: one call over all members) or member by member (``page_cache="process"``,
 ``verify_pages=True``: each member's own source gets its rows, their ids and their augmentation keys). Each
 sample's output must be the one computed here without the Loader:

@@ -34,7 +34,7 @@ from pageset import (
 from pageset.cli import main as cli
 from pageset.format.errors import MemberMismatchError
 from pageset.format.manifest import decode_records_per_page, encode_records_per_page, set_dataset_id
-from pageset.read.manyfile import many_file_members
+from pageset.read.set_manifest import many_file_members
 from reference import format as ref_format
 from reference import manifest as ref_manifest
 

@@ -1,4 +1,4 @@
-"""``Loader(folder)`` on a many-file dataset (formats/manyfile.md; the Loader side: load/manyfile.py).
+"""``Loader(folder)`` on a many-file dataset (formats/manyfile.md; the Loader side: load/set_source.py).
 
 The set reads as one file whose records are the members' records in manifest order and whose page list is the
 members' page lists concatenated (formats/order.md section 6). Expectations are independent of the Loader: the
@@ -35,7 +35,7 @@ from pageset.load.stages import DecodeError
 from pageset.ops import spans
 from pageset.order import StateMismatchError
 from pageset.read import Dataset
-from pageset.read.manyfile import many_file_members
+from pageset.read.set_manifest import many_file_members
 from pageset.write.members import commit_manifest
 
 FIELDS = {"label": Int(), "payload": Bytes()}

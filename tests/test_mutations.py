@@ -354,7 +354,7 @@ MUTATIONS += [
 # -- plans (issue 19, plan19): caught by tests/test_plans.py, which compares every plan with tests/reference/order.py
 TP = "tests/test_plans.py"
 MUTATIONS += [
-    Mutation("a many-file set maps a member's first record to the member before it", "order/manyfile.py",
+    Mutation("a many-file set maps a member's first record to the member before it", "order/fileset.py",
              'member = np.searchsorted(self.starts, gids, side="right") - 1',
              'member = np.searchsorted(self.starts, gids, side="left") - 1',
              (f"{TP}::test_many_file_plan_is_the_order_of_the_concatenated_page_list[random-True]",)),
@@ -487,7 +487,7 @@ MUTATIONS += [
              "        if st.docs:\n            st.fill_documents(arrays[0], 0, hi - lo)",
              (f"{TS}::test_a_token_set_in_a_mixture_gives_each_rows_outputs[uint16-flat]",)),
     Mutation("a set read member by member gives a Mixture's rows the first rows' augmentation keys",
-             "load/manyfile.py", "ids[sel] - self.starts[k], None if keys is None else keys[sel], ctx)",
+             "load/set_source.py", "ids[sel] - self.starts[k], None if keys is None else keys[sel], ctx)",
              "ids[sel] - self.starts[k], None if keys is None else keys[: sel.shape[0]], ctx)",
              ("tests/test_image_set_mixture.py::test_a_set_in_an_image_mixture_gives_each_sample_its_own_crop_and_flip"
               "[process_cache]",)),
@@ -502,7 +502,7 @@ MUTATIONS += [
              "weights.append(w * m.n_records / m.tokens)", "weights.append(Fraction(q) * m.n_records / m.tokens)",
              ("tests/test_mixtures.py::test_token_weights_follow_the_reference_model_on_ranks_and_after_resume"
               "[sequential-True-floats]",)),
-    Mutation("a token set's predictions counted seq_len + 1 per window (token weights)", "load/manyfile.py",
+    Mutation("a token set's predictions counted seq_len + 1 per window (token weights)", "load/set_source.py",
              "self.tokens = self.n_records * int(first.stages[0].seq_len) if self._token else None",
              "self.tokens = self.n_records * (int(first.stages[0].seq_len) + 1) if self._token else None",
              ("tests/test_mixtures.py::test_token_weights_of_stride_windows_follow_the_reference_model",)),

@@ -20,7 +20,7 @@ from resume_contract import check_resume, model_layout
 
 from pageset import Bytes, Int, Loader, merge_datasets, open_dataset, write_dataset
 from pageset.order import StateError, StateMismatchError
-from pageset.order.manyfile import FileSet, ManyFilePlan
+from pageset.order.fileset import FileSet, ManyFilePlan
 from pageset.order.mixture import MixturePlan, quotas
 from pageset.order.plan import FilePlan, Member, OrderParams, Plan, PlanBatch, PlanEpoch, PlanSpec
 from pageset.order.subset import OneFile

@@ -365,7 +365,7 @@ def test_a_file_error_reaches_the_trainer_as_the_same_exception(tmp_path, damage
     constructor's arguments), so ``except TruncatedFileError`` works in both modes."""
     from pageset import Bytes, Int, write_dataset
     from pageset.format.errors import FileChangedError, MemberMismatchError, TruncatedFileError
-    from pageset.read.manyfile import many_file_members
+    from pageset.read.set_manifest import many_file_members
 
     folder = tmp_path / "set"
     write_dataset(folder, [{"label": i, "blob": bytes([i % 251]) * (i % 90 + 1)} for i in range(60)],

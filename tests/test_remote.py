@@ -295,7 +295,7 @@ def test_file_set_with_a_url_member_equals_local(files, servers):
     """A FileSet (member files read as one dataset, tests/test_plans.py checks its order against the reference
     model) whose second member is a URL: the same batches as with both members local; the URL member is read
     through its remote pages (fetched ahead along the set's order) and counted in remote_stats."""
-    from pageset.order.manyfile import FileSet
+    from pageset.order.fileset import FileSet
 
     local, url = files / "tokens.pageset", f"{servers['http_proxy'].url}/tokens.pageset"
     kw = dict(batch_size=6, order="quasi_random", seed=4, num_threads=2, window_pages=2,

@@ -252,7 +252,7 @@ def cmd_merge(args) -> int:
 
 def _inputs(inputs, storage_options) -> str:
     """``"2 files"``, ``"1 file and 1 many-file set (3 members)"``: what merge read."""
-    from .read.manyfile import many_file_members
+    from .read.set_manifest import many_file_members
 
     members = [len(many_file_members(p if not is_url(p) or p.endswith("/") else p + "/", storage_options).paths)
                for p in inputs if _many(p, storage_options)]
@@ -264,7 +264,7 @@ def _inputs(inputs, storage_options) -> str:
 
 
 def _many(path: str, storage_options=None) -> bool:
-    from .read.manyfile import is_many_file, manifest_exists
+    from .read.set_manifest import is_many_file, manifest_exists
 
     return is_many_file(path) or (is_url(path) and manifest_exists(path, storage_options))
 
@@ -373,7 +373,8 @@ def describe_many(ds) -> dict:
 
 
 def _open_many(args):
-    from .read.manyfile import ManyFileDataset, ManyFileTokens, many_file_members
+    from .read.set_dataset import ManyFileDataset, ManyFileTokens
+    from .read.set_manifest import many_file_members
 
     opts = _storage_options(args)
     path = args.path if not is_url(args.path) or args.path.endswith("/") else args.path + "/"

@@ -26,7 +26,7 @@ from .format import constants as C
 from .format.errors import ChecksumMismatchError, FileChangedError, MemberMismatchError
 from .format.manifest import MANIFEST_NAME, schema_difference
 from .format.schema import canonical_json
-from .read import manyfile
+from .read import set_manifest
 from .read.open import open_path
 from .read.reader import Dataset
 from .write.assemble import Assembly
@@ -196,11 +196,11 @@ def _open_inputs(out, paths, storage_options, request_timeout, request_attempts)
                     f"{p} is a folder without {MANIFEST_NAME}: not a many-file pageset set (or its write has not "
                     f"finished: the manifest is written last); give the pageset files in it as the inputs, e.g. "
                     f"{os.path.join(p, '*.pageset')}")
-            return manyfile.many_file_members(p, storage_options if is_url(p) else None)
+            return set_manifest.many_file_members(p, storage_options if is_url(p) else None)
 
         got = open_path(p, storage_options, lambda q: _open(q, storage_options, request_timeout, request_attempts),
                         open_set)
-        if not isinstance(got, manyfile.ManyFileSet):
+        if not isinstance(got, set_manifest.ManyFileSet):
             got.close()
             opened.append(got)
             continue

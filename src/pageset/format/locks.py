@@ -1,7 +1,7 @@
 """Advisory locks in a local many-file set's folder (``formats/manyfile.md`` section 9), with ``flock(2)``.
 
 A writer holds ``pageset.lock`` exclusively while it writes (``write/setlock.py``); a reader holds a shared lock
-on the manifest file it read for as long as it reads (``read/manyfile.py``); a writer that replaced the manifest
+on the manifest file it read for as long as it reads (``read/set_manifest.py``); a writer that replaced the manifest
 keeps the old one under ``pageset.manifest.json.retired-<generation>`` (a second name of the same file) and
 removes that generation's members only once it can lock that file exclusively, i.e. when no reader holds it.
 

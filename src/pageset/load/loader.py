@@ -25,7 +25,7 @@ from ..order.keys import MASK64
 from ..order.plan import Member, OrderParams, PlanSpec
 from ..order.subset import OneFile
 from ..read.remote import url_scheme
-from .manyfile import ManyFileInput, ManyFileSource, open_input
+from .inputs import Input, open_input
 from .options import PageOptions, RemoteOptions, resolve
 from .source import FileSource, RowReader, check_same_fields, split_cache_pages
 from .epoch import EpochRunner
@@ -62,7 +62,7 @@ class Loader(SlotRing, EpochRunner, LoaderReport):
         path: the pageset file, or a :class:`~pageset.Mixture` of files read as one stream in fixed
             proportions (see ``formats/mixture.md``): each batch then also carries ``"_source"`` (int16[B],
             the file of each sample) and ``"_index"`` holds record ids within that file; or a
-            ``pageset.order.manyfile.FileSet`` of member files read as one dataset (ids run through the members in
+            ``pageset.order.fileset.FileSet`` of member files read as one dataset (ids run through the members in
             order, ``"_index"`` holds those ids; ``formats/order.md`` section 6). Any ``pageset.order.plan.PlanSpec``.
         batch_size: samples per batch on this rank (B); the global batch is ``G = B * world_size``.
         pipelines: ``{field: [ops]}``; a field mapped to ``None`` is not loaded; fields left out get their
@@ -239,7 +239,8 @@ class Loader(SlotRing, EpochRunner, LoaderReport):
                           window_records=window_records if window_pages is None else None, cache_pages=cache_pages,
                           verify_pages=verify_pages, indices=indices, array_type=array_type) if num_workers else None
         self._sources: list[FileSource] = []
-        self._datasets = []
+        self._inputs: list[Input] = []
+        self._datasets = []  # each input's dataset (a Dataset, or a many-file set's ManyFileInput)
         self._remote_options = dict(prefetch_bytes=remote.prefetch_bytes, max_requests=remote.max_requests,
                                     cache_dir=remote.cache_dir, cache_limit_bytes=remote.cache_limit_bytes)
         try:
@@ -247,8 +248,9 @@ class Loader(SlotRing, EpochRunner, LoaderReport):
             any_url = any(url_scheme(p) is not None for p in spec.paths)
             for p in spec.paths:
                 opts = storage_options if url_scheme(p) is not None or not any_url else None
-                # records or a token file, or a many-file set's manifest (load/manyfile.py)
-                self._datasets.append(open_input(p, opts, request_timeout, request_attempts))
+                # records or a token file, or a many-file set's manifest (load/set_source.py)
+                self._inputs.append(open_input(p, opts, request_timeout, request_attempts))
+                self._datasets.append(self._inputs[-1].dataset)
             self._ds = self._datasets[0]
             self._setup(spec, page_cache, cache_pages, pipelines, verify_pages)
             self._setup_buffers()
@@ -298,12 +300,11 @@ class Loader(SlotRing, EpochRunner, LoaderReport):
             per_file = split_cache_pages(cache_pages, n)
         else:  # not used
             per_file = [cache_pages] * n
-        for ds, cache_pages in zip(self._datasets, per_file):
-            # a many-file set is read as one file whose members are opened when first read (load/manyfile.py)
-            make = ManyFileSource if isinstance(ds, ManyFileInput) else FileSource
-            self._sources.append(make(ds, pipelines, page_cache, cache_pages, verify_pages,
-                                      in_mixture=spec.optional_fields,
-                                      remote_options=self._remote_options, array_type=self.array_type))
+        for inp, cache_pages in zip(self._inputs, per_file):
+            # a file's FileSource, or a many-file set's ManyFileSource (members opened when first read)
+            self._sources.append(inp.source(pipelines, page_cache, cache_pages, verify_pages,
+                                            in_mixture=spec.optional_fields,
+                                            remote_options=self._remote_options, array_type=self.array_type))
         src = self._sources[0]
         self._pages, self._verifier, self._page_sizes = src.pages, src.verifier, src.page_sizes
         self._stages = check_same_fields(self._sources)  # the files of a Mixture or FileSet must agree

@@ -8,10 +8,10 @@ and the rest of ``load/`` ask a part what it declares and never which kind it is
   rows), ``packing``; every stage declares ``min_slice_rows``, ``inline``, ``pages`` (its page source, or None
   when it reads no page: a scalar field's values are index columns) and ``reserve()``.
 - :class:`PageSource`: how a stage's bytes are read (load/pages.py: pread, the process page cache;
-  load/remote_pages.py: a URL; load/set_records.py and load/manyfile.py: a many-file set). Local sources keep
+  load/remote_pages.py: a URL; load/set_records.py and load/set_source.py: a many-file set). Local sources keep
   the no-op defaults of the prefetch calls ``plan``/``advance`` and of ``stats``/``counters``.
 - :class:`Source`: the rows of one input (a file: load/source.py ``FileSource``; a many-file set:
-  load/manyfile.py ``ManyFileSource``): its stages, layout, ``fill``/``fill_rows``/``spans``/``close``.
+  load/set_source.py ``ManyFileSource``): its stages, layout, ``fill``/``fill_rows``/``spans``/``close``.
 - :class:`Pool`: what runs the slices of a batch (load/workers.py ``ThreadPool``; load/process_pool.py
   ``ProcessPool``, the threads of a child process).
 

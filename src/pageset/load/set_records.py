@@ -1,6 +1,6 @@
 """A local many-file record set read as one flat file: one gather per batch across its members.
 
-``load/manyfile.py`` reads a set member by member: each member a batch touches gets its own FileSource call
+``load/set_source.py`` reads a set member by member: each member a batch touches gets its own FileSource call
 (index lookups, a page gather, a stage fill each), and a member is re-opened (header, sections, index: ~1-2 ms)
 whenever the bounded set of open members evicted it. A quasi-random window of 8 pages spans up to 8 members, a
 random batch up to ``batch_size``: per batch that is several calls where one file makes one, and with small

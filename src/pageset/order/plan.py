@@ -13,7 +13,7 @@ spec               plan                                      order
 a path (OneFile)   :class:`FilePlan` (this module)           order v1 over the file's page layout
 ``indices=``       ``SubsetPlan`` (``subset.py``)            order v1 over the subset's virtual layout
 ``Mixture``        ``MixturePlan`` (``mixture.py``)          the mixture schedule over per-file orders
-``FileSet``        ``ManyFilePlan`` (``manyfile.py``)        order v1 over the members' concatenated pages
+``FileSet``        ``ManyFilePlan`` (``fileset.py``)         order v1 over the members' concatenated pages
 =================  ========================================  ==============================================
 
 ``OneFile`` (a path, or a subset of it) lives in ``subset.py``, which builds on this module.

@@ -9,7 +9,7 @@ state of one file with the set's dataset id, ``_index`` global ids. It equals ``
 set id))`` batch for batch, without opening every member at construction.
 
 Members are opened when they are first needed, and checked against the manifest before any record of theirs is
-read (``read/manyfile.py``: schema, dataset id, size, page and record counts; here also the records per page):
+read (``read/set_manifest.py``: schema, dataset id, size, page and record counts; here also the records per page):
 
 - local members: by the thread filling the batch that first reads one of their records;
 - URL members: by the thread calling ``next()``, for the steps the decode threads are about to fill (then their
@@ -17,12 +17,12 @@ read (``read/manyfile.py``: schema, dataset id, size, page and record counts; he
 
 At most ``max_open`` members stay open (the set's :class:`~pageset.read.member_cache.MemberCache`: least recently
 used closed first; a member a batch in flight reads is never closed): by default ``MAX_OPEN_MEMBERS``, or a
-quarter of the process's open-file limit (``ulimit -n``) if that is lower. A slice whose rows lie in more members than may be held at once (random batches over many small members)
-is read a few members at a time (flat reading: runs of rows of at most ``max_open // 4`` members; else one member
-at a time), so a set of any size stays within the limit: about ``max_open`` plus a few members per decode thread.
-A member that still cannot be opened (the process holds other files) raises OSError EMFILE naming the member, the
-limit and the fixes. A missing member raises
-FileNotFoundError naming it, a replaced one MemberMismatchError, from the ``next()`` of the first batch that
+quarter of the process's open-file limit (``ulimit -n``) if that is lower. A slice whose rows lie in more members
+than may be held at once (random batches over many small members) is read a few members at a time (flat reading:
+runs of rows of at most ``max_open // 4`` members; else one member at a time), so a set of any size stays within
+the limit: about ``max_open`` plus a few members per decode thread. A member that still cannot be opened (the
+process holds other files) raises OSError EMFILE naming the member, the limit and the fixes. A missing member
+raises FileNotFoundError naming it, a replaced one MemberMismatchError, from the ``next()`` of the first batch that
 needs it, before any batch with its records.
 """
 
@@ -30,18 +30,16 @@ from __future__ import annotations
 
 import collections
 import errno
-import os
 import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..read import member_cache
-from ..read.manyfile import CheckedMembers, ManyFileSet, many_file_members
 from ..read.member_cache import MemberCache, max_open_files
-from ..read.open import open_path
 from ..read.reader import Dataset
 from ..read.remote import local_path, url_scheme
+from ..read.set_manifest import CheckedMembers, ManyFileSet
 from .parts import PageSource, Source
 from .set_records import SetRecords, SetWindows, can_flatten, too_many_open_files
 from .source import FileSource, RowReader
@@ -62,19 +60,8 @@ def _member_chunks(member: np.ndarray, cap: int) -> list[tuple[int, int]]:
     return out
 
 
-def open_input(path, storage_options, request_timeout: float, request_attempts: int):
-    """What ``Loader`` opens for one path of its spec: a :class:`~pageset.read.reader.Dataset`, or for a many-file
-    set (a folder, its manifest, a URL prefix) a :class:`ManyFileInput` (only the manifest is read). Raises what
-    Dataset and ``many_file_members`` raise (FileNotFoundError naming the path, FormatError)."""
-    remote = {"request_timeout": request_timeout, "request_attempts": request_attempts}
-    if not isinstance(path, (str, os.PathLike)):
-        return Dataset(path, storage_options, **remote)  # its TypeError
-    return open_path(path, storage_options, lambda p: Dataset(p, storage_options, **remote),
-                     lambda p: ManyFileInput(many_file_members(p, storage_options), storage_options, remote))
-
-
 class _TokenMember:
-    """A token member as ``read/manyfile.py``'s checks see it (``len``: tokens, ``documents``) over its Dataset."""
+    """A token member as ``read/set_manifest.py``'s checks see it (``len``: tokens, ``documents``) over its Dataset."""
 
     def __init__(self, ds: Dataset):
         self.dataset = ds
@@ -98,7 +85,7 @@ class ManyFileInput:
     def __init__(self, info: ManyFileSet, storage_options, remote: dict):
         self.info, self.path, self.dataset_id = info, info.folder, info.dataset_id
         self.remote = True if url_scheme(local_path(info.folder)) is not None else None
-        tokens = info.kind == "tokens"
+        tokens = self._tokens = info.kind == "tokens"
 
         def opener(p):
             ds = Dataset(p, storage_options if url_scheme(p) else None, **remote)
@@ -107,8 +94,8 @@ class ManyFileInput:
         self._checked = CheckedMembers(info, opener, storage_options)
 
     def open_member(self, k: int) -> Dataset:
-        ds = self._checked.open(k)  # opened and compared with the manifest's entry (read/manyfile.py)
-        return getattr(ds, "dataset", ds)
+        ds = self._checked.open(k)  # opened and compared with the manifest's entry (read/set_manifest.py)
+        return ds.dataset if self._tokens else ds  # (a token member is checked through its _TokenMember)
 
     def close(self) -> None:
         self.info.lease.close()
@@ -339,7 +326,7 @@ class ManyFileSource(Source):
                     if self._closed:
                         raise RuntimeError(f"{self.path}: the loader was closed")
                     if not flat.loaded(k):
-                        src = self._build(k)  # opened and checked against the manifest (read/manyfile.py)
+                        src = self._build(k)  # opened and checked against the manifest (read/set_manifest.py)
                         try:
                             self._check_layout(k, src)
                             self._fits(k, src)
