@@ -2,7 +2,7 @@
 its folder and free space, the bytes written so far and the fix; the temp files go, the previous output stays.
 
 Two ways: a real 1 MiB tmpfs (root only, as in CI), and ENOSPC injected where every writer opens the files it
-writes (``filewriter._open_raw``), which needs no root and reaches every path: write_dataset (in process, forked
+writes (``write/disk.py _open_raw``), which needs no root and reaches every path: write_dataset (in process, forked
 workers, an executor's shards), write_tokens (direct, spill file), merge_datasets, an importer, a URL's local copy.
 """
 
@@ -68,7 +68,7 @@ class _Quota:
 @pytest.fixture
 def full_disk(monkeypatch):
     """``full_disk(pattern, room)``: files whose name contains ``pattern`` take ``room`` bytes, then ENOSPC."""
-    import pageset.write.filewriter as fw
+    import pageset.write.disk as fw
 
     real = fw._open_raw
 

@@ -136,7 +136,7 @@ def test_import_has_no_side_effects():
 REMOTE_PACKAGES = {"fsspec", "s3fs", "aiohttp", "gcsfs", "adlfs", "botocore", "aiobotocore"}
 # the modules that talk to fsspec (reading URLs; writing to and sharding through URLs; checking a URL output;
 # WebDataset shards and text sources at URLs), only inside functions
-REMOTE_MODULES = {"read/remote.py", "write/filewriter.py", "write/ranges.py", "write/external.py",
+REMOTE_MODULES = {"read/remote.py", "write/output.py", "write/ranges.py", "write/external.py",
                   "write/upload.py", "write/tokens/set_members.py", "write/members.py", "read/set_manifest.py",
                   "write/documents.py"}
 

@@ -245,7 +245,7 @@ def test_s3_output_over_the_limit_is_refused_before_its_bytes_go_up(tmp_path, mo
         merge_datasets(url, [tmp_path / "0.pageset", tmp_path / "1.pageset"], progress=False,
                        storage_options=moto_s3)  # 4096 + 2 x 2 x (2^20 - 1 + 1 eos) x 4 bytes
     assert _uploads(moto_s3) == [] and _keys(moto_s3, "limit") == ["limit/one.pageset"]
-    from pageset.write.filewriter import Output
+    from pageset.write.output import Output
 
     with _silent_s3_endpoint() as opts:
         with pytest.raises(ValueError, match="needs more than 12,582,912 bytes"):
@@ -340,7 +340,7 @@ def test_s3_write_to_an_endpoint_that_never_answers_fails_within_request_timeout
     """A socket that accepts connections and never replies: the writer's first request (the check of the
     existing output) and the upload's own requests give up after request_attempts x request_timeout, naming
     the URL and the knobs, instead of waiting forever."""
-    from pageset.write.filewriter import Output
+    from pageset.write.output import Output
     from pageset.write.upload import WritePolicy
 
     with _silent_s3_endpoint() as opts:

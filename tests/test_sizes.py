@@ -2,7 +2,7 @@
 past 2^31 positions (issue 6, part 4).
 
 The big files are assembled with the format's own building blocks (``packing.place_record``,
-``schema.build_schema`` / ``parse_schema``, ``filewriter.write_tail``) as SPARSE files: the data area is mostly
+``schema.build_schema`` / ``parse_schema``, ``tail.write_tail``) as SPARSE files: the data area is mostly
 a hole (zeros), so a 4.5 GiB file costs a few MiB of disk and a few seconds. Page CRCs of all-zero pages are
 computed once; pages holding real bytes are assembled in memory and checksummed. The result is a valid file
 per ``formats/v1.md`` (the dataset id and the CRCs of the pages that hold data are checked in the test;
@@ -33,7 +33,7 @@ from pageset.order import (
     steps_per_epoch,
     window_layout,
 )
-from pageset.write.filewriter import write_tail
+from pageset.write.tail import write_tail
 from pageset.write.packing import page_count, place_record
 
 GiB = 1 << 30

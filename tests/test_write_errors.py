@@ -479,16 +479,16 @@ def test_a_bad_sample_in_a_worker_range_carries_its_cause_and_traceback():
 def test_no_more_worker_processes_than_work(tmp_path, monkeypatch, members):
     """num_workers=64 for 10 samples: one range of chunk_size 16 (or 3 members of 4) gets 1 (or 3) processes, not
     64 forked up front; the file is the one num_workers=0 writes."""
-    from pageset.write import filewriter
+    from pageset.write import pool
 
     pools = []
 
-    class Recording(filewriter.ProcessPoolExecutor):
+    class Recording(pool.ProcessPoolExecutor):
         def __init__(self, max_workers=None, **kw):
             pools.append(max_workers)
             super().__init__(max_workers, **kw)
 
-    monkeypatch.setattr(filewriter, "ProcessPoolExecutor", Recording)
+    monkeypatch.setattr(pool, "ProcessPoolExecutor", Recording)
     src = [(i * 7,) for i in range(10)]
     kw = dict(chunk_size=16, progress=False, lineage=False, records_per_member=members)
     write_dataset(tmp_path / "w.pageset", src, {"y": Int()}, num_workers=64, **kw)

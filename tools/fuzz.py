@@ -270,7 +270,7 @@ def _relayout(orig: bytes, schema_payload: bytes) -> bytearray:
     """The file ``orig`` with its schema section replaced (any length), written with the writer's write_tail:
     every CRC valid, the dataset id unchanged."""
     from pageset.format import constants as C
-    from pageset.write.filewriter import write_tail
+    from pageset.write.tail import write_tail
 
     h, table, _ = _structure(orig)
     h = h[0]

@@ -43,7 +43,8 @@ from .format.errors import plural
 from .format.fields import Int, RGBImage
 from .read import Dataset
 from .write import ImageList, SampleError, write_dataset
-from .write.filewriter import MAX_WORKERS, check_not_input, check_replaceable, is_url, local_path
+from .write.output import check_not_input, check_replaceable, is_url, local_path
+from .write.pool import MAX_WORKERS
 
 SCHEDULER_TIMEOUT_S = 60  # --scheduler: seconds to reach the Dask scheduler
 
@@ -270,7 +271,7 @@ def _many(path: str, storage_options=None) -> bool:
 
 
 def cmd_clean(args) -> int:
-    from .write.filewriter import remove_stale_temps
+    from .write.output import remove_stale_temps
 
     if os.path.isdir(local_path(args.path)) or (is_url(args.path) and _many(args.path, _storage_options(args))):
         from .write.members import clean_set

@@ -30,14 +30,8 @@ from .read import set_manifest
 from .read.open import open_path
 from .read.reader import Dataset
 from .write.assemble import Assembly
-from .write.filewriter import (
-    Output,
-    check_not_input,
-    check_output_path,
-    check_replaceable,
-    is_url,
-    lineage,
-)
+from .write.output import Output, check_not_input, check_output_path, check_replaceable, is_url
+from .write.tail import lineage
 from .write.tokens import TokenFileWriter, TokenWriteResult
 from .write.upload import WritePolicy
 from .write.writer import WriteResult, _check_page_size

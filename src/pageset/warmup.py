@@ -198,7 +198,7 @@ def warmup(num_workers: int | None = None, log=None) -> WarmupResult:
     (e.g. :class:`pageset.ops.turbo.TurboJpegNotFoundError` without libjpeg-turbo).
     """
     from .format import arguments as check
-    from .write.filewriter import MAX_WORKERS
+    from .write.pool import MAX_WORKERS
 
     num_workers = check.integer("num_workers", num_workers, minimum=1, maximum=MAX_WORKERS, optional=True)
     if num_workers is None:

@@ -17,7 +17,7 @@ import numpy as np
 from ..format import constants as C
 from ..format.layout import PAGE_CHECKSUM
 from ..format.schema import canonical_json
-from .filewriter import write_tail
+from .tail import write_tail
 from .packing import page_count, place_record
 from .sources import SampleError, WorkerTraceback
 

@@ -8,7 +8,7 @@ import io
 import json
 import os
 
-from .filewriter import is_url, local_path
+from .output import is_url, local_path
 
 # ---- sources -----------------------------------------------------------------------------------------------
 

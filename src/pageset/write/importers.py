@@ -26,7 +26,7 @@ import numpy as np
 
 from ..format import arguments as check
 from ..format import constants as C
-from .filewriter import check_not_input, check_output_path, check_replaceable, is_url
+from .output import check_not_input, check_output_path, check_replaceable, is_url
 from .tokens import UINT16_MAX, UINT32_MAX, TokenFileWriter, TokenWriteResult
 from .writer import _check_page_size
 

@@ -38,7 +38,8 @@ from ..format.manifest import (
     schema_digest,
 )
 from ..format.store_errors import one_try_options
-from .filewriter import Output, fsync_dir, is_url, local_path, temp_file
+from .disk import fsync_dir
+from .output import Output, is_url, local_path, temp_file
 from .setlock import lock_set
 
 TMP_MARK = ".tmp-"  # temp files of members and of the manifest: "<name>.tmp-<host>-<pid>-<random>"
@@ -390,7 +391,7 @@ def abandon(folder: str, storage_options: dict | None, previous) -> None:
 # ---- one member, written by its task ------------------------------------------------------------------------
 
 def member_output(url: str, storage_options: dict | None, policy=None) -> Output:
-    """The member file's :class:`~pageset.write.filewriter.Output` (temp + rename, or one upload)."""
+    """The member file's :class:`~pageset.write.output.Output` (temp + rename, or one upload)."""
     return Output(url, storage_options, policy=policy)
 
 
@@ -461,7 +462,7 @@ def record_member_in_worker(*args) -> dict:
 def run_tasks(fn, tasks, num_workers: int, executor, initializer, initargs, died: str):
     """Yield ``fn(*task)`` in task order: in this process (``num_workers=0``), in forked workers, or on
     ``executor``. Leaving early cancels what has not started and waits for what runs."""
-    from .filewriter import executor_map, ordered_map
+    from .pool import executor_map, ordered_map
 
     if executor is not None:
         yield from executor_map(executor, fn, tasks, ahead=64)

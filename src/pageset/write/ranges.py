@@ -28,7 +28,8 @@ from ..format.fields import Field
 from ..format.store_errors import one_try_options
 from .assemble import EncodedRange
 from .encode import describe_path, encode_value
-from .filewriter import DiskFile, disk_error, is_url, local_path
+from .disk import DiskFile, disk_error
+from .output import is_url, local_path
 from .sources import SampleError, Source
 
 SHARD_MAGIC = b"PGSHARD1"

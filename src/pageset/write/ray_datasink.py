@@ -127,7 +127,7 @@ class PagesetDatasink(_Base):
         from ray.data.block import BlockAccessor
 
         from . import members as M
-        from .filewriter import lineage as lineage_info
+        from .tail import lineage as lineage_info
 
         previous, generation, kept, _lock = self._started  # (an inert copy of the driver's lock)
         rows = []

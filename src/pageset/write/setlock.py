@@ -10,7 +10,7 @@ drops it), and the next writer takes it over.
 
 Where the file system refuses locks (``format/locks.py``), the file is still written, and a process that finds
 it names a live process of this host (the check of the single file's temp files,
-:func:`~pageset.write.filewriter.writer_alive`) is refused with SetBusyError instead of waiting; writes are then
+:func:`~pageset.write.output.writer_alive`) is refused with SetBusyError instead of waiting; writes are then
 not serialised. URLs (object stores) take no lock at all: :func:`lock_set` returns an inert lock.
 """
 
@@ -24,7 +24,7 @@ import sys
 import weakref
 
 from ..format import locks
-from .filewriter import is_url, local_path, writer_alive
+from .output import is_url, local_path, writer_alive
 
 MAX_RACES = 1000  # lock files found removed by their holder between our open and our lock, at most (retried)
 

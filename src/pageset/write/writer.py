@@ -23,16 +23,9 @@ from ..format.checksum import ALGORITHM
 from ..format.fields import Field
 from ..format.schema import build_schema, canonical_json, parse_schema
 from .assemble import Assembly
-from .filewriter import (
-    MAX_WORKERS,
-    Output,
-    check_not_input,
-    check_output_path,
-    check_replaceable,
-    executor_map,
-    ordered_map,
-)
-from .filewriter import lineage as lineage_info
+from .output import Output, check_not_input, check_output_path, check_replaceable
+from .pool import MAX_WORKERS, executor_map, ordered_map
+from .tail import lineage as lineage_info
 from .ranges import (
     ShardPart,
     check_picklable,

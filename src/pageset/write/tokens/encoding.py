@@ -10,7 +10,7 @@ import numpy as np
 
 from ..chat import ChatEncoder
 from ..documents import Conversation
-from ..filewriter import ordered_map
+from ..pool import ordered_map
 from .ids import UINT32_MAX
 
 _WORKER: dict = {}

@@ -9,7 +9,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..documents import _file_documents, _source_files, iter_documents
-from ..filewriter import executor_map
+from ..pool import executor_map
 from ..ranges import Shard, check_picklable, new_shard_folder, pickled_once, remove_shard_folder, shard_name, \
     unpickled, write_shard
 from .encoding import _chunks, _encode_chunk

@@ -15,7 +15,8 @@ from ...format.checksum import ALGORITHM
 from ...format.fields import Tokens
 from ...format.schema import build_schema, canonical_json, parse_schema
 from ..assemble import PageWriter
-from ..filewriter import Output, lineage, write_tail
+from ..output import Output
+from ..tail import lineage, write_tail
 from ..writer import _check_page_size
 
 
@@ -42,9 +43,9 @@ class TokenFileWriter:
     """Writes one token file: ``write(ids)`` appends ids (any integer array, values already checked to fit
     ``dtype``) to the data area; ``finish(doc_offsets, info, user, t0)`` writes schema, page checksums,
     metadata and doc_offsets sections, the section table and the header, fsyncs and renames the temp file over
-    ``path`` (or uploads it, for an fsspec URL; see :class:`pageset.write.filewriter.Output`). ``abort()``
+    ``path`` (or uploads it, for an fsspec URL; see :class:`pageset.write.output.Output`). ``abort()``
     removes the temp file. Nothing exists at ``path`` until ``finish`` succeeds. ``parts`` and ``min_size`` (bytes
-    the file will hold at least) go to :class:`~pageset.write.filewriter.Output`."""
+    the file will hold at least) go to :class:`~pageset.write.output.Output`."""
 
     def __init__(self, path: str, dtype: str, page_size: int = C.DEFAULT_PAGE_SIZE,
                  storage_options: dict | None = None, policy=None, parts=None, min_size: int = 0):

@@ -15,7 +15,8 @@ from ...format.checksum import ALGORITHM
 from ...format.fields import Tokens
 from ...format.schema import build_schema
 from ..documents import _file_documents, _source_files, iter_documents
-from ..filewriter import DiskFile, is_url, local_path
+from ..disk import DiskFile
+from ..output import is_url, local_path
 from ..ranges import check_picklable, pickled_once, unpickled
 from .encoding import _chunks, _encode_chunk, _init_worker
 from .file import TokenFileWriter, TokenWriteResult

@@ -17,8 +17,9 @@ from ...format import arguments as check
 from ...format import constants as C
 from ..chat import chat_encoder, check_train_on
 from ..documents import iter_conversations, iter_documents
-from ..filewriter import MAX_WORKERS, DiskFile, check_not_input, check_output_path, check_replaceable, is_url, \
-    temp_file
+from ..disk import DiskFile
+from ..output import check_not_input, check_output_path, check_replaceable, is_url, temp_file
+from ..pool import MAX_WORKERS
 from ..tokenizers import EOS_NAMES, load_tokenizer
 from ..upload import WritePolicy
 from ..writer import _check_page_size
