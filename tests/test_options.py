@@ -93,3 +93,30 @@ def test_process_mode_takes_the_grouped_options(records):
                 array_type="numpy") as ref:
         want, ref_state = _rows(ref, 5)
     assert got == want and state == ref_state and np.unique([g[0] for g in got]).size == 50
+
+
+def test_process_mode_child_builds_from_a_picklable_description(records):
+    """The child of num_workers=1 builds its Loader from ``LoaderDescription`` (load/options.py): the parent's
+    resolved arguments (rank, world size, threads) without ToDevice ops; built again after a pickle round trip it
+    reads rank 1's slice of order v1 (the reference model's permutation), and the process-mode Loader equals it."""
+    import pickle
+
+    from reference import order as model
+
+    from pageset.load.options import LoaderDescription
+
+    kw = dict(batch_size=6, order="random", seed=9, rank=1, world_size=2, num_threads=2, array_type="numpy",
+              window_pages=2)
+    with Loader(records, **kw) as ld:
+        desc = pickle.loads(pickle.dumps(ld._describe()))
+    assert isinstance(desc, LoaderDescription)
+    assert (desc.rank, desc.world_size, desc.num_threads, desc.batches_ahead) == (1, 2, 2, 4)
+    assert desc.page_options == PageOptions(window_pages=2) and desc.indices is None
+    perm = model.permutation([120], 9, 0, "random")
+    want = [[perm[p] for p in model.rank_positions(step, 1, 2, 12)] for step in range(10)]
+    with desc.build(Loader) as rebuilt:
+        got = [b["label"].tolist() for b in rebuilt]
+        state = rebuilt.state_dict()
+    assert got == want
+    with Loader(records, num_workers=1, **kw) as child:
+        assert [b["label"].tolist() for b in child] == want and child.state_dict() == state

@@ -26,7 +26,7 @@ from ..order.plan import Member, OrderParams, PlanSpec
 from ..order.subset import OneFile
 from ..read.remote import url_scheme
 from .inputs import Input, open_input
-from .options import PageOptions, RemoteOptions, resolve
+from .options import LoaderDescription, PageOptions, RemoteOptions, resolve
 from .source import FileSource, RowReader, check_same_fields, split_cache_pages
 from .epoch import EpochRunner
 from .ring import SlotRing
@@ -232,12 +232,12 @@ class Loader(SlotRing, EpochRunner, LoaderReport):
         if num_workers and any(url_scheme(p) is not None for p in spec.paths):
             raise ValueError("num_workers=1 reads local files only (a URL's pages are fetched and prefetched by "
                              "the process that plans the batches); use num_workers=0 for a URL")
-        # process mode: the child process builds this Loader again from these arguments (pickled; checked below)
-        child_args = dict(path=path, batch_size=batch_size, pipelines=pipelines, order=order, seed=seed,
-                          drop_last=drop_last, num_threads=num_threads, batches_ahead=batches_ahead,
-                          page_cache=page_cache, window_pages=window_pages,
-                          window_records=window_records if window_pages is None else None, cache_pages=cache_pages,
-                          verify_pages=verify_pages, indices=indices, array_type=array_type) if num_workers else None
+        # process mode: the child process builds this Loader again from its description (see _describe())
+        self._described = dict(path=path, batch_size=batch_size, pipelines=pipelines, order=order, seed=seed,
+                               drop_last=drop_last, num_threads=num_threads, batches_ahead=batches_ahead,
+                               page_options=PageOptions(page_cache, cache_pages, verify_pages, window_pages,
+                                                        window_records if window_pages is None else None),
+                               indices=indices, array_type=array_type)
         self._sources: list[FileSource] = []
         self._inputs: list[Input] = []
         self._datasets = []  # each input's dataset (a Dataset, or a many-file set's ManyFileInput)
@@ -256,7 +256,7 @@ class Loader(SlotRing, EpochRunner, LoaderReport):
             self._setup_buffers()
             self._pool = None
             if num_workers:  # started now: the child imports and opens the files while the trainer sets up
-                self._pool = ProcessPool(self._child_init(child_args), self._shared, num_threads, str(self.path))
+                self._pool = ProcessPool(self._describe(), self._shared, num_threads, str(self.path))
         except BaseException:
             if getattr(self, "_pool", None) is not None:
                 self._pool.close()
@@ -361,17 +361,20 @@ class Loader(SlotRing, EpochRunner, LoaderReport):
         in_flight = (self.batches_ahead + 1) * self.global_batch_size
         return m * -(-in_flight // per_window) + 2
 
-    def _child_init(self, args: dict) -> dict:
-        """The arguments the child process builds this Loader from (process mode): the given ones, rank and
-        world size as resolved here, pipelines without ToDevice (the parent copies to the device). TypeError
-        naming the field and op that cannot be pickled (the child is another interpreter)."""
+    def _describe(self) -> LoaderDescription:
+        """What the child process of ``num_workers=1`` builds its Loader from: a picklable
+        :class:`~pageset.load.options.LoaderDescription` of the arguments as resolved here, rank and world size
+        included, pipelines without ToDevice (the parent copies to the device); local files only (no URL
+        options). TypeError naming the field and op that cannot be pickled (the child is another interpreter)."""
+        args = self._described
         pipes = args["pipelines"]
         if pipes is not None:
             pipes = {name: ops if not isinstance(ops, (list, tuple)) else
                      [op for op in ops if not getattr(op, "is_to_device", False)] for name, ops in pipes.items()}
-        init = {**args, "pipelines": pipes, "rank": self.dist.rank, "world_size": self.dist.world_size}
+        desc = LoaderDescription(**{**args, "pipelines": pipes, "rank": self.dist.rank,
+                                    "world_size": self.dist.world_size})
         try:
-            pickle.dumps(init, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dumps(desc, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:
             for name, ops in (pipes or {}).items():
                 for op in ops if isinstance(ops, (list, tuple)) else [ops]:
@@ -383,7 +386,7 @@ class Loader(SlotRing, EpochRunner, LoaderReport):
                                         "of an importable module, or num_workers=0") from op_exc
             raise TypeError(f"num_workers=1: the Loader's arguments cannot be pickled for the child process ({exc}); "
                             "use num_workers=0") from exc
-        return init
+        return desc
 
     # ---- state -----------------------------------------------------------------------------------------
     @property

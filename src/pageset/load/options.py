@@ -1,5 +1,6 @@
 """The Loader's argument groups as objects: :class:`PageOptions` (how local pages are read and the quasi-random
-window) and :class:`RemoteOptions` (a URL's fetching and on-disk cache), each checked when it is made.
+window) and :class:`RemoteOptions` (a URL's fetching and on-disk cache), each checked when it is made; and
+:class:`LoaderDescription`, a whole Loader's reading as one picklable object (what process mode's child builds from).
 
 ``Loader(path, batch_size=..., page_options=PageOptions(page_cache="process"), remote_options=RemoteOptions(
 cache_dir="/scratch/cache"))`` is the same Loader as the flat ``Loader(path, batch_size=..., page_cache="process",
@@ -80,6 +81,43 @@ class RemoteOptions:
              check.integer("max_requests", self.max_requests, minimum=1),
              check.real("request_timeout", self.request_timeout, low=0, low_open=True),
              check.integer("request_attempts", self.request_attempts, minimum=1))
+
+
+@dataclass(frozen=True)
+class LoaderDescription:
+    """What a Loader reads and how, as one picklable value: the child process of ``num_workers=1``
+    (load/process_worker.py) builds its Loader from it, ``description.build(cls)``, instead of from keyword
+    arguments. Made by the parent's Loader once its arguments are checked (``Loader._describe()``), so every
+    field is the parent's resolved value.
+
+    ``path`` (a path, or a plan spec: a Mixture, a FileSet, a subset's source), ``batch_size`` (rows per rank),
+    ``pipelines`` (field name -> ops, or None; without ToDevice ops: the parent copies to the device), ``order``,
+    ``seed``, ``drop_last``, ``num_threads`` and ``batches_ahead`` (resolved ints), ``rank`` and ``world_size``
+    (the parent's: the child fills the parent's slice), ``page_options`` (a :class:`PageOptions`; its
+    ``window_records`` is the parent's, None when ``window_pages`` sizes the window), ``indices`` (a subset's ids,
+    or None) and ``array_type``. No URL options: process mode reads local files only.
+    """
+
+    path: object
+    batch_size: int
+    pipelines: dict | None
+    order: str
+    seed: int
+    drop_last: bool
+    num_threads: int
+    batches_ahead: int
+    rank: int
+    world_size: int
+    page_options: PageOptions
+    indices: object
+    array_type: str
+
+    def build(self, cls):
+        """``cls(path, ...)`` (``cls`` the Loader or a subclass) with these arguments."""
+        return cls(self.path, batch_size=self.batch_size, pipelines=self.pipelines, order=self.order,
+                   seed=self.seed, drop_last=self.drop_last, num_threads=self.num_threads,
+                   batches_ahead=self.batches_ahead, rank=self.rank, world_size=self.world_size,
+                   page_options=self.page_options, indices=self.indices, array_type=self.array_type)
 
 
 def _set(options, *values) -> None:

@@ -161,13 +161,13 @@ class ProcessPool(Pool):
     ``contexts``, ``start``, ``generation``, ``close``, ``refresh``, ``page_counters``) over one child process
     running ``num_threads`` threads.
 
-    ``init``: the child's Loader arguments (picklable; see ``Loader``); ``shared``: the slots' SharedBuffers;
+    ``init``: what the child builds its Loader from (a picklable ``LoaderDescription``, load/options.py); ``shared``: the slots' SharedBuffers;
     ``name``: named in errors (the file's path). The child is started here, in the background: construction
     does not wait for it (it imports, opens the files and builds its stages while the trainer sets up); the first
     batch does.
     """
 
-    def __init__(self, init: dict, shared: SharedBuffers, num_threads: int, name: str):
+    def __init__(self, init, shared: SharedBuffers, num_threads: int, name: str):
         self.name, self.shared, self.generation = name, shared, 0
         self.threads = [_ChildThread(self, i) for i in range(num_threads)]
         self.contexts = [{STATS_KEY: _ChildStats(self, i)} for i in range(num_threads)]

@@ -1,9 +1,10 @@
 """The child process of ``Loader(num_workers=1)`` (see ``process_pool``): fills slots in shared memory.
 
 Started by :class:`~pageset.load.process_pool.ProcessPool` as ``python -c "...; main(fd)"`` with one end of a
-socketpair. It builds the parent's Loader again from the pickled arguments (same files, same stages, same
-RowReader; no batch slots of its own), starts ``num_threads`` decode threads (the Loader's ThreadPool, the code
-they run in process) and serves the parent's messages on its main thread:
+socketpair. It builds the parent's Loader again from its pickled description (load/options.py
+``LoaderDescription``: same files, same stages, same RowReader; no batch slots of its own), starts
+``num_threads`` decode threads (the Loader's ThreadPool, the code they run in process) and serves the parent's
+messages on its main thread:
 
 - ``("fill", slot, generation, step, slices, has_sources, has_keys)`` (+ a descriptor of the slot's new shared
   file): each slice goes to the thread pool; when the slot's last slice is done, ``("done", slot, error, lists)``
@@ -70,9 +71,7 @@ class Worker:
         self.sock, self.lock = sock, threading.Lock()
         self.layout, self.header, self.size = setup["layout"], setup["header"], setup["size"]
         self.parent = setup["parent"]
-        init = dict(setup["init"])
-        path = init.pop("path")
-        self.loader = WorkerLoader(path, **init)
+        self.loader = setup["init"].build(WorkerLoader)  # the parent's LoaderDescription (load/options.py)
         self.pool = self.loader._pool
         self.pool.start(self.loader.num_threads)  # a token file's loader starts none until asked
         self.maps: dict[int, tuple] = {}  # slot index -> (arrays, header views) over its current shared file
