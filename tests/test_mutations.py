@@ -341,7 +341,7 @@ MUTATIONS += [
              'arr = np.ascontiguousarray(indices, dtype="<i8")',
              'arr = np.sort(np.ascontiguousarray(indices, dtype="<i8"))',
              (f"{RO}::test_subset_streams_resume_and_reordered_ids_equal_the_model[random]",)),
-    Mutation("a mixture source skips its first sample (per-source rank counted from 1)", "order/mixture.py",
+    Mutation("a mixture source skips its first sample (per-source rank counted from 1)", "order/quotas.py",
              "- np.repeat(self._position_bounds[:-1], q)).astype(np.int32)",
              "- np.repeat(self._position_bounds[:-1], q) + 1).astype(np.int32)",
              (f"{RO}::test_mixture_streams_and_resume_equal_the_model[quasi_random-False]",)),
