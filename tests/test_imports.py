@@ -65,8 +65,9 @@ OPS_LAYERS = {
     "kernel_cache": set(),  # the on-disk cache switch, used by each stage's prepare()
     "turbo": set(),  # libjpeg-turbo's symbols for kernels
     "jpeg_scale": {"turbo"},  # DCT scale, region and scratch arithmetic
-    "jpeg_kernels": {"turbo", "jpeg_scale"},  # jpeg_info / jpeg_decode
-    "jpeg": {"turbo", "jpeg_scale", "jpeg_kernels", "kernel_cache"},  # JpegDecoder, prepare(); re-exports the kernels
+    "jpeg_restart": set(),  # restart intervals: the sub-JPEG of a crop's intervals (markers only, no library)
+    "jpeg_kernels": {"turbo", "jpeg_scale", "jpeg_restart"},  # jpeg_info / jpeg_decode
+    "jpeg": {"turbo", "jpeg_scale", "jpeg_restart", "jpeg_kernels", "kernel_cache"},  # JpegDecoder, prepare(); re-exports the kernels
     "crop": set(),  # crop boxes and flips (order.keys only)
     "resize_weights": set(),  # Pillow's fixed-point filter weights
     "resize": {"resize_weights"},  # the resize -> flip -> normalize kernel

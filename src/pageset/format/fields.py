@@ -80,6 +80,14 @@ class RGBImage(Field):
             the target size, then shrunk with LANCZOS as usual: 2x less CPU on large photos, at PSNR >= 44.9 dB
             against a full decode + LANCZOS (mean 55-65 dB; the 58 wheel and Debian JPEG photos at max_resolution
             224-512). ``False`` decodes every input in full.
+        jpeg_restart: restart intervals per MCU row of each JPEG the writer encodes (0: none, the default). With
+            ``n >= 1`` every MCU row (16 pixels for 4:2:0) is cut into at most ``n`` equal intervals (DRI/RSTn,
+            ITU-T T.81 B.2.4.4; the interval length divides the row, so a row of a prime number of MCUs is one
+            interval), and the loader entropy-decodes only the intervals that cover a crop
+            (:mod:`pageset.ops.jpeg_restart`), with the same pixels. Costs bytes (RSTn markers, byte alignment,
+            restarted DC prediction) and turns off libjpeg-turbo's fast Huffman decoder for the whole file: see
+            the README's image table for what it gains. Inputs kept by ``jpeg_passthrough`` keep their own
+            markers (any restart interval that tiles the MCU rows is used too). Not in the schema when 0.
 
     Conversion at write time: EXIF orientation is applied; grayscale, palette, CMYK, and images with alpha are
     converted to RGB (alpha is dropped, not composited; composite yourself beforehand if you need a
@@ -97,6 +105,13 @@ class RGBImage(Field):
     auto_raw_ratio: float = 4.0
     jpeg_passthrough: bool = False
     jpeg_draft: bool = True
+    jpeg_restart: int = 0
+
+    def params(self) -> dict:
+        params = super().params()
+        if not params["jpeg_restart"]:
+            del params["jpeg_restart"]  # files written without restart intervals keep their schema bytes
+        return params
 
     def columns(self, name: str) -> list[tuple[str, str]]:
         return super().columns(name) + [(f"{name}.{c}", dt) for c, dt in IMAGE_COLUMNS]
@@ -110,6 +125,7 @@ class RGBImage(Field):
         check.real("RGBImage.auto_raw_ratio", self.auto_raw_ratio, low=0, low_open=True)  # kept as given: schema
         self._set("jpeg_passthrough", check.boolean("RGBImage.jpeg_passthrough", self.jpeg_passthrough))
         self._set("jpeg_draft", check.boolean("RGBImage.jpeg_draft", self.jpeg_draft))
+        self._set("jpeg_restart", check.integer("RGBImage.jpeg_restart", self.jpeg_restart, minimum=0, maximum=64))
 
 
 @dataclass(frozen=True)

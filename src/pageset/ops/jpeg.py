@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from pageset.ops import jpeg_kernels, jpeg_scale, kernel_cache, turbo
+from pageset.ops import jpeg_kernels, jpeg_restart, jpeg_scale, kernel_cache, turbo
 from pageset.ops.jpeg_kernels import (  # noqa: F401  (re-exported)
     ERR_DATA,
     ERR_EMPTY,
@@ -24,6 +24,7 @@ from pageset.ops.jpeg_kernels import (  # noqa: F401  (re-exported)
     ERR_NO_IMAGE,
     ERR_OUT,
     ERR_REGION,
+    ERR_RESTART,
     ERR_SCALE,
     ERR_SCRATCH,
     OK,
@@ -63,7 +64,7 @@ def prepare() -> turbo.TurboJpegLibrary:
 @functools.cache
 def _prepare_once() -> turbo.TurboJpegLibrary:
     lib = turbo.load_library()
-    kernel_cache.enable(jpeg_kernels, jpeg_scale, turbo)
+    kernel_cache.enable(jpeg_kernels, jpeg_scale, jpeg_restart, turbo)
     return lib
 
 

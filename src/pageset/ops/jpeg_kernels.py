@@ -32,6 +32,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from pageset.ops import jpeg_restart
 from pageset.ops.jpeg_scale import (
     _direct,
     _pixel_size,
@@ -65,6 +66,7 @@ ERR_OUT = -5
 ERR_SCRATCH = -6
 ERR_DATA = -7
 ERR_NO_IMAGE = -8
+ERR_RESTART = -9
 
 STATUS_MESSAGES = {
     OK: "ok",
@@ -77,6 +79,7 @@ STATUS_MESSAGES = {
     ERR_SCRATCH: "scratch too small or not contiguous: size it with scratch_size()",
     ERR_DATA: "data must be a contiguous uint8[:] array",
     ERR_NO_IMAGE: "no image: the data ends (or is truncated) before the first scan (SOS marker)",
+    ERR_RESTART: "damaged restart markers: the RSTn markers do not match the header's restart interval (DRI)",
 }
 
 
@@ -187,6 +190,14 @@ def _set_region(handle, sw, sh, x0, y0, w0, h0):
 
 
 @numba.njit(nogil=True)
+def _sub_image(data, scale_num, scale_denom, x, y, w, h):
+    # the restart intervals that cover the region, as a JPEG of their own (see pageset.ops.jpeg_restart)
+    if data.size == 0 or data.strides[0] != 1 or not is_supported_scale(scale_num, scale_denom):
+        return jpeg_restart.NO_RESTART, data[:0], 0, 0
+    return jpeg_restart.sub_image(data, scale_num, scale_denom, x, y, w, h)
+
+
+@numba.njit(nogil=True)
 def jpeg_decode(handle, data, scale_num, scale_denom, x, y, w, h, out, scratch):
     """Decode region ``[x, x+w) x [y, y+h)`` of the image scaled by ``scale_num/scale_denom`` into ``out``.
 
@@ -203,7 +214,23 @@ def jpeg_decode(handle, data, scale_num, scale_denom, x, y, w, h, out, scratch):
     releases the GIL.
     Grayscale files decode to replicated RGB; CMYK/YCCK files decode as TJPF_CMYK and convert to RGB like
     Pillow. Calls tj3DecompressHeader, tj3SetScalingFactor, tj3SetCroppingRegion, tj3Decompress8.
+
+    A baseline file with restart intervals that tile its MCU rows (written with ``RGBImage(jpeg_restart=...)``,
+    or any such file) is cut first: only the intervals covering the region, plus one MCU of context, are
+    entropy-decoded (:mod:`pageset.ops.jpeg_restart`; the sub-JPEG is a new array of about the file's size), with
+    the same pixels. Its markers are checked on every call: ``ERR_RESTART`` when they do not match the header.
     """
+    st, sub, dx, dy = _sub_image(data, scale_num, scale_denom, x, y, w, h)
+    if st == jpeg_restart.DAMAGED:
+        return ERR_RESTART
+    if st == jpeg_restart.USABLE:
+        return _decode(handle, sub, scale_num, scale_denom, x - dx, y - dy, w, h, out, scratch)
+    return _decode(handle, data, scale_num, scale_denom, x, y, w, h, out, scratch)
+
+
+@numba.njit(nogil=True)
+def _decode(handle, data, scale_num, scale_denom, x, y, w, h, out, scratch):
+    # jpeg_decode on the file as libjpeg-turbo reads it
     status, width, height, subsamp, colorspace = jpeg_info(handle, data)
     if status < 0:
         return status
@@ -254,8 +281,20 @@ def jpeg_decode_window(handle, data, scale_num, scale_denom, x, y, w, h, buf, sc
     what :func:`jpeg_decode` writes. Needs ``buf.size >= window_bytes(...) // 4 * 3`` (at most
     ``(w + 96) * h * 3`` for a croppable image; the whole scaled image otherwise), else ``ERR_SCRATCH``;
     ``scratch`` is used only by CMYK/YCCK files (converted into ``buf`` as an ``h x w`` image, row = col = 0).
-    Saves the copy of every decoded pixel (about 0.1 ms for a 300 x 300 region).
+    Saves the copy of every decoded pixel (about 0.1 ms for a 300 x 300 region). Restart intervals are used and
+    checked as in :func:`jpeg_decode` (``ERR_RESTART``).
     """
+    st, sub, dx, dy = _sub_image(data, scale_num, scale_denom, x, y, w, h)
+    if st == jpeg_restart.DAMAGED:
+        return ERR_RESTART, 0, 0, 0, 0
+    if st == jpeg_restart.USABLE:
+        return _decode_window(handle, sub, scale_num, scale_denom, x - dx, y - dy, w, h, buf, scratch)
+    return _decode_window(handle, data, scale_num, scale_denom, x, y, w, h, buf, scratch)
+
+
+@numba.njit(nogil=True)
+def _decode_window(handle, data, scale_num, scale_denom, x, y, w, h, buf, scratch):
+    # jpeg_decode_window on the file as libjpeg-turbo reads it
     status, width, height, subsamp, colorspace = jpeg_info(handle, data)
     if status < 0:
         return status, 0, 0, 0, 0
@@ -276,7 +315,7 @@ def jpeg_decode_window(handle, data, scale_num, scale_denom, x, y, w, h, buf, sc
         if buf.size < h * w * 3:
             return ERR_SCRATCH, 0, 0, 0, 0
         out = buf[:h * w * 3].reshape((h, w, 3))
-        return jpeg_decode(handle, data, scale_num, scale_denom, x, y, w, h, out, scratch), h, w, 0, 0
+        return _decode(handle, data, scale_num, scale_denom, x, y, w, h, out, scratch), h, w, 0, 0
     if buf.size < w0 * h0 * 3:
         return ERR_SCRATCH, 0, 0, 0, 0
     if _set_region(handle, sw, sh, x0, y0, w0, h0) != 0:

@@ -149,6 +149,16 @@ def draft(img: Image.Image, max_resolution: int | None) -> tuple[tuple[int, int]
     return size, (left, top, dw - right, dh - bottom), denom
 
 
+def restart_blocks(width: int, subsampling: str, per_row: int) -> int:
+    """The restart interval in MCUs for an image ``width`` pixels wide: the shortest that divides its MCU row into
+    at most ``per_row`` intervals (``RGBImage.jpeg_restart``); 0 (no restart markers) when ``per_row`` is 0.
+    MCUs are 8 pixels wide for 4:4:4 and 16 for 4:2:2 and 4:2:0 (ITU-T T.81 A.2.4)."""
+    if not per_row:
+        return 0
+    mcus = -(-width // (8 if subsampling == "4:4:4" else 16))
+    return next(k for k in range(1, mcus + 1) if mcus % k == 0 and mcus // k <= per_row)
+
+
 def encode_image(value, field: RGBImage, stats: dict | None = None) -> tuple[bytes, dict]:
     """Payload and index columns (height, width, encoding) of one image value.
 
@@ -172,7 +182,8 @@ def encode_image(value, field: RGBImage, stats: dict | None = None) -> tuple[byt
             w, h = src.size
             return kept, {"height": h, "width": w, "encoding": ENCODING_JPEG}
     if field.encoding == "jpeg" and _plain_jpeg(src) and target_size(src.size, field.max_resolution) is None:
-        kept = turbo.transcode_yuv(src.pageset_bytes, field.jpeg_quality, _SUBSAMPLING[field.jpeg_subsampling])
+        kept = turbo.transcode_yuv(src.pageset_bytes, field.jpeg_quality, _SUBSAMPLING[field.jpeg_subsampling],
+                                   restart_blocks(src.size[0], field.jpeg_subsampling, field.jpeg_restart))
         if kept is not None:  # same size and subsampling: re-encoded from its YCbCr planes
             _tick(stats, clock, "transcode_s", "yuv")
             return kept[0], {"height": kept[2], "width": kept[1], "encoding": ENCODING_JPEG}
@@ -191,7 +202,8 @@ def encode_image(value, field: RGBImage, stats: dict | None = None) -> tuple[byt
             raw = pixels.tobytes()
             _tick(stats, clock, "encode_s")
             return raw, {"height": h, "width": w, "encoding": ENCODING_RAW}
-        jpeg = turbo.encode_rgb(pixels, field.jpeg_quality, _SUBSAMPLING[field.jpeg_subsampling])
+        jpeg = turbo.encode_rgb(pixels, field.jpeg_quality, _SUBSAMPLING[field.jpeg_subsampling],
+                                restart_blocks(w, field.jpeg_subsampling, field.jpeg_restart))
         _tick(stats, clock, "encode_s")
         if field.encoding == "auto" and h * w * 3 <= field.auto_raw_ratio * len(jpeg):
             return pixels.tobytes(), {"height": h, "width": w, "encoding": ENCODING_RAW}
@@ -213,7 +225,10 @@ def encode_image(value, field: RGBImage, stats: dict | None = None) -> tuple[byt
         return raw, {"height": h, "width": w, "encoding": ENCODING_RAW}
     buf = io.BytesIO()
     # Pillow's JPEG writer is deterministic for fixed settings; no EXIF or ICC goes into the stored bytes.
-    img.save(buf, format="JPEG", quality=field.jpeg_quality, subsampling=_SUBSAMPLING[field.jpeg_subsampling])
+    k = restart_blocks(w, field.jpeg_subsampling, field.jpeg_restart)
+    restart = {"restart_marker_blocks": k} if k else {}
+    img.save(buf, format="JPEG", quality=field.jpeg_quality, subsampling=_SUBSAMPLING[field.jpeg_subsampling],
+             **restart)
     jpeg = buf.getvalue()
     _tick(stats, clock, "encode_s")
     if field.encoding == "auto" and h * w * 3 <= field.auto_raw_ratio * len(jpeg):
