@@ -209,6 +209,14 @@ MUTATIONS = [
              "cached = (np.maximum(rel + lens - 1, rel) // self.page_size) == first  # inside one page",
              "cached = (np.maximum(rel + lens - 1, rel) // self.page_size) <= first + 1  # inside one page",
              ("tests/test_reference_read.py::test_loader_batches_equal_the_reference[images.pageset-process-False]",)),
+    Mutation("a restart-interval crop is cut with no upsampling context", "ops/jpeg_restart.py",
+             "CONTEXT = 4",
+             "CONTEXT = 0",
+             ("tests/test_jpeg_restart.py::test_every_crop_equals_pillows_full_decode_then_crop",)),
+    Mutation("RSTn numbers are not checked", "ops/jpeg_restart.py",
+             "if m != 0xD0 + (k & 7) or k + 1 >= count:",
+             "if k + 1 >= count:",
+             ("tests/test_jpeg_restart.py::test_damaged_restart_markers_are_an_error_never_other_pixels",)),
 ]
 
 
