@@ -26,6 +26,8 @@ BAD = [
     (CONVERT, "--jpeg-quality", "500", "an int in [1, 100]"),
     (CONVERT, "--jpeg-quality", "0", "an int in [1, 100]"),
     (CONVERT, "--jpeg-quality", "high", "an int in [1, 100]"),
+    (CONVERT, "--jpeg-restart", "65", "an int in [0, 64]"),
+    (CONVERT, "--jpeg-restart", "-1", "an int in [0, 64]"),
     (CONVERT, "--num-workers", "-3", "an int in [0, 1024]"),
     (CONVERT, "--num-workers", "99999999999999999999", "an int in [0, 1024]"),
     (CONVERT, "--page-size", "1000", "a power of two in [4096, 1073741824]"),
@@ -56,6 +58,7 @@ def test_a_number_out_of_range_is_a_usage_error_naming_the_option_and_range(tmp_
 
 GOOD = [
     (CONVERT, "--max-resolution", "1", 1), (CONVERT, "--jpeg-quality", "1", 1), (CONVERT, "--jpeg-quality", "100", 100),
+    (CONVERT, "--jpeg-restart", "4", 4),
     (CONVERT, "--num-workers", "0", 0), (CONVERT, "--page-size", "4096", 4096),
     (CONVERT, "--page-size", "1073741824", 1 << 30), (CONVERT, "--chunk-size", "1", 1),
     (TEXT, "--eos-id", "0", 0), (TEXT, "--bos-id", "4294967295", 2**32 - 1), (TEXT, "--page-size", "65536", 65536),

@@ -153,7 +153,7 @@ def cmd_convert(args) -> int:
         return 1
     image = RGBImage(max_resolution=args.max_resolution, encoding=args.encoding, jpeg_quality=args.jpeg_quality,
                      jpeg_subsampling=args.jpeg_subsampling, jpeg_passthrough=args.jpeg_passthrough,
-                     jpeg_draft=args.jpeg_draft)
+                     jpeg_draft=args.jpeg_draft, jpeg_restart=args.jpeg_restart)
     try:  # before any work
         check_not_input(args.output, [args.source])
         check_replaceable(args.output, "pageset convert OUTPUT SOURCE", _storage_options(args))
@@ -388,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-jpeg-draft", dest="jpeg_draft", action="store_false",
                    help="decode every JPEG in full before shrinking (default: a large JPEG is decoded at a reduced "
                         "DCT scale that keeps >= 2x max_resolution)")
+    c.add_argument("--jpeg-restart", type=_Int(0, 64), default=0, metavar="N",
+                   help="restart intervals per MCU row (0: none): the loader then decodes only a crop's intervals")
     c.add_argument("--num-workers", type=_workers, default=None,
                    help="encoding processes (default: all cores; 0: in this process)")
     c.add_argument("--page-size", type=_page_size, default=DEFAULT_PAGE_SIZE,
