@@ -7,6 +7,6 @@ bash tools/setup.sh
 .venv/bin/python -m pytest "$@"
 echo "--- kernels as plain Python (NUMBA_DISABLE_JIT=1) ---"
 NUMBA_DISABLE_JIT=1 .venv/bin/python -m pytest -q -W ignore::RuntimeWarning \
-  tests/test_keys.py tests/test_order.py tests/test_image_ops.py tests/test_jpeg.py tests/test_spans.py \
+  tests/test_keys.py tests/test_order.py tests/test_image_ops.py tests/test_jpeg.py tests/test_jpeg_restart.py tests/test_spans.py \
   tests/test_mixtures.py::test_golden_vectors tests/test_mixtures.py::test_counts_in_closed_form_equal_a_replay \
   tests/test_mixtures.py::test_lookup_kernel_equals_per_position_orders
