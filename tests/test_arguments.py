@@ -101,6 +101,8 @@ FIELDS = [
     ("RGBImage", "auto_raw_ratio", "4", T, r"RGBImage\.auto_raw_ratio must be a number"),
     ("RGBImage", "jpeg_passthrough", "yes", T, r"RGBImage\.jpeg_passthrough must be True or False"),
     ("RGBImage", "jpeg_draft", 1, T, r"RGBImage\.jpeg_draft must be True or False"),
+    ("RGBImage", "jpeg_restart", 65, V, r"RGBImage\.jpeg_restart must be an int in \[0, 64\], got 65"),
+    ("RGBImage", "jpeg_restart", 1.0, T, r"RGBImage\.jpeg_restart must be an int"),
     ("Int", "dtype", "int", V, r"Int\.dtype must be one of"),
     ("Int", "dtype", "float32", V, r"Int\.dtype must be one of"),
     ("Float", "dtype", "int32", V, r"Float\.dtype must be one of"),
