@@ -241,6 +241,19 @@ def sub_rectangle(layout, num, denom, x, y, w, h):
 
 
 @numba.njit(nogil=True)
+def _append_interval(data, layout, starts, k, seq, out, p):
+    # interval k's coded bytes at out[p:], after RST((seq - 1) % 8) unless it is the first; returns the new end
+    if seq > 0:
+        out[p] = 0xFF
+        out[p + 1] = 0xD0 + ((seq - 1) & 7)
+        p += 2
+    a = starts[k]
+    b = _coded_end(data, starts, layout, k)
+    out[p:p + b - a] = data[a:b]
+    return p + b - a
+
+
+@numba.njit(nogil=True)
 def assemble(data, layout, starts, c0, c1, r0, r1, out):
     """Write the JPEG of MCU columns ``[c0, c1)`` and rows ``[r0, r1)`` (from :func:`sub_rectangle`) into ``out``
     (uint8[:], at least ``data.size + 16`` bytes); returns its length in bytes. The header is the file's own with
@@ -264,27 +277,12 @@ def assemble(data, layout, starts, c0, c1, r0, r1, out):
         per = per_row // interval
         for r in range(r0, r1):
             for c in range(c0 // interval, c1 // interval):
-                k = r * per + c
-                if seq > 0:
-                    out[p] = 0xFF
-                    out[p + 1] = 0xD0 + ((seq - 1) & 7)
-                    p += 2
-                a = starts[k]
-                b = _coded_end(data, starts, layout, k)
-                out[p:p + b - a] = data[a:b]
-                p += b - a
+                p = _append_interval(data, layout, starts, r * per + c, seq, out, p)
                 seq += 1
     else:
         group = interval // per_row
         for k in range(r0 // group, (r1 + group - 1) // group):
-            if seq > 0:
-                out[p] = 0xFF
-                out[p + 1] = 0xD0 + ((seq - 1) & 7)
-                p += 2
-            a = starts[k]
-            b = _coded_end(data, starts, layout, k)
-            out[p:p + b - a] = data[a:b]
-            p += b - a
+            p = _append_interval(data, layout, starts, k, seq, out, p)
             seq += 1
     out[p] = 0xFF
     out[p + 1] = 0xD9
