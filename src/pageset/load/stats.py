@@ -229,6 +229,11 @@ class LoaderReport:
         started), ``inline`` (batches filled by the thread calling next()), ``page_cache`` (``{"hits",
         "misses"}`` page lookups of ``page_cache="process"``, else None), ``remote`` (:meth:`remote_stats`).
 
+        A Mixture adds ``mixture``: ``{"position", "stage", "weights", "counts", "stage_counts", "edits"}`` where
+        the stream stands after the batches handed out: the global sample position, the schedule's stage there (0
+        for constant weights), the sources' shares there, every source's samples so far, those of the current
+        stage, and the positions where weights were edited on resume (formats/mixture.md section 3).
+
         Cost: a few ``time.perf_counter`` reads per batch and slice (~50 ns each), no lock; under 1% of the
         fastest batch (a token batch filled inline, ~0.05-0.2 ms). Threads count their own numbers: while batches
         are being prepared, ``stats()`` may see a slice half counted (its time, not yet its row count).
@@ -252,6 +257,9 @@ class LoaderReport:
         out["bytes_read"] = out.pop("read_bytes") + cache.pop("bytes_read")
         out.update(num_threads=len(self._pool.threads), inline=self._inline, page_cache=cache if caches else None,
                    remote=self.remote_stats())
+        mixture = self._plan.describe(self._epoch, self._cursor, self._shift)
+        if mixture is not None:
+            out["mixture"] = mixture
         return out
 
     def bottleneck(self, step_seconds: float | None = None) -> dict:

@@ -155,6 +155,10 @@ class Plan(ABC):
         over to the next epoch). StateError / StateMismatchError naming the field when the state is malformed or
         belongs to other data or parameters."""
 
+    def describe(self, epoch: int, cursor: int, shift: int = 0) -> dict | None:
+        """What ``Loader.stats()["mixture"]`` shows at ``(epoch, cursor)``: None unless the plan mixes sources."""
+        return None
+
     def epoch_end(self, cursor: int) -> int:
         """The position at which the current epoch ends when its next step starts at ``cursor`` (int >= 0):
         :func:`~pageset.order.sharding.epoch_end` of N, G and drop_last; ``epoch_length`` for a cursor that is a
