@@ -387,3 +387,166 @@ class MixtureModel:
         if first != epoch * self.length:
             d["mixture"]["origin"] = first
         return d
+
+
+# --- mixture.md 3 schedules ---------------------------------------------------------------------------------
+
+def apportion(n: int, weights) -> list[int]:
+    """mixture.md 3.2: n shared in proportion to the integer weights by largest remainder, ties to the lower index."""
+    total = sum(weights)
+    exact = [Fraction(n * w, total) for w in weights]
+    out = [math.floor(x) for x in exact]
+    order = sorted(range(len(out)), key=lambda i: (-(exact[i] - out[i]), i))
+    for i in order[: n - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def _lowest(q) -> list[int]:
+    g = math.gcd(*q)
+    return [x // g for x in q]
+
+
+def schedule_pieces(starts, stage_quotas, interpolate, block, until: int) -> list[tuple]:
+    """mixture.md 3.2: the pieces (start, stop or None, quotas, stage) of a schedule, as far as position until."""
+    pieces = []
+    for j, s in enumerate(starts):
+        if s > until:
+            break
+        if j == len(starts) - 1:
+            pieces.append((s, None, _lowest(stage_quotas[j]), j))
+            break
+        length = starts[j + 1] - s
+        if interpolate[j] == "step":
+            q = _lowest(stage_quotas[j])
+            periods, rest = divmod(length, sum(q))
+            if periods:
+                pieces.append((s, s + periods * sum(q), q, j))
+            if rest:
+                pieces.append((s + periods * sum(q), starts[j + 1], _lowest(apportion(rest, q)), j))
+            continue
+        # a ramp: source i is owed T_i(y) = integral over [0, y) of p_i + (p'_i - p_i) t / length
+        p = [Fraction(x, sum(stage_quotas[j])) for x in stage_quotas[j]]
+        p2 = [Fraction(x, sum(stage_quotas[j + 1])) for x in stage_quotas[j + 1]]
+        b = min(block if block is not None else -(-length // 100), 10**6)
+        got = [0] * len(p)
+        x = 0
+        while x < length:
+            y = min(x + b, length)
+            owed = [max(a * y + (a2 - a) * Fraction(y * y, 2 * length) - c, Fraction(0))
+                    for a, a2, c in zip(p, p2, got)]
+            den = math.lcm(*(o.denominator for o in owed))
+            n = apportion(y - x, [int(o * den) for o in owed])
+            pieces.append((s + x, s + y, _lowest(n), j))
+            got = [c + v for c, v in zip(got, n)]
+            x = y
+    return pieces
+
+
+class ScheduleModel:
+    """mixture.md 3: the source of every position and every source's counts under a schedule (and edits)."""
+
+    def __init__(self, starts, stage_quotas, interpolate=(), block=None, until=10**5):
+        self.starts, self.stage_quotas = list(starts), [list(q) for q in stage_quotas]
+        self.interpolate, self.block = list(interpolate), block
+        self.pieces = schedule_pieces(self.starts, self.stage_quotas, self.interpolate, block, until)
+        self._slots = {}
+        # counts at each piece's start, by summing the pieces' slots one position at a time
+        self.bases = []
+        counts = [0] * len(self.stage_quotas[0])
+        for a, b, q, _ in self.pieces:
+            self.bases.append(list(counts))
+            if b is not None:
+                slots = self.slots(q)
+                for g in range(a, b):
+                    counts[slots[(g - a) % len(slots)]] += 1
+        self.edit_at, self.offset = 0, [0] * len(counts)
+
+    def slots(self, q) -> list[int]:
+        key_ = tuple(q)
+        if key_ not in self._slots:
+            self._slots[key_] = schedule(list(q))
+        return self._slots[key_]
+
+    def _piece(self, g: int) -> int:
+        k = max(i for i, p in enumerate(self.pieces) if p[0] <= g)
+        assert self.pieces[k][1] is None or g < self.pieces[k][1], "position past the modelled pieces"
+        return k
+
+    def natural(self, g: int) -> list[int]:
+        k = self._piece(g)
+        a, _, q, _ = self.pieces[k]
+        out = list(self.bases[k])
+        slots = self.slots(q)
+        for t in range(a, g):
+            out[slots[(t - a) % len(slots)]] += 1
+        return out
+
+    def edit(self, g0: int, counts) -> None:
+        """mixture.md 3.3: from g0 on, each source continues from counts[i] samples."""
+        self.edit_at = g0
+        self.offset = [c - n for c, n in zip(counts, self.natural(g0))]
+
+    def counts(self, g: int) -> list[int]:
+        assert g >= self.edit_at
+        return [n + o for n, o in zip(self.natural(g), self.offset)]
+
+    def source(self, g: int) -> tuple[int, int]:
+        """(source, its sample number k) at position g."""
+        k = self._piece(g)
+        a, _, q, _ = self.pieces[k]
+        slots = self.slots(q)
+        i = slots[(g - a) % len(slots)]
+        return i, self.counts(g)[i]
+
+    def schedule_id(self) -> str:
+        text = json.dumps({"block": self.block, "interpolate": self.interpolate,
+                           "stages": [[s, q] for s, q in zip(self.starts, self.stage_quotas)]}, sort_keys=True)
+        return "schedule:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class ScheduledMixtureModel(MixtureModel):
+    """mixture.md 2.3-2.5 over a schedule (section 3): MixtureModel with the schedule's sources and counts."""
+
+    def __init__(self, sched: ScheduleModel, source_page_sizes, seed, order, window_pages, drop_last, global_batch,
+                 samples_per_epoch=None, window_records=16384):
+        super().__init__(sched.stage_quotas[0], source_page_sizes, seed, order, window_pages, drop_last,
+                         global_batch, samples_per_epoch, window_records)
+        self.sched = sched
+        self.edits = []
+
+    def count(self, g: int, i: int) -> int:
+        return self.sched.counts(g)[i]
+
+    def sample(self, g: int) -> tuple[int, int]:
+        i, k = self.sched.source(g)
+        e, pos = divmod(k, self.n[i])
+        if (i, e) not in self._perms:
+            self._perms[(i, e)] = permutation(self.sizes[i], self.source_seeds[i], e, self.order, self.m[i])
+        return i, self._perms[(i, e)][pos]
+
+    def dataset_id(self, source_ids) -> str:
+        if len(self.sched.starts) == 1:
+            return super().dataset_id(source_ids)
+        text = json.dumps({"mixture_algo": 1, "schedule": self.sched.schedule_id(), "samples_per_epoch": self.spe,
+                           "sources": list(source_ids)}, sort_keys=True)
+        return "mixture:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def state_dict(self, source_ids, epoch, cursor, seq_len=0, origin=None) -> dict:
+        first = epoch * self.length if origin is None else origin
+        g = first + cursor
+        d = state_dict(self.dataset_id(source_ids), self.seed, epoch, cursor, self.g, self.order, self.window_pages,
+                       self.drop_last, seq_len=seq_len, window_records=self.window_records)
+        stage = max(j for j, s in enumerate(self.sched.starts) if s <= g)
+        d["mixture"] = {"mixture_algo": 1, "quotas": list(self.sched.stage_quotas[stage]),
+                        "samples_per_epoch": self.spe,
+                        "sources": [{"dataset_id": sid, "epoch": e, "cursor": c}
+                                    for sid, (e, c) in zip(source_ids, self.cursors(g))]}
+        if len(self.sched.starts) > 1:
+            d["mixture"]["schedule"] = {"id": self.sched.schedule_id(), "stage": stage}
+        if self.edits:
+            d["mixture"]["base"] = {"position": self.sched.edit_at, "counts": self.sched.counts(self.sched.edit_at)}
+            d["mixture"]["edits"] = list(self.edits)
+        if first != epoch * self.length:
+            d["mixture"]["origin"] = first
+        return d

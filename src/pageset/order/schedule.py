@@ -31,7 +31,7 @@ from .quotas import MAX_SOURCES, RESOLUTION, MixtureSchedule, quotas
 
 INTERPOLATIONS = ("step", "linear")
 MAX_BLOCK = RESOLUTION  # a ramp block is one EDF period at most this long (its slots are built when it is read)
-DEFAULT_RAMP_BLOCKS = 1000  # block=None: a ramp of L positions in blocks of ceil(L / 1000)
+DEFAULT_RAMP_BLOCKS = 100  # block=None: a ramp of L positions in blocks of ceil(L / 100)
 
 
 class Schedule:
@@ -47,8 +47,8 @@ class Schedule:
     - ``interpolate``: ``"step"`` (a stage's weights hold until the next stage starts) or ``"linear"`` (the shares
       move linearly from one stage's to the next one's, reaching them at its start), for every gap between two
       stages, or a sequence with one of these per gap (``len(stages) - 1`` values). The last stage holds forever.
-    - ``block``: samples per block of a linear ramp, an int in ``[1, 10**6]``; None: ``ceil(L / 1000)`` for a
-      ramp of L positions (at most 1000 blocks, each at most 10**6). Each block gets whole samples: what every
+    - ``block``: samples per block of a linear ramp, an int in ``[1, 10**6]``; None: ``ceil(L / 100)`` for a
+      ramp of L positions (at most 100 blocks, each at most 10**6 samples: more for a ramp over 10**8). Each block gets whole samples: what every
       source is owed at the block's end (the integral of its interpolated share over the ramp so far), less what
       it already got, shared out by largest remainder (``formats/mixture.md`` section 3.2).
 
@@ -147,13 +147,12 @@ def apportion(n: int, weights) -> list[int]:
     ``floor(n * w_i / W)`` each, then one more to the largest remainders ``n * w_i mod W`` (ties to the lower
     index) until they sum to n. Exact integer arithmetic (Python ints)."""
     total = sum(weights)
-    out, rems = [], []
-    for w in weights:
-        f, r = divmod(n * w, total)
-        out.append(f)
-        rems.append(r)
-    for i in sorted(range(len(out)), key=lambda i: (-rems[i], i))[: n - sum(out)]:
-        out[i] += 1
+    parts = [divmod(n * w, total) for w in weights]
+    out = [f for f, _ in parts]
+    short = n - sum(out)
+    if short:
+        for i in sorted(range(len(out)), key=lambda i: (-parts[i][1], i))[:short]:
+            out[i] += 1
     return out
 
 
@@ -260,15 +259,17 @@ class StreamSchedule:
             k = 2 * length * d * d2
             b = self.block or -(-length // DEFAULT_RAMP_BLOCKS)
             b = min(b, MAX_BLOCK)
-            got = [0] * self.n_sources  # samples of each source in the ramp so far
+            lin = [2 * length * a * d2 for a in q]
+            quad = [a2 * d - a * d2 for a, a2 in zip(q, q2)]
+            got = [0] * self.n_sources  # k times the samples of each source in the ramp so far
             for x in range(0, length, b):
                 y = min(x + b, length)
-                owed = [max(2 * length * y * a * d2 + (a2 * d - a * d2) * y * y - k * c, 0)
-                        for a, a2, c in zip(q, q2, got)]
+                yy = y * y
+                owed = [max(u * y + v * yy - c, 0) for u, v, c in zip(lin, quad, got)]
                 n = apportion(y - x, owed)
                 yield Piece(s + x, s + y, _reduced(n), tuple(counts), j)
                 counts = [c + v for c, v in zip(counts, n)]
-                got = [c + v for c, v in zip(got, n)]
+                got = [c + k * v for c, v in zip(got, n)]
 
     def _extend(self, g: int | None = None) -> None:
         """Generate pieces until one holds position ``g`` (None: just the first)."""
