@@ -292,6 +292,13 @@ OTHERS = [  # callables whose arguments are paths (or the inputs of a mixture)
     ("Mixture", "weights", [1, -1], V, r"weights\[1\] = -1\.0 is negative"),
     ("Mixture", "samples_per_epoch", 0, V, r"samples_per_epoch must be an int >= 1"),
     ("Mixture", "samples_per_epoch", 2.5, V, r"samples_per_epoch must be an int >= 1 .*got 2\.5"),
+    ("Mixture", "weights", pageset.Schedule([(0, [1, 1, 1])]), V, r"the schedule has 3 weights per stage for 2"),
+    ("Schedule", "stages", 5, T, r"stages must be a sequence of \(start, weights\) pairs"),
+    ("Schedule", "stages", [(3, [1, 1])], V, r"stages\[0\] starts at 3: the first stage starts at position 0"),
+    ("Schedule", "interpolate", "cubic", V, r"interpolate = 'cubic': use one of \('step', 'linear'\)"),
+    ("Schedule", "interpolate", 1, T, r"interpolate must be 'step', 'linear' or a sequence of them"),
+    ("Schedule", "block", 0, V, r"block must be an int in \[1, 1000000\]"),
+    ("Schedule", "block", 2.0, V, r"block must be an int in \[1, 1000000\] .*got 2\.0"),
     ("ParquetSource", "paths", 3, T, r"paths must be a path or URL"),
     ("ParquetSource", "columns", "text", T, r"columns must be a dict or None"),
     ("ParquetSource", "storage_options", "anon", T, r"storage_options must be a dict or None, e\.g\. \{'anon': True\}"),
@@ -343,6 +350,7 @@ OTHERS = [  # callables whose arguments are paths (or the inputs of a mixture)
                          ids=[f"{r[0]}.{r[1]}={r[2]!r}" for r in OPS + FIELDS + OTHERS])
 def test_constructor_refuses_bad_argument(name, arg, value, exc, match):
     kw = {"TokenWindows": {"seq_len": 8}, "Mixture": {"sources": ["a.pageset", "b.pageset"], "weights": [1, 1]},
+          "Schedule": {"stages": [(0, [1, 1]), (10, [1, 2])]},
           "ParquetSource": {"paths": "x.parquet"}, "open_dataset": {"path": "x.pageset"},
           "open_tokens": {"path": "x.pageset"}, "WebDatasetSource": {"urls": "x.tar", "fields": {"a": "jpg"}},
           "PagesetDatasink": {"path": "out", "fields": {"label": Int()}},

@@ -129,8 +129,13 @@ def test_golden_vectors_of_formats_mixture_md():
     assert [(p.start, p.stop, p.quotas) for p, _, _ in ramp.pieces_in(0, 12)] == \
         [(0, 4, (3, 1)), (4, 8, (1, 1)), (8, 10, (0, 1)), (10, None, (0, 1))]
     assert ramp.lookup(0, 12)[0].tolist() == [0, 0, 1, 0, 0, 1, 0, 1, 1, 1, 1, 1]
-    # the default block: ceil(L / 100); a 1000-position ramp from (1, 1) to (1, 3): blocks of 10
-    assert len(StreamSchedule([0, 1000], [(1, 1), (1, 3)], ["linear"]).pieces_in(0, 1000)) == 100
+    # the schedule id (section 3.4) of the schedule the loader tests use: the text's, the model's and ours
+    ours = StreamSchedule([0, 96, 200], [quotas(w) for _, w in STAGES], INTERP, BLOCK).schedule_id()
+    assert ours == _model_schedule().schedule_id() == "schedule:f9a8973e3487c2b366a3020941e9c58b"
+    # the default block: max(ceil(L / 100), 4096): ramps of 800,000, 50,000 and 1,000 positions from (1, 1) to
+    # (1, 3) are cut into 100 blocks of 8,000, 13 of 4,096 (the last shorter) and one
+    for length, blocks in ((800_000, 100), (50_000, 13), (1000, 1)):
+        assert len(StreamSchedule([0, length], [(1, 1), (1, 3)], ["linear"]).pieces_in(0, length)) == blocks
 
 
 def test_per_stage_counts_equal_the_quotas_exactly(files):

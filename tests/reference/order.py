@@ -428,7 +428,7 @@ def schedule_pieces(starts, stage_quotas, interpolate, block, until: int) -> lis
         # a ramp: source i is owed T_i(y) = integral over [0, y) of p_i + (p'_i - p_i) t / length
         p = [Fraction(x, sum(stage_quotas[j])) for x in stage_quotas[j]]
         p2 = [Fraction(x, sum(stage_quotas[j + 1])) for x in stage_quotas[j + 1]]
-        b = min(block if block is not None else -(-length // 100), 10**6)
+        b = min(block if block is not None else max(-(-length // 100), 4096), 10**6)
         got = [0] * len(p)
         x = 0
         while x < length:

@@ -92,8 +92,9 @@ def source_seed(seed: int, source: int) -> int:
 
 
 @numba.njit(nogil=True)
-def _edf_period(q, out):
-    """Fill ``out`` (int16[D], D = sum(q)) with the source of each slot of one period (EDF, see module doc).
+def _edf_period(q, out, rank):
+    """Fill ``out`` (int16[D], D = sum(q)) with the source of each slot of one period (EDF, see module doc) and
+    ``rank`` (int32[D]) with the slots of the same source before each slot.
 
     Integer arithmetic only: with a = 2S' - 2 and b = 2S' - 3 (S' positive quotas, d = b / a), the k-th
     (1-based) sample of source i is released at slot t (1-based) when ``k * D * a <= t * q_i * a + b * D`` and
@@ -131,6 +132,7 @@ def _edf_period(q, out):
                 if t * q[i] - counts[i] * d > t * q[best] - counts[best] * d:
                     best = i
         out[t - 1] = best
+        rank[t - 1] = counts[best]
         counts[best] += 1
     return idle
 
@@ -150,25 +152,27 @@ class MixtureSchedule:
         self.quotas = tuple(int(x) for x in q)
         self.period = int(q.sum())
         self.slots = np.empty(self.period, dtype=np.int16)
-        if _edf_period(q, self.slots):
+        rank = np.empty(self.period, dtype=np.int32)
+        if _edf_period(q, self.slots, rank):
             raise AssertionError(f"mixture schedule for quotas {self.quotas} left a slot without a released "
                                  "sample (the EDF bound failed); please report it")
         self.slots.flags.writeable = False
-        # _slot_positions[i]: the slots of source i in one period, sorted (c_i(r) = searchsorted(..., r)); the
-        # same, concatenated (source i's are _flat_positions[_position_bounds[i]:_position_bounds[i + 1]]).
-        self._flat_positions = np.argsort(self.slots, kind="stable").astype(np.int64)
-        self._position_bounds = np.zeros(q.size + 1, dtype=np.int64)
-        np.cumsum(q, out=self._position_bounds[1:])
-        self._quota_array = q
-        self._slot_positions = [self._flat_positions[self._position_bounds[i]:self._position_bounds[i + 1]]
-                                for i in range(q.size)]
         # rank[r]: slots of source slots[r] before slot r in a period, so count_i(g) for i = slots[g mod D] is
         # (g // D) * q_i + rank[g mod D] (the index of the sample at g in its source's stream) in O(1)
-        rank = np.empty(self.period, dtype=np.int32)
-        rank[self._flat_positions] = (np.arange(self.period, dtype=np.int64)
-                                      - np.repeat(self._position_bounds[:-1], q)).astype(np.int32)
         rank.flags.writeable = False
         self.rank = rank
+        self._quota_array = q
+        self._positions = None  # the slots of each source, sorted: built by counts() when first asked
+
+    @property
+    def _slot_positions(self) -> list:
+        """``[int64[q_i]]``: the slots of source i in one period, sorted (``c_i(r) = searchsorted(..., r)``)."""
+        if self._positions is None:
+            flat = np.argsort(self.slots, kind="stable").astype(np.int64)
+            bounds = np.zeros(self._quota_array.size + 1, dtype=np.int64)
+            np.cumsum(self._quota_array, out=bounds[1:])
+            self._positions = [flat[bounds[i]:bounds[i + 1]] for i in range(self._quota_array.size)]
+        return self._positions
 
     @property
     def n_sources(self) -> int:

@@ -31,7 +31,8 @@ from .quotas import MAX_SOURCES, RESOLUTION, MixtureSchedule, quotas
 
 INTERPOLATIONS = ("step", "linear")
 MAX_BLOCK = RESOLUTION  # a ramp block is one EDF period at most this long (its slots are built when it is read)
-DEFAULT_RAMP_BLOCKS = 100  # block=None: a ramp of L positions in blocks of ceil(L / 100)
+DEFAULT_RAMP_BLOCKS = 100  # block=None: a ramp of L positions in blocks of max(ceil(L / 100), 4096)
+MIN_DEFAULT_BLOCK = 4096  # a piece costs ~25 us to generate and read: keep that near 0.005 us per sample
 
 
 class Schedule:
@@ -47,10 +48,12 @@ class Schedule:
     - ``interpolate``: ``"step"`` (a stage's weights hold until the next stage starts) or ``"linear"`` (the shares
       move linearly from one stage's to the next one's, reaching them at its start), for every gap between two
       stages, or a sequence with one of these per gap (``len(stages) - 1`` values). The last stage holds forever.
-    - ``block``: samples per block of a linear ramp, an int in ``[1, 10**6]``; None: ``ceil(L / 100)`` for a
-      ramp of L positions (at most 100 blocks, each at most 10**6 samples: more for a ramp over 10**8). Each block gets whole samples: what every
-      source is owed at the block's end (the integral of its interpolated share over the ramp so far), less what
-      it already got, shared out by largest remainder (``formats/mixture.md`` section 3.2).
+    - ``block``: samples per block of a linear ramp, an int in ``[1, 10**6]``; None: ``max(ceil(L / 100),
+      4096)`` for a ramp of L positions (at most 100 blocks of at least 4096 samples, each at most 10**6: more
+      blocks for a ramp over 10**8). Each block gets whole samples: what every source is owed at the block's end
+      (the integral of its interpolated share over the ramp so far), less what it already got, shared out by
+      largest remainder (``formats/mixture.md`` section 3.2). A block is a piece of the stream, which costs ~25 us
+      to plan and read: blocks of a few samples make a batch that crosses many of them cost more than the batch.
 
     Attributes: ``starts`` (tuple of ints), ``weights`` (tuple of tuples of floats, as given),
     ``stage_quotas`` (each stage's weights resolved by ``quotas``), ``interpolate`` (tuple, one per gap),
@@ -120,7 +123,8 @@ class Schedule:
             if isinstance(block, (bool, np.bool_)) or not isinstance(block, numbers.Integral) \
                     or not 1 <= block <= MAX_BLOCK:
                 raise ValueError(f"block must be an int in [1, {MAX_BLOCK}] (samples per block of a linear ramp) "
-                                 f"or None (ceil(L / {DEFAULT_RAMP_BLOCKS}) for a ramp of L samples), got {block!r}")
+                                 f"or None (max(ceil(L / {DEFAULT_RAMP_BLOCKS}), {MIN_DEFAULT_BLOCK}) for a ramp "
+                                 f"of L samples), got {block!r}")
             block = int(block)
         self.starts = tuple(starts)
         self.weights = tuple(weights)
@@ -257,27 +261,41 @@ class StreamSchedule:
             q2 = self.stage_quotas[j + 1]
             d, d2 = sum(q), sum(q2)
             k = 2 * length * d * d2
-            b = self.block or -(-length // DEFAULT_RAMP_BLOCKS)
+            b = self.block or max(-(-length // DEFAULT_RAMP_BLOCKS), MIN_DEFAULT_BLOCK)
             b = min(b, MAX_BLOCK)
             lin = [2 * length * a * d2 for a in q]
             quad = [a2 * d - a * d2 for a, a2 in zip(q, q2)]
             got = [0] * self.n_sources  # k times the samples of each source in the ramp so far
+            sources = range(self.n_sources)
             for x in range(0, length, b):
                 y = min(x + b, length)
-                yy = y * y
+                yy, size = y * y, min(b, length - x)
                 owed = [max(u * y + v * yy - c, 0) for u, v, c in zip(lin, quad, got)]
-                n = apportion(y - x, owed)
-                yield Piece(s + x, s + y, _reduced(n), tuple(counts), j)
+                total = sum(owed)  # apportion(size, owed), inline: this loop runs once per block
+                parts = [divmod(size * w, total) for w in owed]
+                n = [f for f, _ in parts]
+                short = size - sum(n)
+                if short:
+                    for i in sorted(sources, key=lambda i: (-parts[i][1], i))[:short]:
+                        n[i] += 1
+                g = math.gcd(*n)
+                yield Piece(s + x, s + y, tuple(v // g for v in n), tuple(counts), j)
                 counts = [c + v for c, v in zip(counts, n)]
                 got = [c + k * v for c, v in zip(got, n)]
 
     def _extend(self, g: int | None = None) -> None:
         """Generate pieces until one holds position ``g`` (None: just the first)."""
-        while not self._pieces or (g is not None and self._pieces[-1].stop is not None
-                                   and self._pieces[-1].stop <= g):
-            p = next(self._gen)
-            self._pieces.append(p)
-            self._piece_starts.append(p.start)
+        pieces, starts, gen = self._pieces, self._piece_starts, self._gen
+        if not pieces:
+            pieces.append(next(gen))
+            starts.append(pieces[-1].start)
+        if g is None:
+            return
+        last = pieces[-1]
+        while last.stop is not None and last.stop <= g:
+            last = next(gen)
+            pieces.append(last)
+            starts.append(last.start)
 
     def piece_at(self, g: int) -> Piece:
         """The piece holding global position ``g`` (int >= 0)."""
