@@ -702,7 +702,7 @@ def test_sigkill_mixture_then_resume_on_another_world_size(tmp_path, image_files
     assert merged == control[24:]  # same sources, ids and augmented pixels
 
 
-@pytest.mark.parametrize("heading", ["### Subsets and splits", "### Mixing datasets"])
+@pytest.mark.parametrize("heading", ["### Subsets and splits", "### Mixing datasets", "### Schedules"])
 def test_readme_examples_run(tmp_path, heading):
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     code = re.search(r"```python\n(.*?)```", readme[readme.index(heading):], re.S).group(1)

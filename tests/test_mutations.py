@@ -219,6 +219,37 @@ MUTATIONS = [
              ("tests/test_jpeg_restart.py::test_damaged_restart_markers_are_an_error_never_other_pixels",)),
 ]
 
+# mixture weight schedules (formats/mixture.md section 3): each compared with the reference model or hand values
+TS = "tests/test_schedules.py"
+MUTATIONS += [
+    Mutation("ramp blocks forget what each source already got (no carried remainder)", "order/schedule.py",
+             "got = [c + k * v for c, v in zip(got, n)]",
+             "got = [c + 0 * v for c, v in zip(got, n)]",
+             (f"{TS}::test_ramp_tracks_the_integral_of_its_shares",)),
+    Mutation("a ramp interpolates towards the previous stage (the quadratic term's sign flipped)", "order/schedule.py",
+             "quad = [a2 * d - a * d2 for a, a2 in zip(q, q2)]",
+             "quad = [a * d2 - a2 * d for a, a2 in zip(q, q2)]",
+             (f"{TS}::test_stream_schedule_equals_the_model_on_random_schedules",)),
+    Mutation("a step stage's tail takes the stage's whole quotas", "order/schedule.py",
+             "tail = apportion(r, q)",
+             "tail = list(q)",
+             (f"{TS}::test_golden_vectors_of_formats_mixture_md",
+              f"{TS}::test_all_gathered_stream_of_1_2_4_ranks_is_the_models[random]")),
+    Mutation("edited weights restart every source from the new schedule's own counts", "order/schedule.py",
+             "self.offset = counts - self.natural_counts(g0)",
+             "self.offset = 0 * counts",
+             (f"{TS}::test_edited_weights_at_resume_continue_as_the_model_says[constant]",)),
+    Mutation("the mixture kernel drops a piece's base counts", "order/mixture.py",
+             "k = base[s] + (g // period) * q[s] + rank[r]",
+             "k = (g // period) * q[s] + rank[r]",
+             (f"{TS}::test_all_gathered_stream_of_1_2_4_ranks_is_the_models[quasi_random]",)),
+    Mutation("the schedule id leaves out the ramp block (another block resumes as the same schedule)",
+             "order/schedule.py",
+             'text = json.dumps({"block": self.block, "interpolate"',
+             'text = json.dumps({"block": None, "interpolate"',
+             (f"{TS}::test_golden_vectors_of_formats_mixture_md",)),
+]
+
 
 def _ids():
     return [m.name for m in MUTATIONS]

@@ -465,3 +465,49 @@ def test_schedule_against_the_sources_is_checked(files, tmp_path):
     with pytest.raises(ValueError, match=r"b.pageset: stage 1 \(start 40\) of the schedule: source 1 of the "
                                          r"mixture has no records but weight 1.0; give it weight 0 or drop it"):
         Mixture(["a.pageset", "b.pageset"], Schedule([(0, [1, 0]), (40, [1, 1])])).plan(members, params)
+
+
+def test_packed_rows_weighted_by_tokens_per_stage(tmp_path):
+    """Packed rows (best_fit, 16 columns) of two token files under a schedule with weight_unit="tokens": each
+    stage's quotas are section 2.6's of its weights (from the reference packing's rows and predictions), the
+    stream is the model's and every row's tokens and labels are the reference packing's."""
+    from reference import format as ref_format
+    from reference import packing as ref_packing
+
+    L = 16
+    rng = np.random.default_rng(3)
+    docs = [[np.arange(100 + 16 * k, 116 + 16 * k) for k in range(40)],
+            [rng.integers(2, 5000, size=int(rng.integers(1, 30))) for _ in range(60)]]
+    paths, refs = [], []
+    for k, ds in enumerate(docs):
+        path = tmp_path / f"p{k}.pageset"
+        write_tokens(path, ds, None, eos_id=1, dtype="uint16", num_workers=0, page_size=4096, progress=False,
+                     lineage=False)
+        ref = ref_format.read_file(path)
+        rows = ref_packing.rows(ref.doc_offsets, L, 2, ref.header["page_size"], 1)
+        preds = sum(m - 1 for row in rows for _, m in row)
+        sizes = ref_packing.row_page_sizes(rows, 2, ref.header["page_size"], ref.header["page_count"])
+        paths.append(path)
+        refs.append((rows, sizes, preds, ref.tokens))
+    stages = [(0, [1, 1]), (30, [1, 3]), (70, [0.25, 0.75])]
+
+    def sample_quotas(w):
+        v = [Fraction(x) * len(rows) / t for x, (rows, _, t, _) in zip(w, refs)]
+        return model.quotas([float(x / max(v)) for x in v])
+
+    assert [sample_quotas(w) for _, w in stages] != [model.quotas(w) for _, w in stages]  # tokens are not rows
+    ms = model.ScheduleModel([s for s, _ in stages], [sample_quotas(w) for _, w in stages], ["linear", "step"], 8)
+    ref = model.ScheduledMixtureModel(ms, [r[1] for r in refs], 2, "quasi_random", 2, True, 6, samples_per_epoch=48)
+    mix = Mixture(paths, Schedule(stages, ["linear", "step"], block=8), weight_unit="tokens", samples_per_epoch=48)
+    got = []
+    with Loader(mix, batch_size=3, rank=0, world_size=1, order="quasi_random", seed=2, window_pages=2,
+                pipelines={"tokens": [TokenWindows(L, packing="best_fit")]}, array_type="numpy", num_threads=1) as ld:
+        for _ in range(3):
+            for b in ld:
+                for j, (s, i) in enumerate(zip(b["_source"].tolist(), b["_index"].tolist())):
+                    rows, _, _, tokens = refs[s]
+                    want = ref_packing.row_contents(tokens, rows[i], L, 1)
+                    for key in ("input", "target", "labels"):
+                        assert np.asarray(b[key][j]).tolist() == want[key], (key, s, i)
+                    got.append((s, i))
+    assert got == [ref.sample(g) for g in range(len(got))] and len(got) == 3 * 48
