@@ -74,11 +74,11 @@ def enable_kernel_cache() -> None:
     writable cache directory, or under NUMBA_DISABLE_JIT). Saves ~1.4 s of compilation per new process."""
     import numba
 
-    from . import keys, mixture, shuffle
+    from . import keys, mixture, quotas, shuffle
 
     if numba.config.DISABLE_JIT:
         return
-    for module in (keys, mixture, shuffle):
+    for module in (keys, mixture, quotas, shuffle):
         for obj in vars(module).values():
             if isinstance(obj, numba.core.registry.CPUDispatcher):
                 try:

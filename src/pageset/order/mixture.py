@@ -556,6 +556,7 @@ class MixturePlan(Plan):
         self.order = MixtureOrder(stream, [m.page_sizes for m in members], params.seed,
                                   params.order, [params.pages_per_window(m.page_sizes) for m in members])
         self.stream = stream
+        stream.period(stream.piece_at(0).quotas)  # the first EDF period now (its kernel compiles with the plan)
         self.path = f"Mixture of {len(members)} files ({', '.join(m.path for m in members)})"
         self.dataset_id = mixture_id(self.source_ids, stream.quotas, self.n_records,
                                      None if stream.is_constant else stream.schedule_id())
