@@ -327,7 +327,8 @@ def test_resume_refusals_give_the_field_the_saved_and_the_current_value(files):
 
     refused(Mixture(files[:2], [0.5, 0.3]), state, StateMismatchError,
             "state field 'mixture.sources': saved state has mixture.sources=3, this loader has mixture.sources=2. "
-            "The mixture has another number of files: construct it with the saved sources.")
+            "The mixture has another number of files: construct it with the saved sources. Removed: source 2 "
+            f"(dataset_id {ids[2]}).")
     refused(Mixture([files[0], files[2], files[1]], [0.5, 0.3, 0.2]), state, StateMismatchError,
             f"state field 'mixture.sources[1].dataset_id': saved state has mixture.sources[1].dataset_id={ids[1]!r}, "
             f"this loader has mixture.sources[1].dataset_id={ids[2]!r}. Source 1 is another file: pass the saved "

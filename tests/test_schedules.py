@@ -336,8 +336,12 @@ def test_edited_state_is_checked_and_earlier_epochs_are_refused(files):
     with _loader(new_mix, 0, 1, 8) as ld, pytest.raises(StateError, match=r"mixture.sources\[1\]"):
         ld.load_state_dict(bad)
     with _loader(Mixture(files[:2], Schedule([(0, [1, 1]), (50, [1, 2])]), samples_per_epoch=SPE), 0, 1, 8) as ld:
-        with pytest.raises(StateMismatchError, match="mixture.sources"):
-            ld.load_state_dict(edited)  # another set of sources is refused, weights edited or not
+        with pytest.raises(StateMismatchError, match=r"mixture.sources.*Removed: source 2 \(dataset_id [0-9a-f]{64}\)"):
+            ld.load_state_dict(edited)  # another set of sources is refused, weights edited or not, naming them
+        two = ld.state_dict()
+    with _loader(new_mix, 0, 1, 8) as ld, \
+            pytest.raises(StateMismatchError, match=r"Added: .*c.pageset \(dataset_id [0-9a-f]{64}\)\.$"):
+        ld.load_state_dict(two)
     with _loader(new_mix, 0, 1, 8) as ld:  # a refused state leaves the loader as it was
         ld.load_state_dict(edited)
         with pytest.raises(StateError):

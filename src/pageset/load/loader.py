@@ -60,7 +60,8 @@ class Loader(SlotRing, EpochRunner, LoaderReport):
 
     Args:
         path: the pageset file, or a :class:`~pageset.Mixture` of files read as one stream in fixed
-            proportions (see ``formats/mixture.md``): each batch then also carries ``"_source"`` (int16[B],
+            proportions or on a :class:`~pageset.Schedule` of weights (see ``formats/mixture.md``): each batch
+            then also carries ``"_source"`` (int16[B],
             the file of each sample) and ``"_index"`` holds record ids within that file; or a
             ``pageset.order.fileset.FileSet`` of member files read as one dataset (ids run through the members in
             order, ``"_index"`` holds those ids; ``formats/order.md`` section 6). Any ``pageset.order.plan.PlanSpec``.
@@ -415,7 +416,8 @@ class Loader(SlotRing, EpochRunner, LoaderReport):
         """The resume state (order v1): JSON-serialisable, the same on every rank; counts delivered batches.
 
         A mixture's state also holds ``"mixture"``: the weights' quotas, samples_per_epoch and every source's
-        ``dataset_id``, ``epoch`` and ``cursor`` (its own stream's position)."""
+        ``dataset_id``, ``epoch`` and ``cursor`` (its own stream's position); with a Schedule its id and the stage,
+        after weights edited on resume the ``base`` and ``edits`` (formats/mixture.md section 3)."""
         return self._plan.state(self._epoch, self._cursor, self._shift)
 
     def _seq_len(self) -> int:
@@ -426,6 +428,8 @@ class Loader(SlotRing, EpochRunner, LoaderReport):
         """Continue from ``state`` (possibly saved with another world size, thread count or global batch).
 
         Raises StateError / StateMismatchError naming the field (another dataset, seed, order, drop_last, ...).
+        A Mixture whose weights differ from the saved ones is not refused: its weights take over at the saved
+        position (README "Schedules", formats/mixture.md section 3.3).
         The next batch covers the epoch positions ``[cursor, cursor + G)`` of the saved epoch, G this loader's
         global batch: with another global batch than the saved one the rest of the epoch is cut into steps of the
         new G from there (``drop_last=True``: a tail of fewer than G positions is dropped, as any epoch's; False:

@@ -319,7 +319,22 @@ def _saved_counts(sources, n_records) -> list[int]:
     return counts
 
 
-def resume_mixture(state, current: dict, order: MixtureOrder) -> tuple[OrderState, int, list[int]]:
+def _changed_sources(saved, current, paths) -> str:
+    """`` Removed: ...; added: ...``: the saved sources missing from this mixture (by dataset id, with their saved
+    index) and this mixture's files the saved run did not read (by path); "" when the saved list is malformed."""
+    if not isinstance(saved, list) or not all(isinstance(a, Mapping) for a in saved):
+        return ""
+    saved_ids = [a.get("dataset_id") for a in saved]
+    now_ids = [b["dataset_id"] for b in current]
+    gone = [f"source {i} (dataset_id {d})" for i, d in enumerate(saved_ids) if d not in now_ids]
+    new = [f"{paths[i] if paths else f'source {i}'} (dataset_id {d})" for i, d in enumerate(now_ids)
+           if d not in saved_ids]
+    parts = ([f"removed: {', '.join(gone)}"] if gone else []) + ([f"added: {', '.join(new)}"] if new else [])
+    text = "; ".join(parts)
+    return f" {text[:1].upper()}{text[1:]}." if parts else ""
+
+
+def resume_mixture(state, current: dict, order: MixtureOrder, paths=None) -> tuple[OrderState, int, list[int]]:
     """Validate a saved mixture state against the ``current`` loader's (:func:`mixture_state` at 0) and set
     ``order``'s stream where the saved run stands; returns the saved OrderState (for ``check_compatible``), the
     global position of its epoch's first sample (the saved ``mixture.origin``, else ``epoch * L`` with the saved
@@ -327,7 +342,8 @@ def resume_mixture(state, current: dict, order: MixtureOrder) -> tuple[OrderStat
     weights differ from the saved: section 3.3).
 
     StateError / StateMismatchError naming the field: not a mixture state, another mixture_algo, another number
-    of sources, a source that is another file (``mixture.sources[i].dataset_id``), another samples_per_epoch, a
+    of sources (naming the removed and added ones; ``paths``: this mixture's files, for the message), a source
+    that is another file (``mixture.sources[i].dataset_id``), another samples_per_epoch, a
     bad ``mixture.origin`` or ``mixture.base``, or, with the saved weights, source cursors that disagree with the
     schedule. Other weights are not an error: the run goes on with them from the saved position.
     """
@@ -349,7 +365,8 @@ def resume_mixture(state, current: dict, order: MixtureOrder) -> tuple[OrderStat
     if not isinstance(sources, list) or len(sources) != len(cur["sources"]):
         n = len(sources) if isinstance(sources, list) else sources
         raise StateMismatchError("mixture.sources", n, len(cur["sources"]),
-                                 "The mixture has another number of files: construct it with the saved sources.")
+                                 "The mixture has another number of files: construct it with the saved sources."
+                                 + _changed_sources(sources, cur["sources"], paths))
     for i, (a, b) in enumerate(zip(sources, cur["sources"])):
         if not isinstance(a, Mapping) or a.get("dataset_id") != b["dataset_id"]:
             got = a.get("dataset_id") if isinstance(a, Mapping) else a
@@ -551,6 +568,7 @@ class MixturePlan(Plan):
     def __init__(self, members: list[Member], quota_values, samples_per_epoch: int | None, params: OrderParams):
         super().__init__(params)
         self.source_ids = [m.dataset_id for m in members]
+        self.source_paths = [m.path for m in members]
         self.n_records = samples_per_epoch or sum(m.n_records for m in members)
         stream = quota_values if isinstance(quota_values, StreamSchedule) else StreamSchedule.constant(quota_values)
         self.order = MixtureOrder(stream, [m.page_sizes for m in members], params.seed,
@@ -580,7 +598,7 @@ class MixturePlan(Plan):
         kept = (stream.edit_position, stream.offset, self.edits)
         stream.edit_position, stream.offset, self.edits = 0, np.zeros_like(stream.offset), []
         try:
-            saved, origin, edits = resume_mixture(state, self.state(0, 0), self.order)
+            saved, origin, edits = resume_mixture(state, self.state(0, 0), self.order, self.source_paths)
             check_compatible(saved, self._order_state(0, 0), world_size, self.n_records)
         except BaseException:
             stream.edit_position, stream.offset, self.edits = kept
