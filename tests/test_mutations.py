@@ -140,7 +140,7 @@ MUTATIONS = [
              "        o = 3 * ((out_w - xx) % out_w) if flip else 3 * xx\n        dst_a[o] = _clip8(a0)",
              ("tests/test_image_ops.py::test_flip_equals_np_flip",)),
     Mutation("a mixture sample's index in its source counted from the slot, not the source's rank",
-             "order/mixture.py", "k = (g // period) * q[s] + rank[r]", "k = (g // period) * q[s] + r",
+             "order/mixture.py", "k = base[s] + (g // period) * q[s] + rank[r]", "k = base[s] + (g // period) * q[s] + r",
              ("tests/test_mixtures.py::test_golden_vectors",
               "tests/test_mixtures.py::test_lookup_kernel_equals_per_position_orders")),
     Mutation("a mixture lookup reads one id past a cached order window", "order/mixture.py",

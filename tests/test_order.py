@@ -587,6 +587,7 @@ def test_order_imports_only_numpy_numba_and_itself():
     allowed = {
         "__future__",
         "abc",
+        "bisect",
         "collections",
         "dataclasses",
         "fractions",
