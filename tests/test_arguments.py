@@ -83,6 +83,12 @@ OPS = [
     ("TokenWindows", "pack_pages", 0, V, r"TokenWindows\.pack_pages must be an int >= 1"),
     ("TokenWindows", "pack_pages", 1.5, T, r"TokenWindows\.pack_pages"),
     ("TokenWindows", "split_documents", "no", T, r"TokenWindows\.split_documents must be True or False"),
+    ("PadTokens", "max_length", 0, V, r"PadTokens\.max_length must be an int in \[1, 16777216\], got 0"),
+    ("PadTokens", "max_length", 77.0, T, r"PadTokens\.max_length must be an int"),
+    ("PadTokens", "pad_id", -1, V, r"PadTokens\.pad_id must be an int in \[0, 4294967295\], got -1"),
+    ("PadTokens", "pad_id", "0", T, r"PadTokens\.pad_id must be an int"),
+    ("PadTokens", "truncation", "yes", T, r"PadTokens\.truncation must be True or False"),
+    ("PadTokens", "keep_last_token", 1, T, r"PadTokens\.keep_last_token must be True or False"),
     ("ToDevice", "device", "gpu", V, r"ToDevice\.device must be 'cuda', 'cuda:N' or 'cpu'"),
     ("ToDevice", "device", "meta", V, r"ToDevice: unsupported device"),
     ("ToDevice", "device", None, T, r"ToDevice\.device must be a device string"),
@@ -111,6 +117,8 @@ FIELDS = [
     ("NDArray", "shape", (2.5, 3), T, r"NDArray\.shape\[0\] must be an int"),
     ("NDArray", "shape", "3x4", T, r"NDArray\.shape must be a tuple of ints"),
     ("Tokens", "dtype", "int64", V, r"Tokens\.dtype must be one of"),
+    ("TokenIds", "dtype", "uint64", V, r"TokenIds\.dtype must be one of \('uint16', 'uint32'\)"),
+    ("TokenIds", "dtype", "int32", V, r"TokenIds\.dtype must be one of"),
 ]
 
 
@@ -349,7 +357,7 @@ OTHERS = [  # callables whose arguments are paths (or the inputs of a mixture)
 @pytest.mark.parametrize("name, arg, value, exc, match", OPS + FIELDS + OTHERS,
                          ids=[f"{r[0]}.{r[1]}={r[2]!r}" for r in OPS + FIELDS + OTHERS])
 def test_constructor_refuses_bad_argument(name, arg, value, exc, match):
-    kw = {"TokenWindows": {"seq_len": 8}, "Mixture": {"sources": ["a.pageset", "b.pageset"], "weights": [1, 1]},
+    kw = {"TokenWindows": {"seq_len": 8}, "PadTokens": {"max_length": 8}, "Mixture": {"sources": ["a.pageset", "b.pageset"], "weights": [1, 1]},
           "Schedule": {"stages": [(0, [1, 1]), (10, [1, 2])]},
           "ParquetSource": {"paths": "x.parquet"}, "open_dataset": {"path": "x.pageset"},
           "open_tokens": {"path": "x.pageset"}, "WebDatasetSource": {"urls": "x.tar", "fields": {"a": "jpg"}},

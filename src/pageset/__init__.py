@@ -32,7 +32,7 @@ from .format import (
     UnsupportedFeatureError,
     UnsupportedVersionError,
 )
-from .format.fields import Tokens
+from .format.fields import TokenIds, Tokens
 from .read import Dataset, EncodedImage, open_dataset, open_tokens
 from .read.tokens import TokenDataset
 
@@ -71,6 +71,7 @@ _LAZY = {
     "ToTensor": "pageset.ops.transforms",
     "ToTorchImage": "pageset.ops.transforms",
     "TokenWindows": "pageset.ops.transforms",
+    "PadTokens": "pageset.ops.transforms",
     "IntDecoder": "pageset.ops.transforms",
     "FloatDecoder": "pageset.ops.transforms",
     "NDArrayDecoder": "pageset.ops.transforms",
@@ -131,6 +132,7 @@ __all__ = [
     "ObjectChangedError",
     "ParquetSource",
     "PipelineError",
+    "PadTokens",
     "PageOptions",
     "PagesetDatasink",
     "RGBImage",
@@ -148,6 +150,7 @@ __all__ = [
     "ToTensor",
     "ToTorchImage",
     "TokenDataset",
+    "TokenIds",
     "TokenWindows",
     "TokenWriteResult",
     "Tokens",

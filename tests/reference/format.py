@@ -52,6 +52,8 @@ REQUIRED_TOKENS = 1  # required feature bit 0
 # struct codes of the little-endian dtypes the spec allows (section 5 tables)
 DTYPE_CODES = {"int8": "b", "int16": "h", "int32": "i", "int64": "q", "uint8": "B", "uint16": "H",
                "uint32": "I", "uint64": "Q", "bool": "?", "float16": "e", "float32": "f", "float64": "d"}
+# token_ids fields (spec section 5): the token dtypes of section 10
+TOKEN_CODES = {"uint16": "H", "uint32": "I"}
 # the dtype strings of index_columns (spec section 5): numpy's little-endian dtype string, "|" for one-byte types
 NP_NAMES = {"b": "|i1", "h": "<i2", "i": "<i4", "q": "<i8", "B": "|u1", "H": "<u2", "I": "<u4", "Q": "<u8",
             "?": "|b1", "e": "<f2", "f": "<f4", "d": "<f8"}
@@ -72,7 +74,7 @@ def _field_columns(field: dict) -> list[tuple]:
     name, kind, params = field["name"], field["kind"], field["params"]
     if kind in ("int", "float"):
         return [(name, DTYPE_CODES[params["dtype"]])]
-    if kind in ("ndarray", "bytes", "json"):
+    if kind in ("ndarray", "bytes", "json", "token_ids"):
         return [(name + ".offset", "Q"), (name + ".length", "Q")]
     if kind == "rgb_image":
         return [(name + ".offset", "Q"), (name + ".length", "Q"), (name + ".height", "I"),
@@ -226,6 +228,13 @@ class RefDataset:
                 blob = d[fo:fo + fl]
                 if kind == "bytes":
                     rec[name] = blob
+                elif kind == "token_ids":  # spec section 5: n little-endian ids of params.dtype
+                    if params.get("dtype") not in TOKEN_CODES:
+                        raise RefError(f"field {name} token_ids dtype {params.get('dtype')!r}")
+                    code = TOKEN_CODES[params["dtype"]]
+                    if fl % struct.calcsize("<" + code):
+                        raise RefError(f"record {i} field {name} token_ids length")
+                    rec[name] = list(struct.unpack("<%d%s" % (fl // struct.calcsize("<" + code), code), blob))
                 elif kind == "json":
                     rec[name] = json.loads(blob.decode("utf-8"))
                 elif kind == "ndarray":

@@ -217,8 +217,26 @@ class Tokens(Field):
         self._set("dtype", check.dtype_name("Tokens.dtype", self.dtype, TOKEN_DTYPES))
 
 
+@dataclass(frozen=True)
+class TokenIds(Field):
+    """A variable-length sequence of token ids per record, e.g. an image's caption for CLIP-style training:
+    stored as little-endian ``dtype`` (``"uint16"`` or ``"uint32"``) values back to back in the pages, so a
+    value of n ids is ``n * itemsize`` bytes (``.offset``/``.length`` columns, length in bytes).
+
+    The writer takes a 1-D sequence or array of ints, each in ``[0, max of dtype]`` (a tokenizer's ids, e.g.
+    ``tokenizer(caption)["input_ids"]``); anything else is a ValueError naming the sample and field. The loader
+    pads or truncates each row to a fixed length with :class:`pageset.PadTokens` (``input_ids`` and
+    ``attention_mask`` as Hugging Face tokenizers return them with ``padding="max_length"``)."""
+
+    kind: ClassVar[str] = "token_ids"
+    dtype: str = "uint16"
+
+    def validate(self) -> None:
+        self._set("dtype", check.dtype_name("TokenIds.dtype", self.dtype, TOKEN_DTYPES))
+
+
 FIELD_KINDS: dict[str, type[Field]] = {
-    cls.kind: cls for cls in (RGBImage, Int, Float, NDArray, Bytes, JSON, Tokens)
+    cls.kind: cls for cls in (RGBImage, Int, Float, NDArray, Bytes, JSON, Tokens, TokenIds)
 }
 
 

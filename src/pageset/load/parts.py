@@ -49,6 +49,10 @@ class Stage:
     windows = False  # whether the records are token windows/rows: then n_records, records_per_page, token_count
     strided = False  # whether the rows are stride windows another reader may fill (RowReader, SetWindows)
     min_slice_rows = 1  # fewest rows a slice handed to a thread should hold
+    # whether the output width is the file's longest value (Bytes; TokenIds without PadTokens): then the files of
+    # a mixture or a set may differ in it, ``max_len`` says this file's, and the widest file's buffers are used
+    variable_width = False
+    max_len = 0
 
     def reserve(self, ctx: dict, rows: int) -> None:
         """Size a thread's scratch (``ctx``) for slices of up to ``rows`` rows (at Loader construction); no-op."""

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from ..format.fields import JSON, Bytes, Float, Int, NDArray, RGBImage, Tokens
+from ..format.fields import JSON, Bytes, Float, Int, NDArray, RGBImage, TokenIds, Tokens
 from ..ops import tokens as token_ops
 from ..ops.transforms import FloatDecoder, IntDecoder, TokenWindows
 from .pages import PageVerifier, PreadPages, ProcessPageCache, resume_reads
@@ -23,6 +23,7 @@ from .stages import (
     PipelineError,
     ScalarStage,
     Stage,
+    TokenIdsStage,
     TokenStage,
 )
 from .parts import Source, StageOp
@@ -64,6 +65,8 @@ def build_stage(name, field, ops, ds, pages, array_type: str = "torch") -> Stage
         return BytesStage(name, ops, ds, pages, array_type)
     if isinstance(field, JSON):
         return JSONStage(name, ops, ds, pages)
+    if isinstance(field, TokenIds):
+        return TokenIdsStage(name, ops, ds, pages, array_type)
     raise PipelineError(f"field {name!r}: the loader does not handle {type(field).__name__} fields")
 
 
@@ -202,7 +205,7 @@ class FileSource(Source):
                 elif key in stage.outputs:
                     if out.shape[1:] == value.shape[1:]:
                         out[rows] = value[:m]
-                    else:  # Bytes: this file's values are narrower than the widest file's buffer
+                    else:  # Bytes, TokenIds: this file's values are narrower than the widest file's buffer
                         out[rows] = 0
                         out[rows, : value.shape[1]] = value[:m]
 
@@ -362,7 +365,7 @@ def check_same_fields(sources: list[FileSource]) -> list:
             for key, (shape, dtype, _) in a.outputs.items():
                 other = b.outputs.get(key)
                 same = other is not None and np.dtype(other[1]) == np.dtype(dtype) and (
-                    isinstance(a, BytesStage) or tuple(other[0]) == tuple(shape))
+                    a.variable_width or tuple(other[0]) == tuple(shape))
                 if not same:
                     got = None if other is None else (tuple(other[0]), str(np.dtype(other[1])))
                     raise ValueError(f"{src.path}: field {b.name!r} loads {key!r} as {got}, but {ref.path} "
@@ -371,6 +374,6 @@ def check_same_fields(sources: list[FileSource]) -> list:
             if isinstance(a, TokenStage) and a.docs and a.eos_id != b.eos_id:
                 raise ValueError(f"{src.path}: field {b.name!r} has eos_id {b.eos_id}, but {ref.path} has "
                                  f"{a.eos_id}; document outputs need one EOS id across the mixture")
-            if isinstance(b, BytesStage) and b.max_len > chosen[j].max_len:
+            if b.variable_width and b.max_len > chosen[j].max_len:
                 chosen[j] = b
     return chosen

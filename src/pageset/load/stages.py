@@ -12,6 +12,7 @@ from ..format.errors import plural
 from ..format.fields import NDArray
 from ..ops import image as image_ops
 from ..ops import image_batch, jpeg, spans
+from ..ops import token_ids as token_id_ops
 from ..ops import tokens as token_ops
 from ..ops.transforms import (
     BytesDecoder,
@@ -19,6 +20,7 @@ from ..ops.transforms import (
     JSONDecoder,
     NDArrayDecoder,
     Normalize,
+    PadTokens,
     RandomHorizontalFlip,
     RandomResizedCrop,
     TokenWindows,
@@ -241,6 +243,7 @@ class BytesStage(Stage):
         self.offs = ds.index[f"{name}.offset"].astype(np.int64)
         self.lens = ds.index[f"{name}.length"].astype(np.int64)
         self.max_len = int(self.lens.max()) if self.lens.size else 0
+        self.variable_width = True
         self.outputs = {name: ((self.max_len,), np.dtype(np.uint8), None),
                         f"{name}_lengths": ((), np.dtype(np.int64), None)}
 
@@ -252,6 +255,50 @@ class BytesStage(Stage):
         for j in range(ids.shape[0]):
             data[j, : lens[j]] = buf[offs[j] : offs[j] + lens[j]]
         arrays[f"{self.name}_lengths"][lo:hi] = lens
+
+
+class TokenIdsStage(Stage):
+    """TokenIds -> ``input_ids`` int64[B, L] under the field's name and ``<name>_attention_mask`` int64[B, L]
+    (ops.token_ids.pad_rows): L = ``PadTokens.max_length``, or the file's longest record without PadTokens
+    (then padded with 0 and, in a mixture or set, widened to the widest file's)."""
+
+    def __init__(self, name, ops, ds, pages, array_type):
+        self.name, self.pages, self.path = name, pages, ds.path
+        rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
+        if len(rest) > 1 or (rest and not isinstance(rest[0], PadTokens)):
+            raise PipelineError(f"field {name!r} is a TokenIds field: give pipelines={{{name!r}: "
+                                "[PadTokens(max_length), ToTensor?, ToDevice?]}")
+        self.op = rest[0] if rest else None
+        self.itemsize = np.dtype(ds.fields[name].dtype).itemsize
+        self.offs = ds.index[f"{name}.offset"].astype(np.int64)
+        self.counts = ds.index[f"{name}.length"].astype(np.int64) // self.itemsize
+        self.max_len = int(self.counts.max()) if self.counts.size else 0
+        if self.op is None:
+            self.variable_width, width, self.pad_id, keep, self.truncate = True, self.max_len, 0, False, True
+        else:
+            op = self.op
+            width, self.pad_id, keep, self.truncate = op.max_length, op.pad_id, op.keep_last_token, op.truncation
+        self.keep_last = keep
+        self.mask_key = f"{name}_attention_mask"
+        self.outputs = {name: ((width,), np.dtype(np.int64), None), self.mask_key: ((width,), np.dtype(np.int64), None)}
+        token_id_ops.prepare()
+
+    def fill(self, arrays, lo, hi, ids, keys, ctx):
+        counts = self.counts[ids]
+        buf, offs = self.pages.gather(self.offs[ids], counts * self.itemsize, ctx, ordered=False)
+        bad = token_id_ops.pad_rows(buf, offs, counts, self.itemsize, arrays[self.name][lo:hi],
+                                    arrays[self.mask_key][lo:hi], self.pad_id, self.keep_last, self.truncate)
+        if bad >= 0:
+            sample = int(ids[bad])
+            raise DecodeError(f"{self.path}: sample {sample}, field {self.name!r}: {int(counts[bad])} token ids do "
+                              f"not fit PadTokens(max_length={self.op.max_length}, truncation=False); raise "
+                              "max_length, or allow truncation=True", sample)
+
+    def handout(self, arrays, view):
+        vals = {k: view(arrays[k]) for k in self.outputs}
+        if self.to_tensor:
+            vals = {k: _to_torch(v, None) for k, v in vals.items()}
+        return vals
 
 
 class JSONStage(Stage):

@@ -175,6 +175,34 @@ class JSONDecoder:
 
 
 @dataclass(frozen=True)
+class PadTokens:
+    """A TokenIds field (e.g. captions) as model-ready rows of ``max_length`` columns: the field's key holds
+    ``input_ids`` (int64[B, max_length]: the record's ids, then ``pad_id``) and ``<field>_attention_mask``
+    (int64[B, max_length]: 1 on ids, 0 on padding), what a Hugging Face tokenizer returns with
+    ``padding="max_length", truncation=True, max_length=max_length``.
+
+    A record longer than ``max_length`` keeps its first ``max_length`` ids; with ``keep_last_token=True`` its
+    first ``max_length - 1`` and its own last id (the end-of-text token CLIP's tokenizers always end a truncated
+    caption with: ``open_clip.tokenize``, and ``CLIPTokenizer`` with ``truncation=True``); with
+    ``truncation=False`` it is a DecodeError naming the file, sample and field. Without a pipeline a TokenIds
+    field is padded with 0 to its longest record."""
+
+    max_length: int
+    pad_id: int = 0
+    truncation: bool = True
+    keep_last_token: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "max_length", check.integer("PadTokens.max_length", self.max_length, minimum=1,
+                                                             maximum=1 << 24))
+        object.__setattr__(self, "pad_id", check.integer("PadTokens.pad_id", self.pad_id, minimum=0,
+                                                         maximum=(1 << 32) - 1))
+        object.__setattr__(self, "truncation", check.boolean("PadTokens.truncation", self.truncation))
+        object.__setattr__(self, "keep_last_token", check.boolean("PadTokens.keep_last_token",
+                                                                  self.keep_last_token))
+
+
+@dataclass(frozen=True)
 class TokenWindows:
     """Token-file pipeline: windows of ``seq_len + 1`` tokens at stride ``seq_len`` (chosen at load time, never
     stored): ``input`` = window[:-1] and ``target`` = window[1:], ``[B, seq_len]``, int64 (``input_dtype``

@@ -29,7 +29,7 @@ import numpy as np
 from ..format import arguments as check
 from ..format import constants as C
 from ..format.errors import ChecksumMismatchError, FormatError
-from ..format.fields import JSON, Bytes, Field, Float, Int, NDArray, RGBImage
+from ..format.fields import JSON, Bytes, Field, Float, Int, NDArray, RGBImage, TokenIds
 from .file_access import READ_CHUNK, REMOTE_HEAD, LocalFile, URLFile
 from .remote import local_path, url_scheme
 from .validate import check_padding, read_metadata
@@ -149,7 +149,8 @@ class Dataset:
         """The decoded value of field ``name`` of record ``i``.
 
         Int/Float -> Python int/float (bool for a bool Int); NDArray -> a new array of the field's dtype and
-        shape; Bytes -> bytes; JSON -> the value; RGBImage -> :class:`EncodedImage`.
+        shape; Bytes -> bytes; JSON -> the value; RGBImage -> :class:`EncodedImage`; TokenIds -> a new 1-D array of
+        the field's dtype.
         Raises IndexError (out-of-range i) or KeyError (unknown field).
         """
         if name not in self.fields:
@@ -171,6 +172,9 @@ class Dataset:
             return np.frombuffer(self._bytes(off, length), dtype=dt).reshape(field.shape).astype(field.dtype)
         if isinstance(field, Bytes):
             return self._bytes(off, length)
+        if isinstance(field, TokenIds):
+            return np.frombuffer(self._bytes(off, length), dtype=np.dtype(field.dtype).newbyteorder("<")).astype(
+                field.dtype)
         if isinstance(field, JSON):
             return json.loads(self._bytes(off, length).decode("utf-8"))
         raise TypeError(f"unknown field type {type(field).__name__}")

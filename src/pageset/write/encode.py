@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from ..format.constants import ENCODING_JPEG, ENCODING_RAW
-from ..format.fields import JSON, Bytes, Field, Float, Int, NDArray, RGBImage
+from ..format.fields import JSON, Bytes, Field, Float, Int, NDArray, RGBImage, TokenIds
 from ..format.schema import canonical_json
 from . import turbo
 
@@ -325,6 +325,29 @@ def encode_bytes(value) -> bytes:
     raise ValueError(f"Bytes fields take bytes, bytearray, memoryview or uint8 arrays, got {type(value).__name__}")
 
 
+def encode_token_ids(value, field: TokenIds) -> bytes:
+    """Little-endian ``field.dtype`` bytes of a 1-D sequence of token ids; ValueError (what is wrong and the fix)
+    for anything but ints in ``[0, max of dtype]``."""
+    if isinstance(value, (str, bytes, bytearray, dict)):
+        raise ValueError(f"TokenIds fields take a 1-D sequence of token ids, got {type(value).__name__}; tokenize "
+                         "the text first, e.g. tokenizer(text)['input_ids']")
+    arr = np.asarray(value)
+    if arr.ndim != 1:
+        raise ValueError(f"TokenIds fields take a 1-D sequence of token ids, got an array of shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise ValueError(f"TokenIds fields take integer token ids, got {arr.dtype} values; pass the tokenizer's "
+                         "ids (ints)")
+    want = np.dtype(field.dtype)
+    if arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        top = np.iinfo(want).max
+        if lo < 0 or hi > top:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} does not fit {want.name} [0, {top}]; declare "
+                             f"TokenIds(dtype='uint32') for vocabularies over 65,536 ids")
+    return arr.astype(want.newbyteorder("<")).tobytes()
+
+
 def encode_value(value, field: Field) -> tuple[bytes | None, dict]:
     """Encode one value: ``(payload or None for inline fields, {column suffix or "": value})``."""
     if isinstance(field, RGBImage):
@@ -335,6 +358,8 @@ def encode_value(value, field: Field) -> tuple[bytes | None, dict]:
         return encode_ndarray(value, field), {}
     if isinstance(field, Bytes):
         return encode_bytes(value), {}
+    if isinstance(field, TokenIds):
+        return encode_token_ids(value, field), {}
     if isinstance(field, JSON):
         try:
             return canonical_json(value), {}

