@@ -250,6 +250,19 @@ MUTATIONS += [
              (f"{TS}::test_golden_vectors_of_formats_mixture_md",)),
 ]
 
+# image-text pairs (issue 32): captions padded as transformers' tokenizer pads them, ids read as the spec stores them
+TI = "tests/test_image_text.py"
+MUTATIONS += [
+    Mutation("a truncated caption keeps the id before its last instead of its last", "ops/token_ids.py",
+             "src = c - 1",
+             "src = c - 2",
+             (f"{TI}::test_captions_equal_the_transformers_tokenizer[1]",)),
+    Mutation("a uint32 caption id loses its top byte", "ops/token_ids.py",
+             "v |= (np.int64(buf[p + 2]) << 16) | (np.int64(buf[p + 3]) << 24)",
+             "v |= np.int64(buf[p + 2]) << 16",
+             (f"{TI}::test_token_ids_bad_values_name_the_sample_and_field",)),
+]
+
 
 def _ids():
     return [m.name for m in MUTATIONS]
