@@ -21,7 +21,7 @@ Sections (``--only`` picks some):
   interleaved run by run, after one untimed pageset row that fills the Numba kernel cache; the table gives
   the median (min-max).
 - ``images``, ``tokens``, ``write``, ``mixture``, ``producer_consumer``, ``manyfile_scale``, ``remote``, ``cold_start``,
-  ``trainer_cost``, ``packing``: ``python -m
+  ``trainer_cost``, ``packing``, ``multimodal``: ``python -m
   benchmarks.<name>`` in a subprocess with ``--json <out>/<name>.json`` (and its small settings with --quick,
   its ``--runs``/``--repeats`` set to ``--runs``). Its peak RSS is the process's (``wait4``); the markdown
   tables it prints and the ``"targets"`` list of its JSON are collected.

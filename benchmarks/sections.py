@@ -20,5 +20,6 @@ BENCHES = {
     "cold_start": {"quick": [("--no-warmup",)], "full": [], "timeout": 3600},
     "trainer_cost": {"quick": [], "full": [], "timeout": 1800},
     "packing": {"quick": [], "full": [], "timeout": 1800},
+    "multimodal": {"quick": [], "full": [], "timeout": 1800},
 }
 SECTIONS = ["loaders", *BENCHES]
