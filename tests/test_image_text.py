@@ -269,3 +269,17 @@ def test_mixture_of_caption_files_of_other_widths(tmp_path, pipes):
     for src, idx, row, mask in rows:
         cap = (short, long)[src][idx][:width]
         assert row == cap + [pad] * (width - len(cap)) and mask == [1] * len(cap) + [0] * (width - len(cap))
+
+
+def test_process_mode_hands_out_the_same_pairs(pairs):
+    """num_workers=1: the child builds its Loader from the parent's description (PadTokens included) and fills
+    the same rows, image and caption, as the in-process Loader."""
+    path, _, _ = pairs
+    pipes = {"image": [CenterCrop(32, ratio=1.0)], "caption": [PadTokens(CONTEXT, pad_id=5, keep_last_token=True)]}
+    out = []
+    for workers in (0, 1):
+        with Loader(path, batch_size=8, seed=2, num_workers=workers, pipelines=pipes) as ld:
+            out.append([{k: v.clone() for k, v in b.items()} for b in ld])
+    assert len(out[0]) == len(out[1]) == 3
+    for a, b in zip(*out):
+        assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
