@@ -283,3 +283,17 @@ def test_process_mode_hands_out_the_same_pairs(pairs):
     assert len(out[0]) == len(out[1]) == 3
     for a, b in zip(*out):
         assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+
+
+def test_many_file_set_of_captions_takes_the_widest_member(tmp_path):
+    """A set whose last member holds the longest caption: without PadTokens that member sets the width (found
+    at construction), every row padded with 0 to it; rows equal the written captions by _index (hand-checked)."""
+    caps = [[1, 2], [3], [4, 5, 6], [7], [8, 9], [10, 11, 12, 13, 14, 15, 16]]
+    write_dataset(tmp_path / "set", [(c,) for c in caps], {"caption": TokenIds()}, records_per_member=2,
+                  num_workers=0, progress=False)
+    with Loader(tmp_path / "set", batch_size=3, seed=4, array_type="numpy") as ld:
+        rows = [(i, r, m) for b in ld for i, r, m in zip(b["_index"].tolist(), b["caption"].tolist(),
+                                                          b["caption_attention_mask"].tolist())]
+    assert sorted(i for i, _, _ in rows) == list(range(len(caps)))
+    for i, row, mask in rows:
+        assert row == caps[i] + [0] * (7 - len(caps[i])) and mask == [1] * len(caps[i]) + [0] * (7 - len(caps[i]))
