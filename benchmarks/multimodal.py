@@ -60,13 +60,19 @@ def hf_tokenizer():
                                    pad_token="<pad>")
 
 
-def captions(n: int) -> list[str]:
-    lines = []
+def package_summaries() -> list[str]:
+    """Real English sentences of varied length: the summary line of each installed package's METADATA."""
+    out = []
     for meta in sorted(Path(sysconfig.get_paths()["purelib"]).glob("*.dist-info/METADATA")):
         for line in meta.read_text(encoding="utf-8", errors="replace").splitlines():
             if line.startswith("Summary: ") and len(line) > 30:
-                lines.append(line[len("Summary: "):].strip())
+                out.append(line[len("Summary: "):].strip())
                 break
+    return out
+
+
+def captions(n: int) -> list[str]:
+    lines = package_summaries()
     return [lines[k % len(lines)] for k in range(n)]
 
 

