@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import pageset
+from benchmarks.multimodal import GPT2
 from pageset import (
     JSON,
     CenterCrop,
@@ -32,6 +33,7 @@ from pageset import (
 )
 
 T, V = TypeError, ValueError
+GPT2_FILES = tuple(str(GPT2 / f) for f in ("encoder.json", "vocab.bpe"))  # a real BPE for ChatTokenizer's rows
 
 # (callable name, argument, bad value, exception, regex the message must match)
 OPS = [
@@ -89,6 +91,10 @@ OPS = [
     ("PadTokens", "pad_id", "0", T, r"PadTokens\.pad_id must be an int"),
     ("PadTokens", "truncation", "yes", T, r"PadTokens\.truncation must be True or False"),
     ("PadTokens", "keep_last_token", 1, T, r"PadTokens\.keep_last_token must be True or False"),
+    ("ExpandImageTokens", "image_token_id", -1, V, r"ExpandImageTokens\.image_token_id must be an int in \[0, "),
+    ("ExpandImageTokens", "tokens_per_image", 0, V, r"ExpandImageTokens\.tokens_per_image must be an int in \[1, "),
+    ("ExpandImageTokens", "tokens_per_image", 576.0, T, r"ExpandImageTokens\.tokens_per_image must be an int"),
+    ("ExpandImageTokens", "images", 3, T, r"ExpandImageTokens\.images is the name of an RGBImages field"),
     ("ToDevice", "device", "gpu", V, r"ToDevice\.device must be 'cuda', 'cuda:N' or 'cpu'"),
     ("ToDevice", "device", "meta", V, r"ToDevice: unsupported device"),
     ("ToDevice", "device", None, T, r"ToDevice\.device must be a device string"),
@@ -119,6 +125,13 @@ FIELDS = [
     ("Tokens", "dtype", "int64", V, r"Tokens\.dtype must be one of"),
     ("TokenIds", "dtype", "uint64", V, r"TokenIds\.dtype must be one of \('uint16', 'uint32'\)"),
     ("TokenIds", "dtype", "int32", V, r"TokenIds\.dtype must be one of"),
+    ("TokenIds", "loss_mask", 1, T, r"TokenIds\.loss_mask must be True or False"),
+    ("RGBImages", "max_resolution", 0, V, r"RGBImage\.max_resolution must be an int >= 1"),
+    ("RGBImages", "encoding", "png", V, r"RGBImage\.encoding must be one of"),
+    ("RGBImages", "jpeg_quality", 101, V, r"RGBImage\.jpeg_quality must be an int in \[1, 100\]"),
+    ("RGBImages", "jpeg_subsampling", "4:1:1", V, r"RGBImage\.jpeg_subsampling must be one of"),
+    ("RGBImages", "auto_raw_ratio", 0, V, r"RGBImage\.auto_raw_ratio must be"),
+    ("RGBImages", "jpeg_draft", "no", T, r"RGBImage\.jpeg_draft must be True or False"),
 ]
 
 
@@ -351,6 +364,11 @@ OTHERS = [  # callables whose arguments are paths (or the inputs of a mixture)
     ("RayExecutor", "num_cpus", "1", T, r"num_cpus must be a number"),
     ("RayExecutor", "memory", 0, V, r"memory must be an int >= 1"),
     ("RayExecutor", "memory", 1.5, T, r"memory must be an int >= 1 or None"),
+    ("ChatTokenizer", "tokenizer", 5, T, r"tokenizer must be a tokenizer\.json path"),
+    ("ChatTokenizer", "chat_template", 5, V, r"no chat_template in it"),
+    ("ChatTokenizer", "train_on", ("robot",), V, r"train_on: \['robot'\] are not roles"),
+    ("ChatTokenizer", "image_token", 5, T, r"image_token is the placeholder's text"),
+    ("ChatTokenizer", "image_token", "<image>", V, r"image_token '<image>' is 3 tokens of this tokenizer, not one"),
 ]
 
 
@@ -362,6 +380,8 @@ def test_constructor_refuses_bad_argument(name, arg, value, exc, match):
           "ParquetSource": {"paths": "x.parquet"}, "open_dataset": {"path": "x.pageset"},
           "open_tokens": {"path": "x.pageset"}, "WebDatasetSource": {"urls": "x.tar", "fields": {"a": "jpg"}},
           "PagesetDatasink": {"path": "out", "fields": {"label": Int()}},
+          "ExpandImageTokens": {"image_token_id": 7, "tokens_per_image": 4},
+          "ChatTokenizer": {"tokenizer": GPT2_FILES, "chat_template": "{{ messages[0]['content'] }}"},
           }.get(name, {})  # the other required arguments, valid
     with pytest.raises(exc, match=match):
         getattr(pageset, name)(**{**kw, arg: value})

@@ -32,7 +32,7 @@ from .format import (
     UnsupportedFeatureError,
     UnsupportedVersionError,
 )
-from .format.fields import TokenIds, Tokens
+from .format.fields import RGBImages, TokenIds, Tokens
 from .read import Dataset, EncodedImage, open_dataset, open_tokens
 from .read.tokens import TokenDataset
 
@@ -72,6 +72,8 @@ _LAZY = {
     "ToTorchImage": "pageset.ops.transforms",
     "TokenWindows": "pageset.ops.transforms",
     "PadTokens": "pageset.ops.transforms",
+    "ExpandImageTokens": "pageset.ops.transforms",
+    "ChatTokenizer": "pageset.write.chat",
     "IntDecoder": "pageset.ops.transforms",
     "FloatDecoder": "pageset.ops.transforms",
     "NDArrayDecoder": "pageset.ops.transforms",
@@ -151,6 +153,9 @@ __all__ = [
     "ToTorchImage",
     "TokenDataset",
     "TokenIds",
+    "RGBImages",
+    "ChatTokenizer",
+    "ExpandImageTokens",
     "TokenWindows",
     "TokenWriteResult",
     "Tokens",

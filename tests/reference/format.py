@@ -15,6 +15,8 @@ API::
                                          #   int/float fields -> Python int/float (bool fields -> bool)
                                          #   bytes -> bytes, json -> parsed value, ndarray -> raw bytes (C order, LE)
                                          #   rgb_image -> {"height", "width", "encoding": "raw"|"jpeg", "data": bytes}
+                                         #   rgb_images -> a list of such dicts; token_ids -> list of ids
+                                         #   (with loss_mask: {"input_ids": [...], "loss_mask": [0/1, ...]})
                                          #   plus "_offset" and "_length" (the record's span)
     ref.pages                            # list of bytes, page k as stored (the last one truncated)
     ref.page_crcs                        # list of int or None (no page checksum section)
@@ -79,9 +81,22 @@ def _field_columns(field: dict) -> list[tuple]:
     if kind == "rgb_image":
         return [(name + ".offset", "Q"), (name + ".length", "Q"), (name + ".height", "I"),
                 (name + ".width", "I"), (name + ".encoding", "B", "u1")]  # spelled "u1", spec section 5
+    if kind == "rgb_images":
+        return [(name + ".offset", "Q"), (name + ".length", "Q"), (name + ".count", "I")]
     if kind == "tokens":
         return []
     raise RefError(f"unknown field kind {kind!r}")
+
+
+def _image(i, name, hh, ww, enc, blob) -> dict:
+    """One stored image (spec section 5: an rgb_image value, or an entry of an rgb_images value)."""
+    if enc not in ENCODINGS or not (1 <= hh <= 2**31 - 1 and 1 <= ww <= 2**31 - 1):
+        raise RefError(f"record {i} field {name} image header")
+    if enc == 0 and len(blob) != hh * ww * 3:
+        raise RefError(f"record {i} field {name} raw length")
+    if enc == 1 and (hh > 65535 or ww > 65535):
+        raise RefError(f"record {i} field {name} jpeg size")
+    return {"height": hh, "width": ww, "encoding": ENCODINGS[enc], "data": blob}
 
 
 class RefDataset:
@@ -232,9 +247,35 @@ class RefDataset:
                     if params.get("dtype") not in TOKEN_CODES:
                         raise RefError(f"field {name} token_ids dtype {params.get('dtype')!r}")
                     code = TOKEN_CODES[params["dtype"]]
-                    if fl % struct.calcsize("<" + code):
+                    masked = params.get("loss_mask", False)
+                    if masked not in (True, False):
+                        raise RefError(f"field {name} token_ids loss_mask {masked!r}")
+                    width = struct.calcsize("<" + code) + (1 if masked else 0)
+                    if fl % width:
                         raise RefError(f"record {i} field {name} token_ids length")
-                    rec[name] = list(struct.unpack("<%d%s" % (fl // struct.calcsize("<" + code), code), blob))
+                    n = fl // width
+                    ids = list(struct.unpack("<%d%s" % (n, code), blob[: n * (width - masked)]))
+                    if masked:  # n ids, then n mask bytes, each 0 or 1
+                        mask = list(blob[n * (width - 1):])
+                        if any(v > 1 for v in mask):
+                            raise RefError(f"record {i} field {name} loss mask byte")
+                        rec[name] = {"input_ids": ids, "loss_mask": mask}
+                    else:
+                        rec[name] = ids
+                elif kind == "rgb_images":  # spec section 5: count, 16-byte entries, the images
+                    count = vals[name + ".count"]
+                    if fl < 4 + 16 * count or struct.unpack_from("<I", blob)[0] != count:
+                        raise RefError(f"record {i} field {name} image count")
+                    images, at = [], 4 + 16 * count
+                    for k in range(count):
+                        hh, ww, ln, enc = struct.unpack_from("<IIIB", blob, 4 + 16 * k)
+                        if blob[4 + 16 * k + 13: 4 + 16 * k + 16] != bytes(3):
+                            raise RefError(f"record {i} field {name} image entry {k} reserved bytes")
+                        images.append(_image(i, name, hh, ww, enc, blob[at: at + ln]))
+                        at += ln
+                    if at != fl:
+                        raise RefError(f"record {i} field {name} image list length")
+                    rec[name] = images
                 elif kind == "json":
                     rec[name] = json.loads(blob.decode("utf-8"))
                 elif kind == "ndarray":
@@ -246,13 +287,7 @@ class RefDataset:
                     rec[name] = blob
                 else:  # rgb_image
                     hh, ww, enc = vals[name + ".height"], vals[name + ".width"], vals[name + ".encoding"]
-                    if enc not in ENCODINGS or not (1 <= hh <= 2**31 - 1 and 1 <= ww <= 2**31 - 1):
-                        raise RefError(f"record {i} field {name} image header")
-                    if enc == 0 and fl != hh * ww * 3:
-                        raise RefError(f"record {i} field {name} raw length")
-                    if enc == 1 and (hh > 65535 or ww > 65535):
-                        raise RefError(f"record {i} field {name} jpeg size")
-                    rec[name] = {"height": hh, "width": ww, "encoding": ENCODINGS[enc], "data": blob}
+                    rec[name] = _image(i, name, hh, ww, enc, blob)
             if cursor != off + length:
                 raise RefError(f"record {i}: its fields' bytes do not fill its span")
             self.records.append(rec)

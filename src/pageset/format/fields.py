@@ -16,7 +16,7 @@ import numpy as np
 
 from . import arguments as check
 from .constants import FLOAT_DTYPES, INT_DTYPES, NDARRAY_DTYPES, TOKEN_DTYPES
-from .layout import IMAGE_COLUMNS, SPAN_COLUMNS
+from .layout import IMAGE_COLUMNS, IMAGES_COLUMNS, SPAN_COLUMNS
 
 
 def little_endian(dtype: str) -> str:
@@ -129,6 +129,40 @@ class RGBImage(Field):
 
 
 @dataclass(frozen=True)
+class RGBImages(Field):
+    """Zero or more RGB images per record (a conversation's images for vision-language training), each stored as
+    :class:`RGBImage` stores one: JPEG or raw HWC uint8 pixels, shrunk to ``max_resolution`` on its longer side.
+
+    The writer takes a list (or tuple) of image values, each anything :class:`RGBImage` takes (a path, bytes, a
+    PIL image, an HWC uint8 array); an empty list is a record without images. Parameters are RGBImage's
+    (``max_resolution``, ``encoding``, ``jpeg_quality``, ``jpeg_subsampling``, ``auto_raw_ratio``,
+    ``jpeg_draft``), applied to every image. Stored bytes: a little-endian u32 image count, one 16-byte entry
+    per image (height, width, byte length: <u4; encoding: u1; 3 zero bytes), then the images' bytes back to
+    back (formats/v1.md section 5). Index columns: ``.offset``, ``.length`` and ``.count`` (u32 images). The
+    loader decodes every image of a batch with the image kernels (:class:`pageset.CenterCrop` /
+    :class:`pageset.RandomResizedCrop` pipelines) into ``[B, max_images, ...]`` and hands out
+    ``<name>_counts``."""
+
+    kind: ClassVar[str] = "rgb_images"
+    max_resolution: int | None = None
+    encoding: str = "jpeg"
+    jpeg_quality: int = 90
+    jpeg_subsampling: str = "4:2:0"
+    auto_raw_ratio: float = 4.0
+    jpeg_draft: bool = True
+
+    def columns(self, name: str) -> list[tuple[str, str]]:
+        return super().columns(name) + [(f"{name}.{c}", dt) for c, dt in IMAGES_COLUMNS]
+
+    def validate(self) -> None:
+        self.image()  # the same checks as RGBImage's, naming RGBImage's parameters
+
+    def image(self) -> RGBImage:
+        """The :class:`RGBImage` each image is encoded with."""
+        return RGBImage(**self.params())
+
+
+@dataclass(frozen=True)
 class Int(Field):
     """An integer scalar stored in the index row. ``dtype``: one of ``INT_DTYPES`` (default ``"int64"``).
 
@@ -226,17 +260,36 @@ class TokenIds(Field):
     The writer takes a 1-D sequence or array of ints, each in ``[0, max of dtype]`` (a tokenizer's ids, e.g.
     ``tokenizer(caption)["input_ids"]``); anything else is a ValueError naming the sample and field. The loader
     pads or truncates each row to a fixed length with :class:`pageset.PadTokens` (``input_ids`` and
-    ``attention_mask`` as Hugging Face tokenizers return them with ``padding="max_length"``)."""
+    ``attention_mask`` as Hugging Face tokenizers return them with ``padding="max_length"``).
+
+    ``loss_mask=True`` stores a conversation's per-token loss mask with its ids (what
+    :class:`pageset.ChatTokenizer` returns, or a tokenizer's ``apply_chat_template(...,
+    return_assistant_tokens_mask=True)``): the writer then takes ``{"input_ids": ids, "loss_mask": mask}``
+    (``"assistant_masks"`` is taken for ``"loss_mask"``) with one 0/1 value per id, stored as the n ids followed
+    by n mask bytes; the loader adds ``<name>_labels`` (the id where the mask is 1, else -100)."""
 
     kind: ClassVar[str] = "token_ids"
     dtype: str = "uint16"
+    loss_mask: bool = False
+
+    def params(self) -> dict:
+        params = super().params()
+        if not params["loss_mask"]:
+            del params["loss_mask"]  # files without a loss mask keep their schema bytes
+        return params
 
     def validate(self) -> None:
         self._set("dtype", check.dtype_name("TokenIds.dtype", self.dtype, TOKEN_DTYPES))
+        self._set("loss_mask", check.boolean("TokenIds.loss_mask", self.loss_mask))
+
+    @property
+    def record_width(self) -> int:
+        """Bytes a stored id takes: the dtype's itemsize, plus a mask byte with ``loss_mask``."""
+        return np.dtype(self.dtype).itemsize + (1 if self.loss_mask else 0)
 
 
 FIELD_KINDS: dict[str, type[Field]] = {
-    cls.kind: cls for cls in (RGBImage, Int, Float, NDArray, Bytes, JSON, Tokens, TokenIds)
+    cls.kind: cls for cls in (RGBImage, RGBImages, Int, Float, NDArray, Bytes, JSON, Tokens, TokenIds)
 }
 
 

@@ -48,6 +48,11 @@ RECORD_COLUMNS = (("_offset", "<u8"), ("_length", "<u8"))
 SPAN_COLUMNS = (("offset", "<u8"), ("length", "<u8"))
 # Extra columns of an image field.
 IMAGE_COLUMNS = (("height", "<u4"), ("width", "<u4"), ("encoding", "u1"))
+# Extra column of an image-list field: how many images the record holds.
+IMAGES_COLUMNS = (("count", "<u4"),)
+# An image-list value starts with its image count (<u4), then one entry per image (formats/v1.md section 5).
+IMAGES_ENTRY = np.dtype([("height", "<u4"), ("width", "<u4"), ("length", "<u4"), ("encoding", "u1"),
+                         ("reserved", "V3")])
 
 PAGE_CHECKSUM = np.dtype("<u4")
 

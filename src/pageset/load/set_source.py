@@ -43,7 +43,7 @@ from .parts import Source
 from .set_pages import LocalSetPages, RemoteSetPages
 from .set_records import SetRecords, SetWindows, can_flatten, too_many_open_files
 from .source import FileSource, RowReader
-from .stages import BytesStage
+from .stages import BytesStage, ImagesStage
 
 PREFETCH_SHARE = 8  # a URL member prefetches prefetch_bytes / PREFETCH_SHARE (the members of a default window)
 
@@ -231,22 +231,26 @@ class ManyFileSource(Source):
             raise
 
     def _widest(self, pipelines: dict) -> int:
-        """The member whose Bytes (or TokenIds) values are the longest (it sizes the batch buffers), found by
-        opening each member once, one at a time; member 0 when no such field is loaded (nothing else depends on
-        the data)."""
-        names = [f["name"] for f in self.info.manifest.schema.get("fields", [])
-                 if f.get("kind") in ("bytes", "token_ids")
-                 and not (f["name"] in pipelines and pipelines[f["name"]] is None)]
-        if not names:
+        """The member whose Bytes / TokenIds values are the longest and whose RGBImages records hold the most
+        images (it sizes the batch buffers), found by opening each member once, one at a time; member 0 when no
+        such field is loaded (nothing else depends on the data). When no member is widest in every such field,
+        the widest in the first one (a narrower one's check then names the field)."""
+        columns = [f"{f['name']}.count" if f.get("kind") == "rgb_images" else f"{f['name']}.length"
+                   for f in self.info.manifest.schema.get("fields", [])
+                   if f.get("kind") in ("bytes", "token_ids", "rgb_images")
+                   and not (f["name"] in pipelines and pipelines[f["name"]] is None)]
+        if not columns:
             return 0
         widths = []
         for k in range(len(self.info.paths)):
             ds = self.input.open_member(k)
             try:
-                widths.append(max(int(ds.index[f"{n}.length"].max(initial=0)) for n in names))
+                widths.append([int(ds.index[c].max(initial=0)) for c in columns])
             finally:
                 ds.close()
-        return int(np.argmax(widths))
+        widths = np.asarray(widths)
+        best = np.flatnonzero((widths == widths.max(axis=0)).all(axis=1))
+        return int(best[0]) if best.size else int(np.argmax(widths[:, 0]))
 
     def _check_layout(self, k: int, src: FileSource) -> None:
         want = self.page_sizes[self._rpp_base[k] : self._rpp_base[k + 1]]
@@ -257,9 +261,10 @@ class ManyFileSource(Source):
 
     def _fits(self, k: int, src: FileSource) -> None:
         for a, b in zip(self.stages, src.stages):
-            if isinstance(a, BytesStage) and b.max_len > a.max_len:
+            if a.variable_width and b.max_len > a.max_len:
+                unit = "images" if isinstance(a, ImagesStage) else "bytes" if isinstance(a, BytesStage) else "ids"
                 raise ValueError(f"{src.path}: member {k} of the many-file dataset {self.path}: field {b.name!r} has "
-                                 f"a value of {b.max_len} bytes, longer than the {a.max_len} bytes the batch buffers "
+                                 f"a value of {b.max_len} {unit}, more than the {a.max_len} {unit} the batch buffers "
                                  "were sized for (the first member's longest); load the set with Loader(FileSet("
                                  "member paths, dataset_id)), which opens every member first, or pad the values")
 

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from ..format.fields import JSON, Bytes, Float, Int, NDArray, RGBImage, TokenIds, Tokens
+from ..format.fields import JSON, Bytes, Float, Int, NDArray, RGBImage, RGBImages, TokenIds, Tokens
 from ..ops import tokens as token_ops
 from ..ops.transforms import FloatDecoder, IntDecoder, TokenWindows
 from .pages import PageVerifier, PreadPages, ProcessPageCache, resume_reads
@@ -19,6 +19,7 @@ from .stages import (
     ArrayStage,
     BytesStage,
     ImageStage,
+    ImagesStage,
     JSONStage,
     PipelineError,
     ScalarStage,
@@ -55,6 +56,8 @@ def build_stage(name, field, ops, ds, pages, array_type: str = "torch") -> Stage
         return TokenStage(name, ops, ds, pages, array_type)
     if isinstance(field, RGBImage):
         return ImageStage(name, ops, ds, pages, array_type)
+    if isinstance(field, RGBImages):
+        return ImagesStage(name, ops, ds, pages, array_type)
     if isinstance(field, Int):
         return ScalarStage(name, ops, ds, IntDecoder(), array_type)
     if isinstance(field, Float):

@@ -11,12 +11,13 @@ import torch
 from ..format.errors import plural
 from ..format.fields import NDArray
 from ..ops import image as image_ops
-from ..ops import image_batch, jpeg, spans
+from ..ops import image_batch, image_lists, jpeg, spans
 from ..ops import token_ids as token_id_ops
 from ..ops import tokens as token_ops
 from ..ops.transforms import (
     BytesDecoder,
     CenterCrop,
+    ExpandImageTokens,
     JSONDecoder,
     NDArrayDecoder,
     Normalize,
@@ -79,6 +80,19 @@ class ImageStage(Stage):
     needs_keys = True  # crop boxes and flips
 
     def __init__(self, name, ops, ds, pages, array_type):
+        self._pipeline(name, ops, ds, pages, array_type)
+        shape = (self.out_h, self.out_w, 3) if self.channels_last else (3, self.out_h, self.out_w)
+        self.outputs = {name: (shape, self.table.dtype, self.torch_dtype)}
+        ix = ds.index
+        self.offs = ix[f"{name}.offset"].astype(np.int64)
+        self.lens = ix[f"{name}.length"].astype(np.int64)
+        self.heights = ix[f"{name}.height"].astype(np.int64)
+        self.widths = ix[f"{name}.width"].astype(np.int64)
+        self.encodings = ix[f"{name}.encoding"].astype(np.uint8)
+
+    def _pipeline(self, name, ops, ds, pages, array_type):
+        """Read the pipeline [crop, RandomHorizontalFlip?, Normalize?, ToTorchImage?, ToTensor?, ToDevice?] and
+        load libjpeg-turbo; sets the crop, flip, table, layout and ``torch_dtype``; PipelineError for another."""
         self.name, self.path, self.pages = name, ds.path, pages
         rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
         if not rest or not isinstance(rest[0], (RandomResizedCrop, CenterCrop)):
@@ -107,8 +121,9 @@ class ImageStage(Stage):
         else:
             self.crop_mode = image_batch.CROP_CENTER
             self.params = np.array([0.0, 0.0, 0.0, 0.0, crop.ratio])
+        torch_dtype = None
         if normalize is None:
-            self.table, torch_dtype = image_ops.pixel_table(), None
+            self.table = image_ops.pixel_table()
         else:
             self.table = image_ops.normalize_table(normalize.dtype, normalize.mean, normalize.std)
             torch_dtype = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[normalize.dtype]
@@ -119,14 +134,7 @@ class ImageStage(Stage):
         # NHWC buffer unless ToTorchImage(channels_last=False) asks for a contiguous NCHW one.
         self.channels_last = layout is None or layout.channels_last
         self.permute = layout is not None and layout.channels_last
-        shape = (self.out_h, self.out_w, 3) if self.channels_last else (3, self.out_h, self.out_w)
-        self.outputs = {name: (shape, self.table.dtype, torch_dtype)}
-        ix = ds.index
-        self.offs = ix[f"{name}.offset"].astype(np.int64)
-        self.lens = ix[f"{name}.length"].astype(np.int64)
-        self.heights = ix[f"{name}.height"].astype(np.int64)
-        self.widths = ix[f"{name}.width"].astype(np.int64)
-        self.encodings = ix[f"{name}.encoding"].astype(np.uint8)
+        self.torch_dtype = torch_dtype
         # Loads libjpeg-turbo (the slice kernel links it even for raw-only files) and enables the kernels' disk
         # cache; a missing library fails here, at construction.
         image_batch.prepare()
@@ -154,9 +162,16 @@ class ImageStage(Stage):
 
     def fill_rows(self, arrays, rows, ids, keys, ctx):
         """Write sample j (record ``ids[j]``, key ``keys[j]``) at row ``rows[j]`` of the slot's buffer."""
-        out = arrays[self.name]
-        n = ids.shape[0]
-        heights, widths, encodings, lens = self.heights[ids], self.widths[ids], self.encodings[ids], self.lens[ids]
+        buf, offs = self.pages.gather(self.offs[ids], self.lens[ids], ctx, ordered=False)
+        bad, why = self._decode(arrays[self.name], rows, buf, offs, self.lens[ids], self.heights[ids],
+                                self.widths[ids], self.encodings[ids], keys, ctx)
+        if bad >= 0:
+            raise DecodeError(f"{self.path}: sample {int(ids[bad])}, field {self.name!r}: {why}", int(ids[bad]))
+
+    def _decode(self, out, rows, buf, offs, lens, heights, widths, encodings, keys, ctx):
+        """Decode, crop, resize and normalize image j (at ``buf[offs[j]:][:lens[j]]``, key ``keys[j]``) into
+        ``out[rows[j]]``; ``(-1, "")``, or the first j that failed and what to tell the user."""
+        n = rows.shape[0]
         # per-thread buffers, reused across slices: boxes int64[n, 6], flips bool[n], status int64[n]
         boxes = self._buffer(ctx, "boxes", 6 * n, np.int64)[: 6 * n].reshape(n, 6)
         flips = self._buffer(ctx, "flips", n, np.bool_)[:n]
@@ -166,7 +181,6 @@ class ImageStage(Stage):
         if "decoder" not in ctx and (encodings != 0).any():
             ctx["decoder"] = jpeg.JpegDecoder()
         handle = ctx["decoder"].handle if "decoder" in ctx else 0
-        buf, offs = self.pages.gather(self.offs[ids], lens, ctx, ordered=False)
         status = self._buffer(ctx, "status", n, np.int64)[:n]
         for attempt in range(2):
             bad = image_batch.image_slice(
@@ -178,12 +192,73 @@ class ImageStage(Stage):
                 break
             # A JPEG whose chroma sampling cannot be cropped is decoded whole (at its scale, into both buffers).
             need_dec = need_jpeg = int(heights[bad] * widths[bad] * 4)
+        if bad < 0:
+            return -1, ""
+        code = int(status[bad])
+        detail = jpeg.error_string(handle) if code == jpeg.ERR_LIBJPEG else jpeg.STATUS_MESSAGES.get(code, "")
+        return bad, (f"the stored JPEG could not be decoded (status {code}: {detail}); rewrite the file or verify "
+                     "it with `pageset verify`")
+
+
+class ImagesStage(ImageStage):
+    """RGBImages -> ``[B, M, H, W, 3]`` / ``[B, M, 3, H, W]`` under the field's name, every image of a sample
+    through the image pipeline (the fused kernel ``ops.image_batch.image_slice``), and ``<name>_counts``
+    int64[B]: how many of the M slots (the file's most images in a record; in a mixture or set the widest
+    file's) hold sample j's images, in stored order; the others are zero. Image k of a sample is cropped with
+    the key ``ops.image_lists.image_keys`` derives from the sample's key (k = 0: the sample's own key)."""
+
+    fills_rows = False
+
+    def __init__(self, name, ops, ds, pages, array_type):
+        self._pipeline(name, ops, ds, pages, array_type)
+        ix = ds.index
+        self.offs = ix[f"{name}.offset"].astype(np.int64)
+        self.lens = ix[f"{name}.length"].astype(np.int64)
+        self.counts = ix[f"{name}.count"].astype(np.int64)
+        self.max_len = int(self.counts.max()) if self.counts.size else 0
+        self.variable_width = True
+        shape = (self.out_h, self.out_w, 3) if self.channels_last else (3, self.out_h, self.out_w)
+        self.counts_key = f"{name}_counts"
+        self.outputs = {name: ((self.max_len, *shape), self.table.dtype, self.torch_dtype),
+                        self.counts_key: ((), np.dtype(np.int64), None)}
+        image_lists.prepare()
+
+    def handout(self, arrays, view):
+        vals = {k: view(arrays[k]) for k in self.outputs}
+        if self.to_tensor:
+            vals = {k: _to_torch(v, self.outputs[k][2]) for k, v in vals.items()}
+            if self.permute:
+                vals[self.name] = vals[self.name].permute(0, 1, 4, 2, 3)
+        return vals
+
+    def fill(self, arrays, lo, hi, ids, keys, ctx):
+        out = arrays[self.name][lo:hi]
+        width = out.shape[1]
+        counts = self.counts[ids]
+        arrays[self.counts_key][lo:hi] = counts
+        for j in range(ids.shape[0]):  # unused slots are zero, whatever the buffer held before
+            out[j, counts[j]:] = 0
+        m = int(counts.sum())
+        if m == 0:
+            return
+        buf, offs = self.pages.gather(self.offs[ids], self.lens[ids], ctx, ordered=False)
+        img_offs, img_lens = np.empty(m, np.int64), np.empty(m, np.int64)
+        heights, widths = np.empty(m, np.int64), np.empty(m, np.int64)
+        encodings, rows = np.empty(m, np.uint8), np.empty(m, np.int64)
+        bad = image_lists.entries(buf, offs, self.lens[ids], counts, width, img_offs, img_lens, heights, widths,
+                                  encodings, rows)
         if bad >= 0:
-            code = int(status[bad])
-            detail = jpeg.error_string(handle) if code == jpeg.ERR_LIBJPEG else jpeg.STATUS_MESSAGES.get(code, "")
-            raise DecodeError(f"{self.path}: sample {int(ids[bad])}, field {self.name!r}: the stored JPEG could "
-                              f"not be decoded (status {code}: {detail}); rewrite the file or verify it with "
-                              "`pageset verify`", int(ids[bad]))
+            raise DecodeError(f"{self.path}: sample {int(ids[bad])}, field {self.name!r}: the stored image list "
+                              "does not match its index entry (damaged page); check the file with `pageset verify`",
+                              int(ids[bad]))
+        flat = out.reshape(out.shape[0] * width, *out.shape[2:])
+        img_keys = None if keys is None else image_lists.image_keys(keys, counts)
+        bad, why = self._decode(flat, rows, buf, img_offs, img_lens, heights, widths, encodings, img_keys, ctx)
+        if bad >= 0:
+            j = int(rows[bad]) // width
+            k = int(rows[bad]) % width
+            raise DecodeError(f"{self.path}: sample {int(ids[j])}, field {self.name!r}, image {k}: {why}",
+                              int(ids[j]))
 
 
 class ScalarStage(Stage):
@@ -260,38 +335,87 @@ class BytesStage(Stage):
 class TokenIdsStage(Stage):
     """TokenIds -> ``input_ids`` int64[B, L] under the field's name and ``<name>_attention_mask`` int64[B, L]
     (ops.token_ids.pad_rows): L = ``PadTokens.max_length``, or the file's longest record without PadTokens
-    (then padded with 0 and, in a mixture or set, widened to the widest file's)."""
+    (then padded with 0 and, in a mixture or set, widened to the widest file's). With a stored loss mask or
+    :class:`ExpandImageTokens` first (ops.token_ids.expand_rows), also ``<name>_labels`` int64[B, L]."""
 
     def __init__(self, name, ops, ds, pages, array_type):
         self.name, self.pages, self.path = name, pages, ds.path
         rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
+        self.expand = rest[0] if rest and isinstance(rest[0], ExpandImageTokens) else None
+        rest = rest[1:] if self.expand is not None else rest
         if len(rest) > 1 or (rest and not isinstance(rest[0], PadTokens)):
             raise PipelineError(f"field {name!r} is a TokenIds field: give pipelines={{{name!r}: "
-                                "[PadTokens(max_length), ToTensor?, ToDevice?]}")
+                                "[ExpandImageTokens(...)?, PadTokens(max_length), ToTensor?, ToDevice?]}")
         self.op = rest[0] if rest else None
-        self.itemsize = np.dtype(ds.fields[name].dtype).itemsize
+        field = ds.fields[name]
+        self.itemsize = np.dtype(field.dtype).itemsize
+        self.has_mask = field.loss_mask
         self.offs = ds.index[f"{name}.offset"].astype(np.int64)
-        self.counts = ds.index[f"{name}.length"].astype(np.int64) // self.itemsize
+        self.counts = ds.index[f"{name}.length"].astype(np.int64) // field.record_width
+        self.labels = self.has_mask or self.expand is not None
+        self.expected = None
+        if self.expand is not None and self.expand.images is not None:
+            other = ds.fields.get(self.expand.images)
+            if other is None or other.kind != "rgb_images":
+                raise PipelineError(f"field {name!r}: ExpandImageTokens(images={self.expand.images!r}) names no "
+                                    f"RGBImages field of {ds.path}; its fields are {list(ds.fields)}")
+            self.expected = ds.index[f"{self.expand.images}.count"].astype(np.int64)
         self.max_len = int(self.counts.max()) if self.counts.size else 0
+        if self.expand is not None and self.op is None:
+            raise PipelineError(f"field {name!r}: ExpandImageTokens needs PadTokens(max_length) after it (rows of "
+                                "expanded conversations have no stored width)")
+        if self.labels and self.op is not None and self.op.keep_last_token:
+            raise PipelineError(f"field {name!r}: PadTokens(keep_last_token=True) is for captions; a "
+                                "conversation's rows (loss mask or image tokens) keep their first max_length tokens")
         self.variable_width = self.op is None  # no PadTokens: the longest record's width, padded with 0
         width = self.max_len if self.op is None else self.op.max_length
         self.pad_id, self.keep_last, self.truncate = ((0, False, True) if self.op is None else
                                                       (self.op.pad_id, self.op.keep_last_token, self.op.truncation))
         self.mask_key = f"{name}_attention_mask"
+        self.labels_key = f"{name}_labels"
         self.outputs = {name: ((width,), np.dtype(np.int64), None),
                         self.mask_key: ((width,), np.dtype(np.int64), None)}
+        if self.labels:
+            self.outputs[self.labels_key] = ((width,), np.dtype(np.int64), None)
         token_id_ops.prepare()
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
         counts = self.counts[ids]
-        buf, offs = self.pages.gather(self.offs[ids], counts * self.itemsize, ctx, ordered=False)
-        bad = token_id_ops.pad_rows(buf, offs, counts, self.itemsize, arrays[self.name][lo:hi],
-                                    arrays[self.mask_key][lo:hi], self.pad_id, self.keep_last, self.truncate)
-        if bad >= 0:
-            sample = int(ids[bad])
-            raise DecodeError(f"{self.path}: sample {sample}, field {self.name!r}: {int(counts[bad])} token ids do "
-                              f"not fit PadTokens(max_length={self.op.max_length}, truncation=False); raise "
-                              "max_length, or allow truncation=True", sample)
+        width = (self.itemsize + 1) if self.has_mask else self.itemsize
+        buf, offs = self.pages.gather(self.offs[ids], counts * width, ctx, ordered=False)
+        out_ids, out_mask = arrays[self.name][lo:hi], arrays[self.mask_key][lo:hi]
+        if not self.labels:
+            bad = token_id_ops.pad_rows(buf, offs, counts, self.itemsize, out_ids, out_mask, self.pad_id,
+                                        self.keep_last, self.truncate)
+            if bad >= 0:
+                self._too_long(ids, bad, int(counts[bad]))
+            return
+        expected = self.expected[ids] if self.expected is not None else np.full(ids.shape[0], -1, np.int64)
+        image_id, per_image = ((-1, 1) if self.expand is None else
+                               (self.expand.image_token_id, self.expand.tokens_per_image))
+        status = np.zeros(2, np.int64)
+        bad = token_id_ops.expand_rows(buf, offs, counts, self.itemsize, self.has_mask, image_id, per_image,
+                                       expected, out_ids, out_mask, arrays[self.labels_key][lo:hi], self.pad_id,
+                                       self.truncate, status)
+        if bad < 0:
+            return
+        sample, why, found = int(ids[bad]), int(status[0]), int(status[1])
+        if why == token_id_ops.TOO_LONG:
+            self._too_long(ids, bad, found)
+        where = f"{self.path}: sample {sample}, field {self.name!r}"
+        if why == token_id_ops.IMAGE_COUNT:
+            raise DecodeError(f"{where}: {found} image placeholders (id {self.expand.image_token_id}) but "
+                              f"{int(expected[bad])} images in field {self.expand.images!r}; write one placeholder "
+                              "per image", sample)
+        raise DecodeError(f"{where}: {found} tokens once its images are expanded; PadTokens(max_length="
+                          f"{self.op.max_length}) would cut into an image's {self.expand.tokens_per_image} tokens; "
+                          "raise max_length or give the sample fewer images", sample)
+
+    def _too_long(self, ids, bad, length):
+        sample = int(ids[bad])
+        raise DecodeError(f"{self.path}: sample {sample}, field {self.name!r}: {length} token ids do "
+                          f"not fit PadTokens(max_length={self.op.max_length}, truncation=False); raise "
+                          "max_length, or allow truncation=True", sample)
 
     def handout(self, arrays, view):
         vals = {k: view(arrays[k]) for k in self.outputs}

@@ -5,6 +5,9 @@ row of ``input_ids`` (int64) and its ``attention_mask`` (1 on ids, 0 on padding)
 returns them with ``padding="max_length", truncation=True, max_length=L``. With ``keep_last`` a truncated
 record keeps its own last id in the last column (the end-of-text token a CLIP tokenizer always ends with:
 ``open_clip``'s ``tokenize`` and ``CLIPTokenizer`` with truncation both do so).
+
+:func:`expand_rows` is the vision-language variant: each image placeholder id becomes the image's tokens (as
+transformers' LLaVA processor expands ``<image>``), and ``labels`` follow a stored loss mask.
 """
 
 from __future__ import annotations
@@ -44,6 +47,74 @@ def pad_rows(buf, offs, counts, itemsize, out_ids, out_mask, pad_id, keep_last, 
         for t in range(take, width):
             out_ids[j, t] = pad_id
             out_mask[j, t] = 0
+    return -1
+
+
+# What expand_rows reports for its first bad row (status[0]); status[1] holds the count it found.
+TOO_LONG, IMAGE_COUNT, IMAGE_CUT = 1, 2, 3
+
+
+@numba.njit(nogil=True)
+def _id(buf, p, itemsize):
+    v = np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8)
+    if itemsize == 4:
+        v |= (np.int64(buf[p + 2]) << 16) | (np.int64(buf[p + 3]) << 24)
+    return v
+
+
+@numba.njit(nogil=True)
+def expand_rows(buf, offs, counts, itemsize, has_mask, image_id, per_image, expected, out_ids, out_mask, out_labels,
+                pad_id, truncate, status):
+    """Fill row j of ``out_ids`` / ``out_mask`` / ``out_labels`` (int64[n, L]) from record j (``counts[j]`` ids at
+    ``buf[offs[j]:]``, then with ``has_mask`` one loss-mask byte per id), each ``image_id`` repeated
+    ``per_image`` times. labels: the id where the mask is 1, -100 on image tokens, padding and mask 0.
+    ``expected`` int64[n]: the record's image count (-1: unchecked). A row longer than L keeps its first L
+    tokens when ``truncate`` and no image token is cut. Returns -1, or the first bad j with status[0] =
+    TOO_LONG / IMAGE_COUNT / IMAGE_CUT and status[1] = the expanded length or the placeholders found."""
+    n, width = out_ids.shape
+    for j in range(n):
+        c = counts[j]
+        base = offs[j]
+        images = 0
+        last = -1  # where the last image's tokens end in the expanded row
+        total = 0
+        for t in range(c):
+            if _id(buf, base + t * itemsize, itemsize) == image_id:
+                images += 1
+                total += per_image
+                last = total
+            else:
+                total += 1
+        if expected[j] >= 0 and images != expected[j]:
+            status[0], status[1] = IMAGE_COUNT, images
+            return j
+        if total > width and not truncate:
+            status[0], status[1] = TOO_LONG, total
+            return j
+        if last > width:
+            status[0], status[1] = IMAGE_CUT, total
+            return j
+        mbase = base + c * itemsize
+        pos = 0
+        for t in range(c):
+            if pos >= width:
+                break
+            v = _id(buf, base + t * itemsize, itemsize)
+            if v == image_id:
+                for _ in range(per_image):
+                    out_ids[j, pos] = v
+                    out_mask[j, pos] = 1
+                    out_labels[j, pos] = -100
+                    pos += 1
+            else:
+                out_ids[j, pos] = v
+                out_mask[j, pos] = 1
+                out_labels[j, pos] = v if (not has_mask or buf[mbase + t] != 0) else -100
+                pos += 1
+        for t in range(pos, width):
+            out_ids[j, t] = pad_id
+            out_mask[j, t] = 0
+            out_labels[j, t] = -100
     return -1
 
 

@@ -203,6 +203,36 @@ class PadTokens:
 
 
 @dataclass(frozen=True)
+class ExpandImageTokens:
+    """A conversation's image placeholders as the image tokens a vision-language model reads: each stored
+    ``image_token_id`` becomes ``tokens_per_image`` copies of itself, as transformers' ``LlavaProcessor``
+    expands ``<image>`` (LLaVA-1.5 at 336 px: ``(336 // 14) ** 2 = 576``). Goes first in a TokenIds field's
+    pipeline, before :class:`PadTokens` (``[ExpandImageTokens(...), PadTokens(max_length)]``).
+
+    The batch then also holds ``<field>_labels`` (int64[B, L]: the id, or -100 on image tokens, padding and
+    tokens whose stored loss mask is 0; labels are not shifted, as Hugging Face models shift them). ``images``:
+    the RGBImages field of the same record whose image count must equal the number of placeholders (else a
+    DecodeError naming the file, sample and both counts); None checks nothing. A row whose expanded length
+    exceeds ``max_length`` is cut after its last image only (``truncation=True``); cutting into an image's tokens
+    is a DecodeError (the model would get fewer image tokens than image features)."""
+
+    image_token_id: int
+    tokens_per_image: int
+    images: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "image_token_id", check.integer("ExpandImageTokens.image_token_id",
+                                                                 self.image_token_id, minimum=0,
+                                                                 maximum=(1 << 32) - 1))
+        object.__setattr__(self, "tokens_per_image", check.integer("ExpandImageTokens.tokens_per_image",
+                                                                   self.tokens_per_image, minimum=1,
+                                                                   maximum=1 << 20))
+        if self.images is not None and (not isinstance(self.images, str) or not self.images):
+            raise TypeError(f"ExpandImageTokens.images is the name of an RGBImages field (a str) or None, got "
+                            f"{self.images!r}")
+
+
+@dataclass(frozen=True)
 class TokenWindows:
     """Token-file pipeline: windows of ``seq_len + 1`` tokens at stride ``seq_len`` (chosen at load time, never
     stored): ``input`` = window[:-1] and ``target`` = window[1:], ``[B, seq_len]``, int64 (``input_dtype``

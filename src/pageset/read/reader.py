@@ -29,7 +29,8 @@ import numpy as np
 from ..format import arguments as check
 from ..format import constants as C
 from ..format.errors import ChecksumMismatchError, FormatError
-from ..format.fields import JSON, Bytes, Field, Float, Int, NDArray, RGBImage, TokenIds
+from ..format.fields import JSON, Bytes, Field, Float, Int, NDArray, RGBImage, RGBImages, TokenIds
+from ..format.layout import IMAGES_ENTRY
 from .file_access import READ_CHUNK, REMOTE_HEAD, LocalFile, URLFile
 from .remote import local_path, url_scheme
 from .validate import check_padding, read_metadata
@@ -149,8 +150,9 @@ class Dataset:
         """The decoded value of field ``name`` of record ``i``.
 
         Int/Float -> Python int/float (bool for a bool Int); NDArray -> a new array of the field's dtype and
-        shape; Bytes -> bytes; JSON -> the value; RGBImage -> :class:`EncodedImage`; TokenIds -> a new 1-D array of
-        the field's dtype.
+        shape; Bytes -> bytes; JSON -> the value; RGBImage -> :class:`EncodedImage`; RGBImages -> a list of
+        EncodedImage; TokenIds -> a new 1-D array of the field's dtype (with ``loss_mask``: ``{"input_ids": that
+        array, "loss_mask": uint8[n]}``).
         Raises IndexError (out-of-range i) or KeyError (unknown field).
         """
         if name not in self.fields:
@@ -173,11 +175,36 @@ class Dataset:
         if isinstance(field, Bytes):
             return self._bytes(off, length)
         if isinstance(field, TokenIds):
-            return np.frombuffer(self._bytes(off, length), dtype=np.dtype(field.dtype).newbyteorder("<")).astype(
-                field.dtype)
+            data = self._bytes(off, length)
+            n = length // field.record_width
+            ids = np.frombuffer(data, dtype=np.dtype(field.dtype).newbyteorder("<"), count=n).astype(field.dtype)
+            if not field.loss_mask:
+                return ids
+            return {"input_ids": ids, "loss_mask": np.frombuffer(data, np.uint8, offset=length - n).copy()}
+        if isinstance(field, RGBImages):
+            return self._images(self._bytes(off, length), int(row[f"{name}.count"]), name)
         if isinstance(field, JSON):
             return json.loads(self._bytes(off, length).decode("utf-8"))
         raise TypeError(f"unknown field type {type(field).__name__}")
+
+    def _images(self, data: bytes, count: int, name: str) -> list:
+        """The EncodedImages of an image-list value (formats/v1.md section 5); FormatError for a damaged one."""
+        n = int(np.frombuffer(data, "<u4", count=1)[0]) if len(data) >= 4 else -1
+        entries = np.frombuffer(data, IMAGES_ENTRY, count=n, offset=4) if 0 <= n == count and (
+            len(data) >= 4 + n * IMAGES_ENTRY.itemsize) else None
+        at = 4 + count * IMAGES_ENTRY.itemsize
+        if entries is None or at + int(entries["length"].astype(np.int64).sum()) != len(data):
+            raise FormatError(f"{self.path}: field {name!r}: the image list's entries do not match its bytes (count "
+                              f"{count}); the file is damaged: check it with `pageset verify`")
+        out = []
+        for e in entries:
+            end = at + int(e["length"])
+            enc = C.ENCODING_NAMES.get(int(e["encoding"]))
+            if enc is None:
+                raise FormatError(f"{self.path}: field {name!r}: unknown image encoding {int(e['encoding'])}")
+            out.append(EncodedImage(data[at:end], int(e["height"]), int(e["width"]), enc))
+            at = end
+        return out
 
     def __getitem__(self, i: int) -> dict:
         row = self._row(i)

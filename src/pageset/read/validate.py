@@ -27,7 +27,8 @@ from ..format.errors import (
     UnsupportedFeatureError,
     UnsupportedVersionError,
 )
-from ..format.fields import NDArray, RGBImage
+from ..format.fields import NDArray, RGBImage, RGBImages, TokenIds
+from ..format.layout import IMAGES_ENTRY
 from ..format.layout import HEADER, PAGE_CHECKSUM, SECTION_ENTRY
 from .token_sections import validate_loss_mask, validate_token_sections
 
@@ -247,6 +248,12 @@ def check_index(ds, index: np.ndarray, off: int) -> None:
                  f"field {name!r}: raw image length is not height*width*3")
         elif isinstance(field, NDArray):
             fail(f_len != np.uint64(field.nbytes), f"field {name!r}: array length is not {field.nbytes} bytes")
+        elif isinstance(field, TokenIds):
+            fail(f_len % np.uint64(field.record_width) != 0,
+                 f"field {name!r}: token_ids length is not a multiple of {field.record_width} bytes")
+        elif isinstance(field, RGBImages):
+            head = np.uint64(4) + index[f"{name}.count"].astype(np.uint64) * np.uint64(IMAGES_ENTRY.itemsize)
+            fail(f_len < head, f"field {name!r}: shorter than its image count's entries")
 
 
 def read_page_crcs(ds, sections, h) -> np.ndarray | None:

