@@ -263,6 +263,28 @@ MUTATIONS += [
              (f"{TI}::test_token_ids_bad_values_name_the_sample_and_field",)),
 ]
 
+# vision-language conversations (issue 32): placeholders expanded and labelled as LlavaProcessor and
+# apply_chat_template give them, each image of a record cropped with its own key
+TV = "tests/test_vlm.py"
+MUTATIONS += [
+    Mutation("image tokens are trained on (labelled with their id, not -100)", "ops/token_ids.py",
+             "out_labels[j, pos] = -100",
+             "out_labels[j, pos] = v",
+             (f"{TV}::test_expanded_ids_and_labels_equal_llava_processor[1]",)),
+    Mutation("a conversation's loss mask read one byte late", "ops/token_ids.py",
+             "mbase = base + c * itemsize",
+             "mbase = base + c * itemsize + 1",
+             (f"{TV}::test_expanded_ids_and_labels_equal_llava_processor[1]",)),
+    Mutation("every image of a record cropped with the sample's key", "ops/image_lists.py",
+             "out[i] = keys[j] if k == 0 else splitmix64(keys[j] ^ (numba.uint64(k) * numba.uint64(GOLDEN)))",
+             "out[i] = keys[j]",
+             (f"{TV}::test_random_crops_key_each_image_of_a_record",)),
+    Mutation("an image list's second image read from the first one's bytes", "ops/image_lists.py",
+             "at += length",
+             "at += 0",
+             (f"{TV}::test_pixel_values_are_the_processors_within_the_stated_psnr[exact]",)),
+]
+
 
 def _ids():
     return [m.name for m in MUTATIONS]

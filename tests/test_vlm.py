@@ -372,3 +372,25 @@ def test_readme_example_runs(tmp_path, monkeypatch):
                 lab += [-100] * 576 if v == t else [v if m else -100]
             assert row == ids + [0] * (1280 - len(ids)) and labels == lab + [-100] * (1280 - len(lab))
             assert len(ds[i]["images"]) == 2
+
+
+def test_random_crops_key_each_image_of_a_record(tmp_path, photos):
+    """RandomResizedCrop on a record holding the same photo twice: image 0 is cropped exactly as an RGBImage
+    record of that photo is with the same seed and order (the sample's key), image 1 with a key of its own."""
+    from pageset import RandomResizedCrop, RGBImage
+
+    img = make_imagenet_like(tmp_path / "imgs", 4, long_side=(120, 160), photos=photos, seed=3)
+    paths = sorted(str(p) for p in img.rglob("*.jpg"))
+    write_dataset(tmp_path / "two.pageset", [{"images": [p, p]} for p in paths], {"images": RGBImages()},
+                  num_workers=0, progress=False)
+    write_dataset(tmp_path / "one.pageset", [{"image": p} for p in paths], {"image": RGBImage()}, num_workers=0,
+                  progress=False)
+    crop = [RandomResizedCrop(24)]
+    with Loader(tmp_path / "two.pageset", batch_size=4, seed=9, pipelines={"images": crop},
+                array_type="numpy") as ld:
+        two = next(iter(ld))
+    with Loader(tmp_path / "one.pageset", batch_size=4, seed=9, pipelines={"image": crop}, array_type="numpy") as ld:
+        one = next(iter(ld))
+    assert np.array_equal(two["_index"], one["_index"])
+    assert np.array_equal(two["images"][:, 0], one["image"])
+    assert all(not np.array_equal(two["images"][r, 0], two["images"][r, 1]) for r in range(4))

@@ -56,10 +56,8 @@ TOO_LONG, IMAGE_COUNT, IMAGE_CUT = 1, 2, 3
 
 @numba.njit(nogil=True)
 def _id(buf, p, itemsize):
-    v = np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8)
-    if itemsize == 4:
-        v |= (np.int64(buf[p + 2]) << 16) | (np.int64(buf[p + 3]) << 24)
-    return v
+    lo = np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8)
+    return lo if itemsize == 2 else lo | (np.int64(buf[p + 2]) << 16) | (np.int64(buf[p + 3]) << 24)
 
 
 @numba.njit(nogil=True)
