@@ -394,3 +394,38 @@ def test_random_crops_key_each_image_of_a_record(tmp_path, photos):
     assert np.array_equal(two["_index"], one["_index"])
     assert np.array_equal(two["images"][:, 0], one["image"])
     assert all(not np.array_equal(two["images"][r, 0], two["images"][r, 1]) for r in range(4))
+
+
+def test_process_mode_mixture_and_cli(vlm, chat, tmp_path, photos):
+    """num_workers=1 hands out the same conversations and images as the in-process Loader; a Mixture of the
+    file with one of single-image records widens the other's rows to 3 image slots (its own images, then zeros);
+    `pageset inspect` and `pageset verify` read the file."""
+    from pageset import Mixture
+    from pageset.cli import main
+
+    path, _, _ = vlm
+    pipes = _pipes(chat, size=16, per_image=3, max_length=160)
+    out = []
+    for workers in (0, 1):
+        with Loader(path, batch_size=4, seed=2, num_workers=workers, pipelines=pipes) as ld:
+            out.append([{k: v.clone() for k, v in b.items()} for b in ld])
+    assert len(out[0]) == len(out[1]) == 3
+    for a, b in zip(*out):
+        assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+    img = make_imagenet_like(tmp_path / "imgs", 3, long_side=(40, 60), photos=photos, seed=2)
+    singles = sorted(str(p) for p in img.rglob("*.jpg"))
+    conv = [{"role": "user", "content": "<image>\nhi"}, {"role": "assistant", "content": "hello"}]
+    write_dataset(tmp_path / "one.pageset", [{"conversation": chat(conv, images=1), "images": [p]} for p in singles],
+                  {"conversation": TokenIds(loss_mask=True), "images": RGBImages()}, num_workers=0, progress=False)
+    with Loader(tmp_path / "one.pageset", batch_size=3, order="sequential", pipelines=pipes) as ld:
+        alone = next(iter(ld))
+    with Loader(Mixture([path, tmp_path / "one.pageset"], [1, 1]), batch_size=4, seed=1, pipelines=pipes) as ld:
+        rows = [(b, r) for b in ld for r in range(4) if int(b["_source"][r]) == 1]
+    assert rows
+    for b, r in rows:
+        i = int(b["_index"][r])
+        assert b["images"].shape[1] == 3 and int(b["images_counts"][r]) == 1
+        assert bool((b["images"][r, 0] == alone["images"][i, 0]).all()) and not b["images"][r, 1:].any()
+        assert b["conversation"][r].tolist() == alone["conversation"][i].tolist()
+    assert main(["inspect", str(path)]) == 0
+    assert main(["verify", str(path)]) == 0
