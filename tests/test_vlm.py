@@ -45,10 +45,8 @@ from pageset import (
 )
 from pageset.sample_data import make_imagenet_like
 
-from benchmarks.multimodal import GPT2, package_summaries
+from benchmarks.multimodal import CLIP_MEAN, CLIP_STD, GPT2, package_summaries
 
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 SIZE, PER_IMAGE, MAX_LENGTH = 336, 576, 2048  # LLaVA-1.5: (336 // 14) ** 2 image tokens
 # A LLaVA-1.5-style template ("USER: <image>\n... ASSISTANT: ...") whose trained text is marked with
 # {% generation %}, so that transformers' return_assistant_tokens_mask gives the reference loss mask.
