@@ -43,6 +43,7 @@ from pageset import (
     open_dataset,
     write_dataset,
 )
+from pageset.format.layout import IMAGES_ENTRY
 from pageset.sample_data import make_imagenet_like
 
 from benchmarks.multimodal import CLIP_MEAN, CLIP_STD, GPT2, package_summaries
@@ -427,3 +428,42 @@ def test_process_mode_mixture_and_cli(vlm, chat, tmp_path, photos):
         assert b["conversation"][r].tolist() == alone["conversation"][i].tolist()
     assert main(["inspect", str(path)]) == 0
     assert main(["verify", str(path)]) == 0
+
+
+def test_kernels_on_hand_checked_values():
+    """expand_rows and image_lists.entries on bytes built here by hand (uint32 ids, a mask, two records), so
+    that the NUMBA_DISABLE_JIT pass of tools/test.sh runs their bodies as plain Python too."""
+    from pageset.ops import image_lists, token_ids
+
+    recs = [([70000, 9, 70000, 3], [0, 0, 1, 1]), ([5], [1])]
+    buf = b"".join(np.asarray(i, "<u4").tobytes() + bytes(m) for i, m in recs)
+    buf = np.frombuffer(buf, np.uint8)
+    offs, counts = np.array([0, 20], np.int64), np.array([4, 1], np.int64)
+    ids, att, lab = (np.full((2, 8), 77, np.int64) for _ in range(3))
+    status = np.zeros(2, np.int64)
+    bad = token_ids.expand_rows(buf, offs, counts, 4, True, 70000, 2, np.array([2, -1], np.int64), ids, att, lab,
+                                1, True, status)
+    assert bad == -1
+    assert ids.tolist() == [[70000, 70000, 9, 70000, 70000, 3, 1, 1], [5, 1, 1, 1, 1, 1, 1, 1]]
+    assert att.tolist() == [[1, 1, 1, 1, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0]]
+    assert lab.tolist() == [[-100, -100, -100, -100, -100, 3, -100, -100], [5] + [-100] * 7]
+    bad = token_ids.expand_rows(buf, offs, counts, 4, True, 70000, 2, np.array([1, -1], np.int64), ids, att, lab,
+                                1, True, status)
+    assert bad == 0 and status.tolist() == [token_ids.IMAGE_COUNT, 2]
+    # two records: [] and [a (2x3 raw, 18 bytes), b (jpeg, 5 bytes)]
+    rec0 = np.array([0], "<u4").tobytes()
+    entries = np.zeros(2, IMAGES_ENTRY)
+    entries[0] = (2, 3, 18, 0, b"")
+    entries[1] = (4, 5, 5, 1, b"")
+    rec1 = np.array([2], "<u4").tobytes() + entries.tobytes() + bytes(range(18)) + b"\xff\xd8\xff\x00\x01"
+    buf = np.frombuffer(rec0 + rec1, np.uint8)
+    offs, lens = np.array([0, 4], np.int64), np.array([4, len(rec1)], np.int64)
+    out = [np.empty(2, np.int64) for _ in range(4)] + [np.empty(2, np.uint8), np.empty(2, np.int64)]
+    assert image_lists.entries(buf, offs, lens, np.array([0, 2], np.int64), 3, *out) == -1
+    img_offs, img_lens, heights, widths, encodings, rows = out
+    assert img_offs.tolist() == [4 + 36, 4 + 36 + 18] and img_lens.tolist() == [18, 5]
+    assert heights.tolist() == [2, 4] and widths.tolist() == [3, 5] and encodings.tolist() == [0, 1]
+    assert rows.tolist() == [3, 4]  # record 1's images fill slots 0 and 1 of row 1 (3 slots a row)
+    assert image_lists.entries(buf, offs, lens, np.array([0, 1], np.int64), 3, *out) == 1  # count disagrees
+    keys = image_lists.image_keys(np.array([11, 12], np.uint64), np.array([1, 2], np.int64))
+    assert keys[0] == 11 and keys[1] == 12 and keys[2] not in (11, 12)
