@@ -258,8 +258,8 @@ MUTATIONS += [
              "src = c - 2",
              (f"{TI}::test_captions_equal_the_transformers_tokenizer[1]",)),
     Mutation("a uint32 caption id loses its top byte", "ops/token_ids.py",
-             "v |= (np.int64(buf[p + 2]) << 16) | (np.int64(buf[p + 3]) << 24)",
-             "v |= np.int64(buf[p + 2]) << 16",
+             "lo | (np.int64(buf[p + 2]) << 16) | (np.int64(buf[p + 3]) << 24)",
+             "lo | (np.int64(buf[p + 2]) << 16)",
              (f"{TI}::test_token_ids_bad_values_name_the_sample_and_field",)),
 ]
 

@@ -467,3 +467,18 @@ def test_kernels_on_hand_checked_values():
     assert image_lists.entries(buf, offs, lens, np.array([0, 1], np.int64), 3, *out) == 1  # count disagrees
     keys = image_lists.image_keys(np.array([11, 12], np.uint64), np.array([1, 2], np.int64))
     assert keys[0] == 11 and keys[1] == 12 and keys[2] not in (11, 12)
+
+
+def test_url_file_equals_the_local_one(vlm, chat):
+    """The file read over HTTP (Range requests, its remote pages) hands out the same conversations, labels and
+    images as the local file."""
+    from remote_servers import StaticHTTP
+
+    path, _, _ = vlm
+    pipes = _pipes(chat, size=16, per_image=3, max_length=160)
+    local = _batches(path, pipes, num_threads=2)
+    with StaticHTTP(Path(path).parent) as http:
+        remote = _batches(f"{http.url}/{Path(path).name}", pipes, num_threads=2)
+    assert len(local) == len(remote) == 3
+    for a, b in zip(local, remote):
+        assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)

@@ -74,6 +74,14 @@ def _split_common(name, ops, array_type):
     return rest, to_tensor, to_device
 
 
+def _scratch(ctx, name, size, dtype):
+    """The thread's scratch buffer ``name`` with at least ``size`` elements (grown, never shrunk)."""
+    buf = ctx.get(name)
+    if buf is None or buf.shape[0] < size:
+        buf = ctx[name] = np.empty(max(int(size), 1), dtype=dtype)
+    return buf
+
+
 class ImageStage(Stage):
     """RGBImage -> [B, H, W, 3] / [B, 3, H, W] via the fused kernel ``ops.image_batch.image_slice``."""
 
@@ -145,13 +153,7 @@ class ImageStage(Stage):
             out[self.name] = out[self.name].permute(0, 3, 1, 2)
         return out
 
-    @staticmethod
-    def _buffer(ctx, name, size, dtype):
-        """The thread's scratch buffer ``name`` with at least ``size`` elements (grown, never shrunk)."""
-        buf = ctx.get(name)
-        if buf is None or buf.shape[0] < size:
-            buf = ctx[name] = np.empty(max(int(size), 1), dtype=dtype)
-        return buf
+    _buffer = staticmethod(_scratch)
 
     fills_rows = True  # the slice kernel writes out[rows[j]]: a mixture's scattered rows cost no copy
 
@@ -242,9 +244,9 @@ class ImagesStage(ImageStage):
         if m == 0:
             return
         buf, offs = self.pages.gather(self.offs[ids], self.lens[ids], ctx, ordered=False)
-        img_offs, img_lens = np.empty(m, np.int64), np.empty(m, np.int64)
-        heights, widths = np.empty(m, np.int64), np.empty(m, np.int64)
-        encodings, rows = np.empty(m, np.uint8), np.empty(m, np.int64)
+        img_offs, img_lens, heights, widths, rows = (_scratch(ctx, f"images_{k}", m, np.int64)[:m]
+                                                     for k in ("offs", "lens", "heights", "widths", "rows"))
+        encodings = _scratch(ctx, "images_encodings", m, np.uint8)[:m]
         bad = image_lists.entries(buf, offs, self.lens[ids], counts, width, img_offs, img_lens, heights, widths,
                                   encodings, rows)
         if bad >= 0:
@@ -390,10 +392,15 @@ class TokenIdsStage(Stage):
             if bad >= 0:
                 self._too_long(ids, bad, int(counts[bad]))
             return
-        expected = self.expected[ids] if self.expected is not None else np.full(ids.shape[0], -1, np.int64)
+        n = ids.shape[0]
+        if self.expected is not None:
+            expected = self.expected[ids]
+        else:
+            expected = _scratch(ctx, "token_ids_unchecked", n, np.int64)[:n]
+            expected[:] = -1
         image_id, per_image = ((-1, 1) if self.expand is None else
                                (self.expand.image_token_id, self.expand.tokens_per_image))
-        status = np.zeros(2, np.int64)
+        status = _scratch(ctx, "token_ids_status", 2, np.int64)[:2]
         bad = token_id_ops.expand_rows(buf, offs, counts, self.itemsize, self.has_mask, image_id, per_image,
                                        expected, out_ids, out_mask, arrays[self.labels_key][lo:hi], self.pad_id,
                                        self.truncate, status)

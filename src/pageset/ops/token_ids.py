@@ -22,6 +22,13 @@ from pageset.ops import kernel_cache
 
 
 @numba.njit(nogil=True)
+def _id(buf, p, itemsize):
+    """The little-endian id of ``itemsize`` bytes (2 or 4) at ``buf[p]``, as int64."""
+    lo = np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8)
+    return lo if itemsize == 2 else lo | (np.int64(buf[p + 2]) << 16) | (np.int64(buf[p + 3]) << 24)
+
+
+@numba.njit(nogil=True)
 def pad_rows(buf, offs, counts, itemsize, out_ids, out_mask, pad_id, keep_last, truncate):
     """Fill ``out_ids[j]`` / ``out_mask[j]`` (int64[n, L]) from record ``j``: ``counts[j]`` ids of ``itemsize``
     bytes (2 or 4, little-endian) at ``buf[offs[j]:]`` (uint8; offs, counts int64[n]). A record longer than L
@@ -38,11 +45,7 @@ def pad_rows(buf, offs, counts, itemsize, out_ids, out_mask, pad_id, keep_last, 
             src = t
             if keep_last and c > width and t == width - 1:
                 src = c - 1
-            p = base + src * itemsize
-            v = np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8)
-            if itemsize == 4:
-                v |= (np.int64(buf[p + 2]) << 16) | (np.int64(buf[p + 3]) << 24)
-            out_ids[j, t] = v
+            out_ids[j, t] = _id(buf, base + src * itemsize, itemsize)
             out_mask[j, t] = 1
         for t in range(take, width):
             out_ids[j, t] = pad_id
@@ -52,12 +55,6 @@ def pad_rows(buf, offs, counts, itemsize, out_ids, out_mask, pad_id, keep_last, 
 
 # What expand_rows reports for its first bad row (status[0]); status[1] holds the count it found.
 TOO_LONG, IMAGE_COUNT, IMAGE_CUT = 1, 2, 3
-
-
-@numba.njit(nogil=True)
-def _id(buf, p, itemsize):
-    lo = np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8)
-    return lo if itemsize == 2 else lo | (np.int64(buf[p + 2]) << 16) | (np.int64(buf[p + 3]) << 24)
 
 
 @numba.njit(nogil=True)

@@ -372,7 +372,7 @@ def encode_token_ids(value, field: TokenIds) -> bytes:
 def encode_images(value, field: RGBImages) -> tuple[bytes, dict]:
     """Payload (count, entries, images: formats/v1.md section 5) and ``count`` column of one image list; each
     image is encoded as :func:`encode_image` encodes an RGBImage value. ValueError naming the image for a bad one."""
-    if isinstance(value, (str, bytes, bytearray, np.ndarray, Path)) or not isinstance(value, (list, tuple)):
+    if not isinstance(value, (list, tuple)):
         raise ValueError(f"RGBImages fields take a list of images (paths, bytes, PIL images or arrays), got "
                          f"{type(value).__name__}; wrap a single image in a list")
     image = field.image()
