@@ -17,7 +17,9 @@ from pageset import (
     IndexBoundsError,
     Int,
     RGBImage,
+    RGBImages,
     SchemaError,
+    TokenIds,
     TruncatedFileError,
     UnsupportedFeatureError,
     UnsupportedVersionError,
@@ -213,6 +215,57 @@ def test_index_offset_outside_file_behind_valid_checksums(good):
     _patch_section(good, 2, index.tobytes())
     with pytest.raises(IndexBoundsError, match="record 3: field 'image'"):
         open_dataset(good)
+
+
+@pytest.fixture()
+def conversations(tmp_path, photo_arrays):
+    """Records with an image list (0-2 images) and a conversation's ids with their loss mask."""
+    path = tmp_path / "vlm.pageset"
+    rows = [{"images": [a[:40, :48] for a in photo_arrays[k : k + k % 3]],
+             "conversation": {"input_ids": [7, 8, 9][: 1 + k % 3], "loss_mask": [0, 1, 1][: 1 + k % 3]}}
+            for k in range(6)]
+    write_dataset(path, rows, {"images": RGBImages(), "conversation": TokenIds(loss_mask=True)}, num_workers=0,
+                  page_size=1 << 14, progress=False)
+    return path
+
+
+def test_image_list_and_masked_ids_index_damage_behind_valid_checksums(conversations, tmp_path):
+    """Index invariants of formats/v1.md section 5, checked at open by pageset and by the reference reader: an
+    image count whose entries do not fit the value, a masked token_ids length that is not n x (itemsize + 1). A
+    count that fits but disagrees with the stored one is found where the value is read: ``ds[i]`` and the Loader
+    name the field (and the Loader the sample)."""
+    from reference.format import RefDataset, RefError
+
+    from pageset import CenterCrop, DecodeError, Loader
+
+    with open_dataset(conversations) as ds:
+        index = ds.index.copy()
+    cases = [("images.count", 100, r"record 2: field 'images': shorter than its image count's entries"),
+             ("conversation.length", None, r"record 2: field 'conversation': token_ids length is not a multiple "
+                                           r"of 3 bytes")]
+    for column, value, match in cases:
+        path = tmp_path / f"{column}.pageset"
+        path.write_bytes(conversations.read_bytes())
+        bad = index.copy()
+        bad[2][column] = value if value is not None else int(bad[2][column]) - 1
+        _patch_section(path, 2, bad.tobytes())
+        with pytest.raises(IndexBoundsError, match=match):
+            open_dataset(path)
+        with pytest.raises(RefError):
+            RefDataset(path.read_bytes(), str(path))
+    path = tmp_path / "count.pageset"
+    path.write_bytes(conversations.read_bytes())
+    bad = index.copy()
+    assert int(bad[2]["images.count"]) == 2
+    bad[2]["images.count"] = 1
+    _patch_section(path, 2, bad.tobytes())
+    with open_dataset(path) as ds:
+        with pytest.raises(FormatError, match=r"field 'images': the image list's entries do not match its bytes"):
+            ds[2]
+    with Loader(path, batch_size=1, order="sequential", indices=[2], pipelines={"images": [CenterCrop(8)]}) as ld:
+        with pytest.raises(DecodeError, match=r"sample 2, field 'images': the stored image list does not match its "
+                                              r"index entry"):
+            next(iter(ld))
 
 
 def test_index_records_out_of_order_behind_valid_checksums(good):

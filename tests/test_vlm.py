@@ -255,6 +255,9 @@ def test_write_time_errors_name_the_sample_field_and_image(tmp_path, chat, photo
     with pytest.raises(ValueError, match=r"conversation: 1 image placeholders '<image>' in the conversation but 2 "
                                          r"images; put one placeholder per image"):
         chat(conv, images=2)
+    with pytest.raises(ValueError, match=r"conversation: 1 image placeholders '<image>' in the conversation but 0 "
+                                         r"images"):
+        chat(conv, images=0)
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(Path(good[0]).read_bytes()[:200])
     fields = {"conversation": TokenIds(loss_mask=True), "images": RGBImages()}
@@ -482,3 +485,21 @@ def test_url_file_equals_the_local_one(vlm, chat):
     assert len(local) == len(remote) == 3
     for a, b in zip(local, remote):
         assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+
+
+def test_many_file_set_sizes_image_slots_by_count_not_bytes(tmp_path, photos):
+    """A first member whose one image outweighs (in bytes) the second member's three small ones: the slots follow
+    the image count (3), not the longest value."""
+    big = np.asarray(Image.open(photos[0]).convert("RGB"))[:300, :300]
+    small = make_imagenet_like(tmp_path / "imgs", 3, long_side=(20, 24), photos=photos, seed=2)
+    smalls = sorted(str(p) for p in small.rglob("*.jpg"))
+    write_dataset(tmp_path / "set", [{"images": [big]}, {"images": smalls}], {"images": RGBImages(jpeg_quality=95)},
+                  records_per_member=1, num_workers=0, progress=False)
+    members = sorted((tmp_path / "set").glob("*.pageset"))
+    assert len(members) == 2
+    with open_dataset(members[0]) as first:
+        assert int(first.index["images.length"][0]) > 3 * max(Path(p).stat().st_size for p in smalls)
+    with Loader(tmp_path / "set", batch_size=2, order="sequential", pipelines={"images": [CenterCrop(8)]},
+                array_type="numpy") as ld:
+        b = next(iter(ld))
+    assert b["images"].shape[1] == 3 and b["images_counts"].tolist() == [1, 3]

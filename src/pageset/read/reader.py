@@ -182,26 +182,28 @@ class Dataset:
                 return ids
             return {"input_ids": ids, "loss_mask": np.frombuffer(data, np.uint8, offset=length - n).copy()}
         if isinstance(field, RGBImages):
-            return self._images(self._bytes(off, length), int(row[f"{name}.count"]), name)
+            return self._images(self._bytes(off, length), int(row[f"{name}.count"]), name, off)
         if isinstance(field, JSON):
             return json.loads(self._bytes(off, length).decode("utf-8"))
         raise TypeError(f"unknown field type {type(field).__name__}")
 
-    def _images(self, data: bytes, count: int, name: str) -> list:
-        """The EncodedImages of an image-list value (formats/v1.md section 5); FormatError for a damaged one."""
+    def _images(self, data: bytes, count: int, name: str, off: int) -> list:
+        """The EncodedImages of an image-list value stored at byte ``off`` (formats/v1.md section 5); FormatError
+        (naming the field and the value's offset) for a damaged one."""
         n = int(np.frombuffer(data, "<u4", count=1)[0]) if len(data) >= 4 else -1
         entries = np.frombuffer(data, IMAGES_ENTRY, count=n, offset=4) if 0 <= n == count and (
             len(data) >= 4 + n * IMAGES_ENTRY.itemsize) else None
         at = 4 + count * IMAGES_ENTRY.itemsize
         if entries is None or at + int(entries["length"].astype(np.int64).sum()) != len(data):
-            raise FormatError(f"{self.path}: field {name!r}: the image list's entries do not match its bytes (count "
-                              f"{count}); the file is damaged: check it with `pageset verify`")
+            raise self._err(FormatError, "data", off, f"field {name!r}: the image list's entries do not match its "
+                            f"bytes (count {count}); the file is damaged: check it with `pageset verify`")
         out = []
         for e in entries:
             end = at + int(e["length"])
             enc = C.ENCODING_NAMES.get(int(e["encoding"]))
             if enc is None:
-                raise FormatError(f"{self.path}: field {name!r}: unknown image encoding {int(e['encoding'])}")
+                raise self._err(FormatError, "data", off, f"field {name!r}: unknown image encoding "
+                                f"{int(e['encoding'])}; the file is damaged: check it with `pageset verify`")
             out.append(EncodedImage(data[at:end], int(e["height"]), int(e["width"]), enc))
             at = end
         return out
