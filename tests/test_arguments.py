@@ -91,6 +91,8 @@ OPS = [
     ("PadTokens", "pad_id", "0", T, r"PadTokens\.pad_id must be an int"),
     ("PadTokens", "truncation", "yes", T, r"PadTokens\.truncation must be True or False"),
     ("PadTokens", "keep_last_token", 1, T, r"PadTokens\.keep_last_token must be True or False"),
+    ("PadTokens", "packing", "first_fit", V, r"PadTokens\.packing must be one of \('best_fit',\)"),
+    ("PadTokens", "pack_pages", 0, V, r"PadTokens\.pack_pages must be an int >= 1"),
     ("ExpandImageTokens", "image_token_id", -1, V, r"ExpandImageTokens\.image_token_id must be an int in \[0, "),
     ("ExpandImageTokens", "tokens_per_image", 0, V, r"ExpandImageTokens\.tokens_per_image must be an int in \[1, "),
     ("ExpandImageTokens", "tokens_per_image", 576.0, T, r"ExpandImageTokens\.tokens_per_image must be an int"),

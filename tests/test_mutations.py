@@ -268,8 +268,8 @@ MUTATIONS += [
 TV = "tests/test_vlm.py"
 MUTATIONS += [
     Mutation("image tokens are trained on (labelled with their id, not -100)", "ops/token_ids.py",
-             "out_labels[j, pos] = -100",
-             "out_labels[j, pos] = v",
+             "labels[pos] = -100",
+             "labels[pos] = v",
              (f"{TV}::test_expanded_ids_and_labels_equal_llava_processor[1]",)),
     Mutation("a conversation's loss mask read one byte late", "ops/token_ids.py",
              "mbase = base + c * itemsize",
@@ -283,6 +283,23 @@ MUTATIONS += [
              "at += length",
              "at += 0",
              (f"{TV}::test_pixel_values_are_the_processors_within_the_stated_psnr[exact]",)),
+    # packed conversations (formats/packing.md section 8)
+    Mutation("a packed record's first token is a target of the record before it", "ops/token_ids.py",
+             "out_labels[r, start] = -100",
+             "out_labels[r, start] = out_labels[r, start]",
+             (f"{TV}::test_kernels_on_hand_checked_values",)),  # a chat's first token is untrained anyway
+    Mutation("a packed row's records in placement order, not by id", "ops/packing.py",
+             "by_row = np.lexsort((perm, bin_of))",
+             "by_row = np.argsort(bin_of, kind='stable')",
+             (f"{TV}::test_packed_rows_equal_the_reference_packing_and_transformers_flattening[None]",)),
+    Mutation("a packed row's images all start at its first slot", "load/stages.py",
+             "+ (ends - counts) - (ends - counts)[row_start]",
+             "+ 0 * row_start",
+             (f"{TV}::test_packed_rows_equal_the_reference_packing_and_transformers_flattening[None]",)),
+    Mutation("packing weighs a record without its image tokens", "load/packed.py",
+             "weights += self.expected * (self.expand.tokens_per_image - 1)",
+             "weights += 0",
+             (f"{TV}::test_packed_rows_equal_the_reference_packing_and_transformers_flattening[None]",)),
 ]
 
 

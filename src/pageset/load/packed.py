@@ -1,4 +1,6 @@
-"""The token stage of packed rows: ``TokenWindows(seq_len, packing="best_fit")`` (formats/packing.md).
+"""The stages of packed rows (formats/packing.md): a token file's documents (``TokenWindows(seq_len,
+packing="best_fit")``, :class:`PackedTokenStage`) and a record file's TokenIds records packed whole
+(``PadTokens(max_length, packing="best_fit")``, :class:`PackedIdsStage`).
 
 The packing (``ops.packing.pack_documents``) is computed once, when the Loader is built, from the file's
 document offsets; its rows are the records the plan orders (``records_per_page`` counts the rows whose first
@@ -11,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops import packing as pack_ops
-from .stages import TokenRows, _to_torch
+from ..ops import token_ids as token_id_ops
+from .stages import DecodeError, PipelineError, TokenIdsStage, TokenRows, _scratch, _to_torch
 
 
 class PackedTokenStage(TokenRows):
@@ -74,4 +77,124 @@ class PackedTokenStage(TokenRows):
         if self.to_tensor:
             vals = {k: _to_torch(v, None) for k, v in vals.items()}
         vals["max_seqlen"] = max_len
+        return vals
+
+
+class PackedIdsStage(TokenIdsStage):
+    """A TokenIds field's records packed whole into rows of ``PadTokens.max_length`` columns (formats/packing.md
+    section 8): the field's key holds the ids (int64[B, L]), ``<name>_attention_mask`` (1 on tokens),
+    ``<name>_labels``, ``<name>_position_ids`` (int64[B, L]), ``<name>_cu_seqlens`` (int32[S + 1] over the
+    flattened batch) and ``<name>_max_seqlen`` (int). The packing is computed once, when the Loader is built,
+    from the index (record lengths, and image counts with ``ExpandImageTokens(images=...)``); its rows are the
+    records the plan orders, each read as its records' spans. PipelineError for a pipeline packing cannot run;
+    ValueError naming the file, sample and field for a record longer than a row with ``truncation=False``."""
+
+    windows = True  # the records the order counts are rows (n_records, records_per_page, spans, token_count)
+
+    def __init__(self, name, ops, ds, pages, array_type):
+        super().__init__(name, ops, ds, pages, array_type)
+        op = self.op
+        if op.keep_last_token:
+            raise PipelineError(f"field {name!r}: PadTokens(packing='best_fit') packs records whole; "
+                                "keep_last_token is for single captions")
+        if self.expand is not None and self.expand.images is None:
+            raise PipelineError(f"field {name!r}: packing counts each record's image tokens from its images' count: "
+                                "give ExpandImageTokens(..., images='<the RGBImages field>')")
+        L = self.seq_len = op.max_length
+        self.packing = f"best_fit:pages={op.pack_pages if op.pack_pages else 'all'}:records"
+        weights = self.counts.copy()
+        if self.expand is not None:  # each placeholder becomes tokens_per_image tokens
+            weights += self.expected * (self.expand.tokens_per_image - 1)
+        long = np.flatnonzero(weights > L)
+        if long.size and not op.truncation:
+            i = int(long[0])
+            raise ValueError(f"{ds.path}: sample {i}, field {name!r}: {int(weights[i])} tokens, more than a row of "
+                             f"PadTokens(max_length={L}) holds, and packing never splits a record (truncation="
+                             "False): raise max_length, or allow truncation=True (it then fills a row alone, cut)")
+        self.rows = self.record_rows = pack_ops.pack_records(np.minimum(weights, L), ds.record_pages(), L, op.pack_pages)
+        self.n_records = self.rows.n_rows
+        if not self.n_records:
+            raise ValueError(f"{ds.path}: field {name!r} has no record with a token: nothing to pack")
+        self._rec_off = ds.index["_offset"].astype(np.int64)
+        self._rec_len = ds.index["_length"].astype(np.int64)
+        self._page_of = ds.record_pages()
+        self.labels = True
+        self.pos_key, self.cu_key, self.max_key = (f"{name}_position_ids", f"{name}_cu_seqlens",
+                                                   f"{name}_max_seqlen")
+        self.outputs[self.labels_key] = ((L,), np.dtype(np.int64), None)
+        self.outputs[self.pos_key] = ((L,), np.dtype(np.int64), None)
+        pack_ops.prepare()
+
+    def token_count(self) -> int:
+        """Tokens of all rows (padding not counted); a Mixture weighted by tokens weighs the file by it."""
+        return int(self.rows.weights[self.rows.records].sum())
+
+    def records_per_page(self, page_count: int) -> np.ndarray:
+        """int64[max(page_count, 1)]: rows whose first record lies in each page."""
+        k = max(page_count, 1)
+        pages = np.minimum(self._page_of[self.rows.first_records], k - 1)
+        return np.bincount(pages, minlength=k).astype(np.int64)
+
+    def spans(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One absolute byte span per row, from its lowest to its highest record byte (page checks, prefetch)."""
+        counts, recs = self.rows.row_records(np.asarray(ids, dtype=np.int64))
+        if not counts.size:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        lo = np.minimum.reduceat(self._rec_off[recs], first)
+        hi = np.maximum.reduceat(self._rec_off[recs] + self._rec_len[recs], first)
+        return lo, hi - lo
+
+    def buffer_shapes(self, batch_size):
+        shapes = super().buffer_shapes(batch_size)
+        shapes[self.cu_key] = ((batch_size * self.seq_len + 1,), np.dtype(np.int32))
+        return shapes
+
+    def alloc(self, batch_size, empty):
+        arrays = super().alloc(batch_size, empty)
+        arrays[self.cu_key] = empty((batch_size * self.seq_len + 1,), np.dtype(np.int32))
+        return arrays
+
+    def fill(self, arrays, lo, hi, ids, keys, ctx):
+        per_row, recs = self.rows.row_records(ids)
+        counts = self.counts[recs]
+        width = (self.itemsize + 1) if self.has_mask else self.itemsize
+        buf, offs = self.pages.gather(self.offs[recs], counts * width, ctx, ordered=False)
+        n = recs.shape[0]
+        if self.expected is not None:
+            expected = self.expected[recs]
+        else:
+            expected = _scratch(ctx, "token_ids_unchecked", n, np.int64)[:n]
+            expected[:] = -1
+        image_id, per_image = ((-1, 1) if self.expand is None else
+                               (self.expand.image_token_id, self.expand.tokens_per_image))
+        status = _scratch(ctx, "token_ids_status", 2, np.int64)[:2]
+        bad = token_id_ops.pack_rows(buf, offs, counts, self.itemsize, self.has_mask, image_id, per_image, expected,
+                                     per_row, arrays[self.name][lo:hi], arrays[self.mask_key][lo:hi],
+                                     arrays[self.labels_key][lo:hi], arrays[self.pos_key][lo:hi], self.pad_id,
+                                     self.truncate, status)
+        if bad < 0:
+            return
+        sample, why, found = int(recs[bad]), int(status[0]), int(status[1])
+        where = f"{self.path}: sample {sample}, field {self.name!r}"
+        if why == token_id_ops.IMAGE_COUNT:
+            raise DecodeError(f"{where}: {found} image placeholders (id {self.expand.image_token_id}) but "
+                              f"{int(expected[bad])} images in field {self.expand.images!r}; write one placeholder "
+                              "per image", sample)
+        if why == token_id_ops.IMAGE_CUT:
+            raise DecodeError(f"{where}: {found} tokens once its images are expanded; PadTokens(max_length="
+                              f"{self.op.max_length}) would cut into an image's {self.expand.tokens_per_image} "
+                              "tokens; raise max_length or give the sample fewer images", sample)
+        raise DecodeError(f"{where}: {found} tokens, more than its packed row holds (the stored ids disagree with "
+                          "the index: a damaged page); check the file with `pageset verify`", sample)
+
+    def handout(self, arrays, view):
+        vals = {k: view(arrays[k]) for k in self.outputs}
+        cu, max_len = pack_ops.packed_cu_seqlens(arrays[self.pos_key])
+        buf = arrays[self.cu_key][: cu.shape[0]]
+        buf[...] = cu
+        vals[self.cu_key] = view(buf)
+        if self.to_tensor:
+            vals = {k: _to_torch(v, None) for k, v in vals.items()}
+        vals[self.max_key] = max_len
         return vals

@@ -53,6 +53,16 @@ class Stage:
     # a mixture or a set may differ in it, ``max_len`` says this file's, and the widest file's buffers are used
     variable_width = False
     max_len = 0
+    # a stage that packs the file's records into rows (PadTokens(packing=...)): its ops.packing.RecordRows, which
+    # the file's other stages then read (read_rows); None: records are not packed
+    record_rows = None
+    reads_rows = False  # whether read_rows() can load the packed rows of another stage (else: PipelineError)
+
+    def read_rows(self, rows) -> None:
+        """Load packed rows of records instead of records (``rows``: ops.packing.RecordRows), when another field
+        of the file packs them (``PadTokens(packing="best_fit")``); only a stage declaring ``reads_rows`` is
+        asked (an RGBImages field: load/stages.py ``ImagesStage``)."""
+        raise TypeError(f"{type(self).__name__} does not declare reads_rows")
 
     def reserve(self, ctx: dict, rows: int) -> None:
         """Size a thread's scratch (``ctx``) for slices of up to ``rows`` rows (at Loader construction); no-op."""

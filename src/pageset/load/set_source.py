@@ -163,6 +163,11 @@ class ManyFileSource(Source):
         try:
             self.stages, self.row_bytes, self.verifier = first.stages, first.row_bytes, None
             self._token = info.kind == "tokens"
+            if not self._token and any(st.packing for st in first.stages):
+                raise ValueError(
+                    f"{self.path}: packed rows of records (PadTokens(packing='best_fit')) of a many-file set are not "
+                    "supported: rows are packed within one file. Merge the set into one file and pack that "
+                    "(pageset merge OUT.pageset FOLDER), or load the set without packing")
             if self._token and first.stages[0].packing:
                 raise ValueError(
                     f"{self.path}: packed rows (TokenWindows(packing='best_fit')) of a many-file token set are not "

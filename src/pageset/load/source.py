@@ -12,9 +12,9 @@ import numpy as np
 
 from ..format.fields import JSON, Bytes, Float, Int, NDArray, RGBImage, RGBImages, TokenIds, Tokens
 from ..ops import tokens as token_ops
-from ..ops.transforms import FloatDecoder, IntDecoder, TokenWindows
+from ..ops.transforms import FloatDecoder, IntDecoder, PadTokens, TokenWindows
 from .pages import PageVerifier, PreadPages, ProcessPageCache, resume_reads
-from .packed import PackedTokenStage
+from .packed import PackedIdsStage, PackedTokenStage
 from .stages import (
     ArrayStage,
     BytesStage,
@@ -69,6 +69,8 @@ def build_stage(name, field, ops, ds, pages, array_type: str = "torch") -> Stage
     if isinstance(field, JSON):
         return JSONStage(name, ops, ds, pages)
     if isinstance(field, TokenIds):
+        if any(isinstance(op, PadTokens) and op.packing for op in ops):
+            return PackedIdsStage(name, ops, ds, pages, array_type)
         return TokenIdsStage(name, ops, ds, pages, array_type)
     raise PipelineError(f"field {name!r}: the loader does not handle {type(field).__name__} fields")
 
@@ -112,6 +114,15 @@ class FileSource(Source):
                            for n, f in ds.fields.items() if not (n in pipelines and pipelines[n] is None)]
             # Records are the file's records, or, for a token file, its seq_len windows.
             windows = [s for s in self.stages if s.windows]
+            if windows and windows[0].record_rows is not None:  # records packed into rows: every field reads rows
+                for stage in self.stages:
+                    if stage is windows[0]:
+                        continue
+                    if not stage.reads_rows:
+                        raise PipelineError(f"{self.path}: field {stage.name!r} cannot be loaded with packed rows "
+                                            f"(field {windows[0].name!r} packs several records a row): map it to "
+                                            "None in pipelines, or load the file without packing")
+                    stage.read_rows(windows[0].record_rows)
             if windows:
                 self.n_records = windows[0].n_records
                 self.page_sizes = windows[0].records_per_page(ds.page_count)

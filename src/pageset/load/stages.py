@@ -210,6 +210,7 @@ class ImagesStage(ImageStage):
     the key ``ops.image_lists.image_keys`` derives from the sample's key (k = 0: the sample's own key)."""
 
     fills_rows = False
+    reads_rows = True  # packed rows (read_rows): a row's slots hold the images of its records
 
     def __init__(self, name, ops, ds, pages, array_type):
         self._pipeline(name, ops, ds, pages, array_type)
@@ -221,6 +222,7 @@ class ImagesStage(ImageStage):
         self.variable_width = True
         shape = (self.out_h, self.out_w, 3) if self.channels_last else (3, self.out_h, self.out_w)
         self.counts_key = f"{name}_counts"
+        self.rows = None  # packed rows (read_rows), or None: a record a row
         self.outputs = {name: ((self.max_len, *shape), self.table.dtype, self.torch_dtype),
                         self.counts_key: ((), np.dtype(np.int64), None)}
         image_lists.prepare()
@@ -233,34 +235,57 @@ class ImagesStage(ImageStage):
                 vals[self.name] = vals[self.name].permute(0, 1, 4, 2, 3)
         return vals
 
+    def read_rows(self, rows) -> None:
+        """Hand out packed rows (``rows``: ops.packing.RecordRows): row j's M slots hold every image of its
+        records, record after record, in stored order (the order of their image tokens in the row); M is the
+        most images a row holds."""
+        self.rows = rows
+        per_record = self.counts[rows.records]
+        row_of = np.repeat(np.arange(rows.n_rows, dtype=np.int64), np.diff(rows.row_ptr))
+        self.row_counts = np.bincount(row_of, weights=per_record, minlength=rows.n_rows).astype(np.int64)
+        self.max_len = int(self.row_counts.max()) if self.row_counts.size else 0
+        shape, dtype, torch_dtype = self.outputs[self.name]
+        self.outputs[self.name] = ((self.max_len, *shape[1:]), dtype, torch_dtype)
+
     def fill(self, arrays, lo, hi, ids, keys, ctx):
         out = arrays[self.name][lo:hi]
         width = out.shape[1]
-        counts = self.counts[ids]
-        arrays[self.counts_key][lo:hi] = counts
-        for j in range(ids.shape[0]):  # unused slots are zero, whatever the buffer held before
-            out[j, counts[j]:] = 0
+        n = ids.shape[0]
+        if self.rows is None:  # a record a row
+            counts, records, per_row = self.counts[ids], ids, n
+            first = _scratch(ctx, "images_first", n, np.int64)[:n]
+            first[:] = np.arange(n, dtype=np.int64) * width
+        else:  # packed rows: each row's records back to back in its slots
+            per_row, records = self.rows.row_records(ids)
+            counts = self.counts[records]
+            ends = np.cumsum(counts)
+            row_start = np.repeat(np.cumsum(per_row) - per_row, per_row)  # the first record of each one's row
+            first = np.repeat(np.arange(n, dtype=np.int64) * width, per_row) + (ends - counts) - (ends - counts)[row_start]
+        row_images = self.counts[ids] if self.rows is None else self.row_counts[ids]
+        arrays[self.counts_key][lo:hi] = row_images
+        for j in range(n):  # unused slots are zero, whatever the buffer held before
+            out[j, row_images[j]:] = 0
         m = int(counts.sum())
         if m == 0:
             return
-        buf, offs = self.pages.gather(self.offs[ids], self.lens[ids], ctx, ordered=False)
-        img_offs, img_lens, heights, widths, rows = (_scratch(ctx, f"images_{k}", m, np.int64)[:m]
-                                                     for k in ("offs", "lens", "heights", "widths", "rows"))
+        buf, offs = self.pages.gather(self.offs[records], self.lens[records], ctx, ordered=False)
+        img_offs, img_lens, heights, widths, slots = (_scratch(ctx, f"images_{k}", m, np.int64)[:m]
+                                                      for k in ("offs", "lens", "heights", "widths", "rows"))
         encodings = _scratch(ctx, "images_encodings", m, np.uint8)[:m]
-        bad = image_lists.entries(buf, offs, self.lens[ids], counts, width, img_offs, img_lens, heights, widths,
-                                  encodings, rows)
+        bad = image_lists.entries(buf, offs, self.lens[records], counts, first, img_offs, img_lens, heights, widths,
+                                  encodings, slots)
         if bad >= 0:
-            raise DecodeError(f"{self.path}: sample {int(ids[bad])}, field {self.name!r}: the stored image list "
+            raise DecodeError(f"{self.path}: sample {int(records[bad])}, field {self.name!r}: the stored image list "
                               "does not match its index entry (damaged page); check the file with `pageset verify`",
-                              int(ids[bad]))
+                              int(records[bad]))
         flat = out.reshape(out.shape[0] * width, *out.shape[2:])
-        img_keys = None if keys is None else image_lists.image_keys(keys, counts)
-        bad, why = self._decode(flat, rows, buf, img_offs, img_lens, heights, widths, encodings, img_keys, ctx)
+        img_keys = None if keys is None else image_lists.image_keys(keys, row_images)
+        bad, why = self._decode(flat, slots, buf, img_offs, img_lens, heights, widths, encodings, img_keys, ctx)
         if bad >= 0:
-            j = int(rows[bad]) // width
-            k = int(rows[bad]) % width
-            raise DecodeError(f"{self.path}: sample {int(ids[j])}, field {self.name!r}, image {k}: {why}",
-                              int(ids[j]))
+            q = int(np.searchsorted(np.cumsum(counts), bad, side="right"))  # the record of image ``bad``
+            k = bad - int(np.cumsum(counts)[q] - counts[q])
+            raise DecodeError(f"{self.path}: sample {int(records[q])}, field {self.name!r}, image {k}: {why}",
+                              int(records[q]))
 
 
 class ScalarStage(Stage):

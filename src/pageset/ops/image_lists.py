@@ -29,10 +29,10 @@ def _u32(buf, p):
 
 
 @numba.njit(nogil=True)
-def entries(buf, offs, lens, counts, width, img_offs, img_lens, heights, widths, encodings, rows):
+def entries(buf, offs, lens, counts, first, img_offs, img_lens, heights, widths, encodings, rows):
     """One row per image of a slice: record j's value is ``buf[offs[j]:][:lens[j]]`` (uint8; offs, lens int64[n])
     holding ``counts[j]`` images (int64[n], from the index); image k of record j fills output row
-    ``j * width + k``. Writes img_offs, img_lens (int64: the image's bytes in ``buf``), heights, widths (int64
+    ``first[j] + k`` (int64[n]; a record a sample: ``j * width``). Writes img_offs, img_lens (int64: the image's bytes in ``buf``), heights, widths (int64
     pixels), encodings (uint8) and rows (int64), each of ``counts.sum()`` entries in record order. Returns -1, or
     the first j whose stored count or byte lengths disagree with its index entry (a damaged page)."""
     i = 0
@@ -50,7 +50,7 @@ def entries(buf, offs, lens, counts, width, img_offs, img_lens, heights, widths,
             encodings[i] = buf[e + 12]
             img_offs[i] = at
             img_lens[i] = length
-            rows[i] = j * width + k
+            rows[i] = first[j] + k
             at += length
             i += 1
         if at != base + lens[j]:

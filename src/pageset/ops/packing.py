@@ -181,6 +181,67 @@ def pack_documents(doc_offsets, seq_len: int, group_tokens: int | None = None, s
                       int((n - 1 > seq_len).sum()))
 
 
+@dataclass(frozen=True)
+class RecordRows:
+    """Records packed whole into rows (formats/packing.md section 8): row r holds records
+    ``records[row_ptr[r] : row_ptr[r + 1]]`` (int64, ascending ids), rows sorted by their first record;
+    ``weights`` int64[n_records]: each record's columns (its tokens, at most ``capacity``); ``capacity``: columns
+    per row."""
+
+    row_ptr: np.ndarray
+    records: np.ndarray
+    weights: np.ndarray
+    capacity: int
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.row_ptr.shape[0] - 1)
+
+    @property
+    def first_records(self) -> np.ndarray:
+        """int64[R]: each row's first (lowest) record id: ascending."""
+        return self.records[self.row_ptr[:-1]]
+
+    def row_records(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(counts int64[n], records int64[sum(counts)])``: the records of rows ``ids``, row after row."""
+        first = self.row_ptr[ids]
+        counts = self.row_ptr[ids + 1] - first
+        ends = np.cumsum(counts)
+        idx = np.arange(int(ends[-1]) if ends.size else 0, dtype=np.int64) + np.repeat(first - (ends - counts), counts)
+        return counts, self.records[idx]
+
+    def padding_fraction(self) -> float:
+        """Padding columns over all columns, ``1 - sum(weights of packed records) / (R * capacity)``."""
+        total = self.n_rows * self.capacity
+        return 1.0 - float(self.weights[self.records].sum()) / total if total else 0.0
+
+
+def pack_records(weights, record_pages, capacity: int, pack_pages: int | None) -> RecordRows:
+    """Records of ``weights`` columns (int[n], each in ``[0, capacity]``; 0: the record takes no row) packed
+    whole into rows of ``capacity`` columns by best-fit decreasing (formats/packing.md section 8): records whose
+    page (``record_pages`` int[n]) has the same ``page // pack_pages`` share rows (None: one group); within a
+    group by weight descending, ties by record id. A pure function of its arguments."""
+    w = np.asarray(weights, dtype=np.int64)
+    keep = np.flatnonzero(w > 0)
+    pages = np.asarray(record_pages, dtype=np.int64)[keep]
+    groups = pages // pack_pages if pack_pages else np.zeros(keep.shape[0], dtype=np.int64)
+    o = np.lexsort((keep, -w[keep], groups))  # placement order: group, weight descending, id
+    perm, g = keep[o], groups[o]
+    group_ptr = (np.flatnonzero(np.concatenate([[True], g[1:] != g[:-1], [True]])) if g.size
+                 else np.zeros(1, np.int64))
+    bin_of = np.empty(perm.shape[0], dtype=np.int64)
+    n_bins = best_fit_decreasing(w[perm], group_ptr.astype(np.int64), int(capacity), bin_of)
+    by_row = np.lexsort((perm, bin_of))  # each bin's records by id
+    recs, bins = perm[by_row], bin_of[by_row]
+    counts = np.bincount(bins, minlength=n_bins)
+    ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    rows = np.argsort(recs[ptr[:-1]], kind="stable") if n_bins else np.zeros(0, np.int64)  # by first record
+    counts = counts[rows]
+    row_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    take = np.arange(row_ptr[-1], dtype=np.int64) + np.repeat(ptr[:-1][rows] - row_ptr[:-1], counts)
+    return RecordRows(row_ptr, recs[take].astype(np.int64), w, int(capacity))
+
+
 def row_pieces(rows: PackedRows, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(counts int64[n], starts int64[P'], lengths int64[P'])``: the pieces of rows ``ids``, row after row."""
     first = rows.row_ptr[ids]

@@ -58,6 +58,63 @@ TOO_LONG, IMAGE_COUNT, IMAGE_CUT = 1, 2, 3
 
 
 @numba.njit(nogil=True)
+def _measure(buf, base, c, itemsize, image_id, per_image):
+    """``(images, expanded length, where the last image's tokens end or -1)`` of a record of ``c`` ids."""
+    images = 0
+    last = -1
+    total = 0
+    for t in range(c):
+        if _id(buf, base + t * itemsize, itemsize) == image_id:
+            images += 1
+            total += per_image
+            last = total
+        else:
+            total += 1
+    return images, total, last
+
+
+@numba.njit(nogil=True)
+def _write(buf, base, c, itemsize, has_mask, image_id, per_image, ids, mask, labels, col, end):
+    """Write a record's expanded tokens into the row arrays ``ids``/``mask``/``labels`` (int64[L]) from column
+    ``col`` up to (not including) ``end``; returns the column after the last one written."""
+    mbase = base + c * itemsize
+    pos = col
+    for t in range(c):
+        if pos >= end:
+            break
+        v = _id(buf, base + t * itemsize, itemsize)
+        if v == image_id:
+            for _ in range(per_image):
+                ids[pos] = v
+                mask[pos] = 1
+                labels[pos] = -100
+                pos += 1
+        else:
+            ids[pos] = v
+            mask[pos] = 1
+            labels[pos] = v if (not has_mask or buf[mbase + t] != 0) else -100
+            pos += 1
+    return pos
+
+
+@numba.njit(nogil=True)
+def _check(buf, base, c, itemsize, image_id, per_image, expected, room, truncate, status):
+    """0 when the record fits ``room`` columns (cut after its last image when ``truncate``), else the status
+    code (TOO_LONG / IMAGE_COUNT / IMAGE_CUT, with status[1] set); also returns the expanded length."""
+    images, total, last = _measure(buf, base, c, itemsize, image_id, per_image)
+    if expected >= 0 and images != expected:
+        status[0], status[1] = IMAGE_COUNT, images
+        return IMAGE_COUNT, total
+    if total > room and not truncate:
+        status[0], status[1] = TOO_LONG, total
+        return TOO_LONG, total
+    if last > room:
+        status[0], status[1] = IMAGE_CUT, total
+        return IMAGE_CUT, total
+    return 0, total
+
+
+@numba.njit(nogil=True)
 def expand_rows(buf, offs, counts, itemsize, has_mask, image_id, per_image, expected, out_ids, out_mask, out_labels,
                 pad_id, truncate, status):
     """Fill row j of ``out_ids`` / ``out_mask`` / ``out_labels`` (int64[n, L]) from record j (``counts[j]`` ids at
@@ -68,48 +125,50 @@ def expand_rows(buf, offs, counts, itemsize, has_mask, image_id, per_image, expe
     TOO_LONG / IMAGE_COUNT / IMAGE_CUT and status[1] = the expanded length or the placeholders found."""
     n, width = out_ids.shape
     for j in range(n):
-        c = counts[j]
-        base = offs[j]
-        images = 0
-        last = -1  # where the last image's tokens end in the expanded row
-        total = 0
-        for t in range(c):
-            if _id(buf, base + t * itemsize, itemsize) == image_id:
-                images += 1
-                total += per_image
-                last = total
-            else:
-                total += 1
-        if expected[j] >= 0 and images != expected[j]:
-            status[0], status[1] = IMAGE_COUNT, images
+        c, base = counts[j], offs[j]
+        code, _ = _check(buf, base, c, itemsize, image_id, per_image, expected[j], width, truncate, status)
+        if code:
             return j
-        if total > width and not truncate:
-            status[0], status[1] = TOO_LONG, total
-            return j
-        if last > width:
-            status[0], status[1] = IMAGE_CUT, total
-            return j
-        mbase = base + c * itemsize
-        pos = 0
-        for t in range(c):
-            if pos >= width:
-                break
-            v = _id(buf, base + t * itemsize, itemsize)
-            if v == image_id:
-                for _ in range(per_image):
-                    out_ids[j, pos] = v
-                    out_mask[j, pos] = 1
-                    out_labels[j, pos] = -100
-                    pos += 1
-            else:
-                out_ids[j, pos] = v
-                out_mask[j, pos] = 1
-                out_labels[j, pos] = v if (not has_mask or buf[mbase + t] != 0) else -100
-                pos += 1
+        pos = _write(buf, base, c, itemsize, has_mask, image_id, per_image, out_ids[j], out_mask[j], out_labels[j],
+                     0, width)
         for t in range(pos, width):
             out_ids[j, t] = pad_id
             out_mask[j, t] = 0
             out_labels[j, t] = -100
+    return -1
+
+
+@numba.njit(nogil=True)
+def pack_rows(buf, offs, counts, itemsize, has_mask, image_id, per_image, expected, row_counts, out_ids, out_mask,
+              out_labels, out_pos, pad_id, truncate, status):
+    """Packed rows (formats/packing.md section 8): output row r holds the next ``row_counts[r]`` records (int64[n]
+    records in all, row after row; each as in :func:`expand_rows`) back to back from column 0. A record's first
+    column has label -100 (no record predicts another's first token) and ``out_pos`` (int64[n, L]) counts 0, 1,
+    ... within each record; padding columns after the last record: ``pad_id``, mask 0, label -100, position
+    ids counting from 0. Returns -1, or the first bad record (index into ``offs``) with ``status`` set as by
+    :func:`expand_rows` (a record longer than the row's remaining columns: TOO_LONG unless ``truncate``)."""
+    width = out_ids.shape[1]
+    j = 0
+    for r in range(row_counts.shape[0]):
+        col = 0
+        for _ in range(row_counts[r]):
+            c, base = counts[j], offs[j]
+            code, total = _check(buf, base, c, itemsize, image_id, per_image, expected[j], width - col, truncate,
+                                 status)
+            if code:
+                return j
+            start = col
+            col = _write(buf, base, c, itemsize, has_mask, image_id, per_image, out_ids[r], out_mask[r],
+                         out_labels[r], col, min(col + total, width))
+            out_labels[r, start] = -100
+            for t in range(start, col):
+                out_pos[r, t] = t - start
+            j += 1
+        for t in range(col, width):
+            out_ids[r, t] = pad_id
+            out_mask[r, t] = 0
+            out_labels[r, t] = -100
+            out_pos[r, t] = t - col
     return -1
 
 

@@ -185,12 +185,25 @@ class PadTokens:
     first ``max_length - 1`` and its own last id (the end-of-text token CLIP's tokenizers always end a truncated
     caption with: ``open_clip.tokenize``, and ``CLIPTokenizer`` with ``truncation=True``); with
     ``truncation=False`` it is a DecodeError naming the file, sample and field. Without a pipeline a TokenIds
-    field is padded with 0 to its longest record."""
+    field is padded with 0 to its longest record.
+
+    ``packing="best_fit"``: records packed whole into rows of ``max_length`` columns (SFT and vision-language
+    conversations; formats/packing.md section 8), never split: best-fit decreasing of the records' lengths
+    (image tokens counted, with :class:`ExpandImageTokens`) within groups of ``pack_pages`` consecutive pages
+    (None: the whole file); the rows are then the records the order, ``len``, ranks and resume count. The batch
+    also holds ``<field>_labels`` (-100 on each record's first token, image tokens, mask-0 tokens and padding),
+    ``<field>_position_ids`` (int64[B, L], restarting at 0 in every record and in the padding),
+    ``<field>_cu_seqlens`` (int32[S + 1] over the flattened batch) and ``<field>_max_seqlen`` (int). A record
+    longer than ``max_length`` fills a row alone, cut as above, or is a ValueError naming the file, sample and
+    field when the Loader is built with ``truncation=False``. An RGBImages field of the file is then handed out
+    per row (every image of the row's records, in token order)."""
 
     max_length: int
     pad_id: int = 0
     truncation: bool = True
     keep_last_token: bool = False
+    packing: str | None = None
+    pack_pages: int | None = 1
 
     def __post_init__(self):
         object.__setattr__(self, "max_length", check.integer("PadTokens.max_length", self.max_length, minimum=1,
@@ -200,6 +213,10 @@ class PadTokens:
         object.__setattr__(self, "truncation", check.boolean("PadTokens.truncation", self.truncation))
         object.__setattr__(self, "keep_last_token", check.boolean("PadTokens.keep_last_token",
                                                                   self.keep_last_token))
+        object.__setattr__(self, "packing", None if self.packing is None else
+                           check.choice("PadTokens.packing", self.packing, ("best_fit",)))
+        object.__setattr__(self, "pack_pages",
+                           check.integer("PadTokens.pack_pages", self.pack_pages, minimum=1, optional=True))
 
 
 @dataclass(frozen=True)
