@@ -14,7 +14,7 @@ import numpy as np
 
 from ..ops import packing as pack_ops
 from ..ops import token_ids as token_id_ops
-from .stages import DecodeError, PipelineError, TokenIdsStage, TokenRows, _scratch, _to_torch
+from .stages import DecodeError, PipelineError, TokenIdsStage, TokenRows, _to_torch
 
 
 class PackedTokenStage(TokenRows):
@@ -157,18 +157,8 @@ class PackedIdsStage(TokenIdsStage):
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
         per_row, recs = self.rows.row_records(ids)
-        counts = self.counts[recs]
-        width = (self.itemsize + 1) if self.has_mask else self.itemsize
-        buf, offs = self.pages.gather(self.offs[recs], counts * width, ctx, ordered=False)
-        n = recs.shape[0]
-        if self.expected is not None:
-            expected = self.expected[recs]
-        else:
-            expected = _scratch(ctx, "token_ids_unchecked", n, np.int64)[:n]
-            expected[:] = -1
-        image_id, per_image = ((-1, 1) if self.expand is None else
-                               (self.expand.image_token_id, self.expand.tokens_per_image))
-        status = _scratch(ctx, "token_ids_status", 2, np.int64)[:2]
+        buf, offs, counts = self._gather(recs, ctx)
+        image_id, per_image, expected, status = self._expand_args(recs, ctx)
         bad = token_id_ops.pack_rows(buf, offs, counts, self.itemsize, self.has_mask, image_id, per_image, expected,
                                      per_row, arrays[self.name][lo:hi], arrays[self.mask_key][lo:hi],
                                      arrays[self.labels_key][lo:hi], arrays[self.pos_key][lo:hi], self.pad_id,
@@ -176,17 +166,11 @@ class PackedIdsStage(TokenIdsStage):
         if bad < 0:
             return
         sample, why, found = int(recs[bad]), int(status[0]), int(status[1])
-        where = f"{self.path}: sample {sample}, field {self.name!r}"
-        if why == token_id_ops.IMAGE_COUNT:
-            raise DecodeError(f"{where}: {found} image placeholders (id {self.expand.image_token_id}) but "
-                              f"{int(expected[bad])} images in field {self.expand.images!r}; write one placeholder "
-                              "per image", sample)
-        if why == token_id_ops.IMAGE_CUT:
-            raise DecodeError(f"{where}: {found} tokens once its images are expanded; PadTokens(max_length="
-                              f"{self.op.max_length}) would cut into an image's {self.expand.tokens_per_image} "
-                              "tokens; raise max_length or give the sample fewer images", sample)
-        raise DecodeError(f"{where}: {found} tokens, more than its packed row holds (the stored ids disagree with "
-                          "the index: a damaged page); check the file with `pageset verify`", sample)
+        if why == token_id_ops.TOO_LONG:
+            raise DecodeError(f"{self.path}: sample {sample}, field {self.name!r}: {found} tokens, more than its "
+                              "packed row holds (the stored ids disagree with the index: a damaged page); check the "
+                              "file with `pageset verify`", sample)
+        self._image_error(sample, why, found, int(expected[bad]))
 
     def handout(self, arrays, view):
         vals = {k: view(arrays[k]) for k in self.outputs}

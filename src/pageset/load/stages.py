@@ -406,10 +406,39 @@ class TokenIdsStage(Stage):
             self.outputs[self.labels_key] = ((width,), np.dtype(np.int64), None)
         token_id_ops.prepare()
 
-    def fill(self, arrays, lo, hi, ids, keys, ctx):
-        counts = self.counts[ids]
+    def _gather(self, recs, ctx):
+        """``(buf, offs, counts)``: records ``recs``' stored ids (and loss masks) gathered by the page source."""
+        counts = self.counts[recs]
         width = (self.itemsize + 1) if self.has_mask else self.itemsize
-        buf, offs = self.pages.gather(self.offs[ids], counts * width, ctx, ordered=False)
+        buf, offs = self.pages.gather(self.offs[recs], counts * width, ctx, ordered=False)
+        return buf, offs, counts
+
+    def _expand_args(self, recs, ctx):
+        """``(image_id, per_image, expected int64[n], status int64[2])`` for the expanding kernels (expand_rows,
+        pack_rows): the placeholder id (-1: none), its tokens, each record's image count (-1: unchecked)."""
+        n = recs.shape[0]
+        if self.expected is not None:
+            expected = self.expected[recs]
+        else:
+            expected = _scratch(ctx, "token_ids_unchecked", n, np.int64)[:n]
+            expected[:] = -1
+        image_id, per_image = ((-1, 1) if self.expand is None else
+                               (self.expand.image_token_id, self.expand.tokens_per_image))
+        return image_id, per_image, expected, _scratch(ctx, "token_ids_status", 2, np.int64)[:2]
+
+    def _image_error(self, sample, why, found, expected):
+        """Raise the DecodeError of an expanding kernel's status IMAGE_COUNT or IMAGE_CUT for ``sample``."""
+        where = f"{self.path}: sample {sample}, field {self.name!r}"
+        if why == token_id_ops.IMAGE_COUNT:
+            raise DecodeError(f"{where}: {found} image placeholders (id {self.expand.image_token_id}) but "
+                              f"{expected} images in field {self.expand.images!r}; write one placeholder per image",
+                              sample)
+        raise DecodeError(f"{where}: {found} tokens once its images are expanded; PadTokens(max_length="
+                          f"{self.op.max_length}) would cut into an image's {self.expand.tokens_per_image} tokens; "
+                          "raise max_length or give the sample fewer images", sample)
+
+    def fill(self, arrays, lo, hi, ids, keys, ctx):
+        buf, offs, counts = self._gather(ids, ctx)
         out_ids, out_mask = arrays[self.name][lo:hi], arrays[self.mask_key][lo:hi]
         if not self.labels:
             bad = token_id_ops.pad_rows(buf, offs, counts, self.itemsize, out_ids, out_mask, self.pad_id,
@@ -417,31 +446,15 @@ class TokenIdsStage(Stage):
             if bad >= 0:
                 self._too_long(ids, bad, int(counts[bad]))
             return
-        n = ids.shape[0]
-        if self.expected is not None:
-            expected = self.expected[ids]
-        else:
-            expected = _scratch(ctx, "token_ids_unchecked", n, np.int64)[:n]
-            expected[:] = -1
-        image_id, per_image = ((-1, 1) if self.expand is None else
-                               (self.expand.image_token_id, self.expand.tokens_per_image))
-        status = _scratch(ctx, "token_ids_status", 2, np.int64)[:2]
+        image_id, per_image, expected, status = self._expand_args(ids, ctx)
         bad = token_id_ops.expand_rows(buf, offs, counts, self.itemsize, self.has_mask, image_id, per_image,
                                        expected, out_ids, out_mask, arrays[self.labels_key][lo:hi], self.pad_id,
                                        self.truncate, status)
         if bad < 0:
             return
-        sample, why, found = int(ids[bad]), int(status[0]), int(status[1])
-        if why == token_id_ops.TOO_LONG:
-            self._too_long(ids, bad, found)
-        where = f"{self.path}: sample {sample}, field {self.name!r}"
-        if why == token_id_ops.IMAGE_COUNT:
-            raise DecodeError(f"{where}: {found} image placeholders (id {self.expand.image_token_id}) but "
-                              f"{int(expected[bad])} images in field {self.expand.images!r}; write one placeholder "
-                              "per image", sample)
-        raise DecodeError(f"{where}: {found} tokens once its images are expanded; PadTokens(max_length="
-                          f"{self.op.max_length}) would cut into an image's {self.expand.tokens_per_image} tokens; "
-                          "raise max_length or give the sample fewer images", sample)
+        if status[0] == token_id_ops.TOO_LONG:
+            self._too_long(ids, bad, int(status[1]))
+        self._image_error(int(ids[bad]), int(status[0]), int(status[1]), int(expected[bad]))
 
     def _too_long(self, ids, bad, length):
         sample = int(ids[bad])

@@ -187,6 +187,9 @@ class Plan(ABC):
             unit = "packed rows" if p.packing else "windows"
             what = ("" if not p.seq_len else f" (the records of a token file are its {unit}: {self.n_records} of "
                     f"seq_len={p.seq_len} here; a smaller seq_len gives more)")
+            if p.packing.endswith(":records"):  # PadTokens(packing=...): whole records packed into rows
+                what = (f" (the records are packed rows of whole records: {self.n_records} of max_length="
+                        f"{p.seq_len} here; a smaller max_length gives more)")
             raise ValueError(f"{self.path}: {exc}{what}") from None
 
 
