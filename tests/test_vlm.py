@@ -750,3 +750,25 @@ def test_packed_rows_in_process_mode_and_a_mixture_by_tokens(vlm, chat, tmp_path
         assert bool((b["images"][r, :k] == a["images"][0, :k]).all()) and not b["images"][r, k:].any()
         for key in ("conversation", "conversation_labels", "conversation_position_ids"):
             assert b[key][r].tolist() == a[key][0].tolist()
+
+
+def test_packed_state_is_refused_by_another_layout(vlm, chat):
+    """A packed Loader's state names its packing and max_length; an unpacked Loader, another max_length or
+    another pack_pages refuses it (StateMismatchError naming the field), the same packing resumes it."""
+    from pageset import StateMismatchError
+
+    path, _, _ = vlm
+    packed = _packed_pipes(chat, size=8, per_image=3, max_length=64, pack_pages=2)
+    with Loader(path, batch_size=1, seed=2, pipelines=packed) as ld:
+        next(iter(ld))
+        state = ld.state_dict()
+    assert state["packing"] == "best_fit:pages=2:records" and state["seq_len"] == 64
+    for pipes, field in [(_pipes(chat, size=8, per_image=3, max_length=64), "seq_len"),
+                         (_packed_pipes(chat, size=8, per_image=3, max_length=96, pack_pages=2), "seq_len"),
+                         (_packed_pipes(chat, size=8, per_image=3, max_length=64, pack_pages=None), "packing")]:
+        with Loader(path, batch_size=1, seed=2, pipelines=pipes) as ld:
+            with pytest.raises(StateMismatchError, match=rf"'{field}'.*PadTokens"):
+                ld.load_state_dict(state)
+    with Loader(path, batch_size=1, seed=2, pipelines=packed) as ld:
+        ld.load_state_dict(state)
+        assert ld.steps_remaining == ld.steps_per_epoch - 1

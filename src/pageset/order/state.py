@@ -215,11 +215,13 @@ _HINTS = {
     "drop_last": "Construct the loader with the saved drop_last: it changes the epoch length.",
     "subset": "The state was saved on another subset of records (indices=, '' = the whole file): construct "
               "the loader with the same indices, in the same order.",
-    "packing": "The cursor counts rows of the saved packing ('' = stride windows): construct TokenWindows with "
-               "the same packing and pack_pages to resume (formats/packing.md section 7); another one needs a fresh "
-               "start (set_epoch instead of the state).",
-    "seq_len": "The cursor counts windows of the saved seq_len (0: a record file): construct TokenWindows with "
-               "the saved seq_len to resume; a new seq_len needs a fresh start (set_epoch instead of the state).",
+    "packing": "The cursor counts rows of the saved packing ('' = stride windows or records; ':records' = "
+               "PadTokens(packing=...) of a TokenIds field): construct TokenWindows (a token file) or PadTokens "
+               "(TokenIds records) with the same packing and pack_pages to resume (formats/packing.md sections 7 "
+               "and 8); another one needs a fresh start (set_epoch instead of the state).",
+    "seq_len": "The cursor counts windows of the saved seq_len (0: a record file; packed TokenIds records: "
+               "PadTokens' max_length): construct TokenWindows (or the packing PadTokens) with the saved length to "
+               "resume; a new length needs a fresh start (set_epoch instead of the state).",
 }
 
 
