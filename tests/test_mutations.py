@@ -296,6 +296,12 @@ MUTATIONS += [
              "+ (ends - counts) - (ends - counts)[row_start]",
              "+ 0 * row_start",
              (f"{TV}::test_packed_rows_equal_the_reference_packing_and_transformers_flattening[None]",)),
+    Mutation("a packed row's span is its first record's (verify_pages misses the others' pages)",
+             "load/packed.py",
+             "lo, hi = _row_extent(counts, self._rec_off[recs], self._rec_off[recs] + self._rec_len[recs])",
+             "first = recs[np.cumsum(counts) - counts]; lo, hi = self._rec_off[first], self._rec_off[first] + "
+             "self._rec_len[first]",
+             (f"{TV}::test_packed_rows_verify_every_page_of_their_records",)),
     Mutation("packing weighs a record without its image tokens", "load/packed.py",
              "weights += self.expected * (self.expand.tokens_per_image - 1)",
              "weights += 0",

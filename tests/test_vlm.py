@@ -128,9 +128,27 @@ def _pipes(chat, size=SIZE, per_image=PER_IMAGE, max_length=MAX_LENGTH, pad_id=0
                              PadTokens(max_length, pad_id=pad_id)]}
 
 
+def _copy(batch) -> dict:
+    """A batch whose tensors outlive the Loader's slot (ints, such as a packed batch's max_seqlen, as they are)."""
+    return {k: (v.clone() if hasattr(v, "clone") else v) for k, v in batch.items()}
+
+
 def _batches(path, pipes, **kw):
     with Loader(path, batch_size=4, order="sequential", drop_last=False, **kw, pipelines=pipes) as ld:
-        return [{k: v.clone() for k, v in b.items()} for b in ld]
+        return [_copy(b) for b in ld]
+
+
+def _same_in_process_mode(path, pipes, batch_size) -> list:
+    """An epoch with num_workers=0 and one with num_workers=1 (seed 2): equal batch for batch; returns the first."""
+    out = []
+    for workers in (0, 1):
+        with Loader(path, batch_size=batch_size, seed=2, num_workers=workers, pipelines=pipes) as ld:
+            out.append([_copy(b) for b in ld])
+    assert len(out[0]) == len(out[1]) >= 2
+    for a, b in zip(*out):
+        assert a.keys() == b.keys()
+        assert all((a[k] == b[k]) if isinstance(a[k], int) else bool((a[k] == b[k]).all()) for k in a)
+    return out[0]
 
 
 def test_stored_conversations_and_images_read_back_by_the_reference_reader(vlm, hf):
@@ -422,13 +440,7 @@ def test_process_mode_mixture_and_cli(vlm, chat, tmp_path, photos):
 
     path, _, _ = vlm
     pipes = _pipes(chat, size=16, per_image=3, max_length=160)
-    out = []
-    for workers in (0, 1):
-        with Loader(path, batch_size=4, seed=2, num_workers=workers, pipelines=pipes) as ld:
-            out.append([{k: v.clone() for k, v in b.items()} for b in ld])
-    assert len(out[0]) == len(out[1]) == 3
-    for a, b in zip(*out):
-        assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+    assert len(_same_in_process_mode(path, pipes, 4)) == 3
     img = make_imagenet_like(tmp_path / "imgs", 3, long_side=(40, 60), photos=photos, seed=2)
     singles = sorted(str(p) for p in img.rglob("*.jpg"))
     conv = [{"role": "user", "content": "<image>\nhi"}, {"role": "assistant", "content": "hello"}]
@@ -581,7 +593,7 @@ def test_packed_rows_equal_the_reference_packing_and_transformers_flattening(vlm
     with Loader(path, batch_size=2, order="sequential", drop_last=False, num_threads=2,
                 pipelines=_packed_pipes(chat, pad, pack_pages=pack_pages)) as ld:
         assert ld.n_records == len(rows) and len(ld) == -(-len(rows) // 2)
-        got = [{k: (v.clone() if hasattr(v, "clone") else v) for k, v in b.items()} for b in ld]
+        got = [_copy(b) for b in ld]
     collate = DataCollatorWithFlattening(return_tensors="np")
     at = 0
     for b in got:
@@ -723,22 +735,15 @@ def test_packed_rows_in_process_mode_and_a_mixture_by_tokens(vlm, chat, tmp_path
 
     path, _, _ = vlm
     pipes = _packed_pipes(chat, size=8, per_image=3, max_length=64)
-    out = []
-    for workers in (0, 1):
-        with Loader(path, batch_size=2, seed=2, num_workers=workers, pipelines=pipes) as ld:
-            out.append([{k: (v.clone() if hasattr(v, "clone") else v) for k, v in b.items()} for b in ld])
-    assert len(out[0]) == len(out[1]) >= 2
-    for a, b in zip(*out):
-        assert a.keys() == b.keys()
-        assert all((a[k] == b[k]) if k.endswith("_max_seqlen") else bool((a[k] == b[k]).all()) for k in a)
+    first = _same_in_process_mode(path, pipes, 2)
     img = make_imagenet_like(tmp_path / "imgs", 4, long_side=(40, 60), photos=photos, seed=2)
     singles = sorted(str(p) for p in img.rglob("*.jpg"))
     conv = [{"role": "user", "content": "<image>\nhi"}, {"role": "assistant", "content": "hello"}]
     write_dataset(tmp_path / "one.pageset", [{"conversation": chat(conv, images=1), "images": [p]} for p in singles],
                   {"conversation": TokenIds(loss_mask=True), "images": RGBImages()}, num_workers=0, progress=False)
     with Loader(tmp_path / "one.pageset", batch_size=1, order="sequential", pipelines=pipes) as ld:
-        alone = [{k: (v.clone() if hasattr(v, "clone") else v) for k, v in b.items()} for b in ld]
-    width = max(out[0][0]["images"].shape[1], alone[0]["images"].shape[1])  # the widest file's slots
+        alone = [_copy(b) for b in ld]
+    width = max(first[0]["images"].shape[1], alone[0]["images"].shape[1])  # the widest file's slots
     with Loader(Mixture([path, tmp_path / "one.pageset"], [1, 1], weight_unit="tokens"), batch_size=2, seed=1,
                 pipelines=pipes) as ld:
         rows = [(b, r) for b in ld for r in range(2) if int(b["_source"][r]) == 1]
@@ -772,3 +777,31 @@ def test_packed_state_is_refused_by_another_layout(vlm, chat):
     with Loader(path, batch_size=1, seed=2, pipelines=packed) as ld:
         ld.load_state_dict(state)
         assert ld.steps_remaining == ld.steps_per_epoch - 1
+
+
+def test_packed_rows_verify_every_page_of_their_records(vlm, chat, reference, tmp_path):
+    """verify_pages=True on packed rows: a byte flipped in the last byte of a row's last record (on a page after
+    every page of its first record) stops the batch of that row, the first one; the process page cache and verify_pages hand
+    out the default Loader's rows when nothing is damaged."""
+    from pageset import ChecksumMismatchError
+
+    path, _, _ = vlm
+    rows, _ = _row_layout(path, reference)
+    last = rows[0][-1]
+    with open_dataset(path) as ds:
+        ends = ds.index["_offset"].astype(np.int64) + ds.index["_length"].astype(np.int64) - 1
+        end = int(ends[last])
+        assert (end - ds.data_offset) // ds.page_size > (int(ends[rows[0][0]]) - ds.data_offset) // ds.page_size
+    pipes = _packed_pipes(chat, size=8)
+    with Loader(path, batch_size=1, order="sequential", pipelines=pipes) as ld:
+        want = [b["conversation"].clone() for b in ld]
+    with Loader(path, batch_size=1, order="sequential", page_cache="process", verify_pages=True,
+                pipelines=pipes) as ld:
+        assert all(bool((b["conversation"] == w).all()) for b, w in zip(ld, want))
+    data = bytearray(Path(path).read_bytes())
+    data[end] ^= 0x01
+    bad = tmp_path / "bad.pageset"
+    bad.write_bytes(bytes(data))
+    with Loader(bad, batch_size=1, order="sequential", num_threads=1, verify_pages=True, pipelines=pipes) as ld:
+        with pytest.raises(ChecksumMismatchError, match=r"needed by sample 0\b"):
+            next(iter(ld))

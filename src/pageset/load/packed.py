@@ -53,11 +53,7 @@ class PackedTokenStage(TokenRows):
     def spans(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One absolute byte span per row, from its lowest to its highest piece byte (page checks, prefetch)."""
         counts, starts, lens = pack_ops.row_pieces(self.rows, np.asarray(ids, dtype=np.int64))
-        if not counts.size:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        lo = np.minimum.reduceat(starts, first)
-        hi = np.maximum.reduceat(starts + lens, first)
+        lo, hi = _row_extent(counts, starts, starts + lens)
         return self.data_offset + lo * self.itemsize, (hi - lo) * self.itemsize
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
@@ -69,15 +65,30 @@ class PackedTokenStage(TokenRows):
                              arrays["labels"][lo:hi])
 
     def handout(self, arrays, view):
-        vals = {k: view(arrays[k]) for k in self.outputs}
-        cu, max_len = pack_ops.packed_cu_seqlens(arrays["position_ids"])
-        buf = arrays["cu_seqlens"][: cu.shape[0]]
-        buf[...] = cu
-        vals["cu_seqlens"] = view(buf)
-        if self.to_tensor:
-            vals = {k: _to_torch(v, None) for k, v in vals.items()}
-        vals["max_seqlen"] = max_len
-        return vals
+        return _packed_handout(self, arrays, view, "position_ids", "cu_seqlens", "max_seqlen")
+
+
+def _row_extent(counts: np.ndarray, lo_each: np.ndarray, hi_each: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)`` int64[n]: the lowest start and highest end of each row's parts, row j holding the next
+    ``counts[j]`` (>= 1) entries of ``lo_each``/``hi_each`` (the parts' [start, end) in one unit)."""
+    if not counts.size:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return np.minimum.reduceat(lo_each, first), np.maximum.reduceat(hi_each, first)
+
+
+def _packed_handout(stage, arrays, view, pos_key: str, cu_key: str, max_key: str) -> dict:
+    """A packed stage's batch: its outputs, ``cu_seqlens`` over the flattened position ids (in the slot's own
+    buffer ``arrays[cu_key]``) and ``max_seqlen``; torch tensors when the stage hands them out."""
+    vals = {k: view(arrays[k]) for k in stage.outputs}
+    cu, max_len = pack_ops.packed_cu_seqlens(arrays[pos_key])
+    buf = arrays[cu_key][: cu.shape[0]]
+    buf[...] = cu
+    vals[cu_key] = view(buf)
+    if stage.to_tensor:
+        vals = {k: _to_torch(v, None) for k, v in vals.items()}
+    vals[max_key] = max_len
+    return vals
 
 
 class PackedIdsStage(TokenIdsStage):
@@ -111,13 +122,13 @@ class PackedIdsStage(TokenIdsStage):
             raise ValueError(f"{ds.path}: sample {i}, field {name!r}: {int(weights[i])} tokens, more than a row of "
                              f"PadTokens(max_length={L}) holds, and packing never splits a record (truncation="
                              "False): raise max_length, or allow truncation=True (it then fills a row alone, cut)")
-        self.rows = self.record_rows = pack_ops.pack_records(np.minimum(weights, L), ds.record_pages(), L, op.pack_pages)
-        self.n_records = self.rows.n_rows
+        self._page_of = ds.record_pages()
+        self.record_rows = pack_ops.pack_records(np.minimum(weights, L), self._page_of, L, op.pack_pages)
+        self.n_records = self.record_rows.n_rows
         if not self.n_records:
             raise ValueError(f"{ds.path}: field {name!r} has no record with a token: nothing to pack")
         self._rec_off = ds.index["_offset"].astype(np.int64)
         self._rec_len = ds.index["_length"].astype(np.int64)
-        self._page_of = ds.record_pages()
         self.labels = True
         self.pos_key, self.cu_key, self.max_key = (f"{name}_position_ids", f"{name}_cu_seqlens",
                                                    f"{name}_max_seqlen")
@@ -127,22 +138,18 @@ class PackedIdsStage(TokenIdsStage):
 
     def token_count(self) -> int:
         """Tokens of all rows (padding not counted); a Mixture weighted by tokens weighs the file by it."""
-        return int(self.rows.weights[self.rows.records].sum())
+        return int(self.record_rows.weights[self.record_rows.records].sum())
 
     def records_per_page(self, page_count: int) -> np.ndarray:
         """int64[max(page_count, 1)]: rows whose first record lies in each page."""
         k = max(page_count, 1)
-        pages = np.minimum(self._page_of[self.rows.first_records], k - 1)
+        pages = np.minimum(self._page_of[self.record_rows.first_records], k - 1)
         return np.bincount(pages, minlength=k).astype(np.int64)
 
     def spans(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One absolute byte span per row, from its lowest to its highest record byte (page checks, prefetch)."""
-        counts, recs = self.rows.row_records(np.asarray(ids, dtype=np.int64))
-        if not counts.size:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        lo = np.minimum.reduceat(self._rec_off[recs], first)
-        hi = np.maximum.reduceat(self._rec_off[recs] + self._rec_len[recs], first)
+        counts, recs = self.record_rows.row_records(np.asarray(ids, dtype=np.int64))
+        lo, hi = _row_extent(counts, self._rec_off[recs], self._rec_off[recs] + self._rec_len[recs])
         return lo, hi - lo
 
     def buffer_shapes(self, batch_size):
@@ -156,7 +163,7 @@ class PackedIdsStage(TokenIdsStage):
         return arrays
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
-        per_row, recs = self.rows.row_records(ids)
+        per_row, recs = self.record_rows.row_records(ids)
         buf, offs, counts = self._gather(recs, ctx)
         image_id, per_image, expected, status = self._expand_args(recs, ctx)
         bad = token_id_ops.pack_rows(buf, offs, counts, self.itemsize, self.has_mask, image_id, per_image, expected,
@@ -173,12 +180,4 @@ class PackedIdsStage(TokenIdsStage):
         self._image_error(sample, why, found, int(expected[bad]))
 
     def handout(self, arrays, view):
-        vals = {k: view(arrays[k]) for k in self.outputs}
-        cu, max_len = pack_ops.packed_cu_seqlens(arrays[self.pos_key])
-        buf = arrays[self.cu_key][: cu.shape[0]]
-        buf[...] = cu
-        vals[self.cu_key] = view(buf)
-        if self.to_tensor:
-            vals = {k: _to_torch(v, None) for k, v in vals.items()}
-        vals[self.max_key] = max_len
-        return vals
+        return _packed_handout(self, arrays, view, self.pos_key, self.cu_key, self.max_key)

@@ -378,7 +378,8 @@ class TokenIdsStage(Stage):
         self.itemsize = np.dtype(field.dtype).itemsize
         self.has_mask = field.loss_mask
         self.offs = ds.index[f"{name}.offset"].astype(np.int64)
-        self.counts = ds.index[f"{name}.length"].astype(np.int64) // field.record_width
+        self.record_width = field.record_width  # bytes a stored id takes (its mask byte included)
+        self.counts = ds.index[f"{name}.length"].astype(np.int64) // self.record_width
         self.labels = self.has_mask or self.expand is not None
         self.expected = None
         if self.expand is not None and self.expand.images is not None:
@@ -409,8 +410,7 @@ class TokenIdsStage(Stage):
     def _gather(self, recs, ctx):
         """``(buf, offs, counts)``: records ``recs``' stored ids (and loss masks) gathered by the page source."""
         counts = self.counts[recs]
-        width = (self.itemsize + 1) if self.has_mask else self.itemsize
-        buf, offs = self.pages.gather(self.offs[recs], counts * width, ctx, ordered=False)
+        buf, offs = self.pages.gather(self.offs[recs], counts * self.record_width, ctx, ordered=False)
         return buf, offs, counts
 
     def _expand_args(self, recs, ctx):
