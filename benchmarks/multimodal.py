@@ -30,6 +30,17 @@ float32 [n, 3, 336, 336] (CLIP's mean/std):
   ``return_assistant_tokens_mask``), Pillow, ``LlavaProcessor`` (CLIPImageProcessor at 336, patch 14), padded by a
   collate function, in a DataLoader with 0, 1 and 2 workers.
 
+Qwen2-VL-style (dynamic resolution): the same conversations and files, each image at its own size (Qwen2-VL's
+published defaults: multiples of 28 px, 56x56 to 28x28x1280 pixels); both sides make ``input_ids`` / ``labels`` /
+``attention_mask`` int64 [8, 2048] (each placeholder expanded to its image's ``grid_h * grid_w / 4`` tokens),
+``pixel_values`` float32 [patches of the batch, 1176] and ``image_grid_thw`` int64 [n, 3]:
+
+- pageset: ``SmartResize()``, ``Normalize``, ``ExpandImageTokens(images=...)`` (no ``tokens_per_image``),
+  ``PadTokens(2048)``; the padded patches flattened as README shows;
+- transformers: per sample the chat template (text and assistant mask), Pillow and ``Qwen2VLProcessor`` over
+  ``Qwen2VLImageProcessorPil`` (built without its video processor, which needs torchvision), padded by a collate
+  function, in a DataLoader with 0, 1 and 2 workers.
+
 Every row is measured in this process, one epoch per run, the rows interleaved run by run after a warm-up epoch of
 each; CPU seconds are ``time.process_time()`` plus the DataLoader workers' (``RUSAGE_CHILDREN``, reaped when the
 epoch's iterator ends). Goal (issue 32): >= 5x the samples per CPU second of the best transformers row.
@@ -58,6 +69,7 @@ from pageset import (
     PadTokens,
     RGBImage,
     RGBImages,
+    SmartResize,
     TokenIds,
     ToTorchImage,
     write_dataset,
@@ -228,6 +240,53 @@ class HFConversations(torch.utils.data.Dataset):
         return {"input_ids": r["input_ids"][0], "labels": torch.tensor(labels), "pixel_values": pv}
 
 
+def qwen2vl_processor(tokenizer, image_token: str, **sizes):
+    """transformers' ``Qwen2VLProcessor`` (its own ``__call__`` and ``replace_image_token``: each placeholder becomes
+    ``grid_h * grid_w / merge_size**2`` copies) over ``Qwen2VLImageProcessorPil(**sizes)``, built without the video
+    processor its ``__init__`` requires (that one needs torchvision, which is not installed here)."""
+    from transformers import Qwen2VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    class ImagesOnly(Qwen2VLProcessor):
+        def __init__(self, image_processor, tokenizer):  # Qwen2VLProcessor.__init__'s attributes, no video
+            self.image_processor, self.tokenizer, self.video_processor, self.chat_template = (image_processor,
+                                                                                               tokenizer, None, None)
+            self.image_token, self.video_token = image_token, "<|video_pad|>"
+            self.image_token_id, self.video_token_id = tokenizer.convert_tokens_to_ids(image_token), None
+
+    return ImagesOnly(Qwen2VLImageProcessorPil(**sizes), tokenizer)
+
+
+class HFQwenConversations(HFConversations):
+    """One conversation as a Qwen2-VL fine-tuning script makes it: the chat template (text and assistant mask),
+    Pillow, ``Qwen2VLProcessor`` at its defaults; labels -100 on image tokens and untrained turns."""
+
+    def __init__(self, convs, tokenizer_file):
+        super().__init__(convs, tokenizer_file)
+        self.proc = qwen2vl_processor(self.tok, "<image>")
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        msgs, paths = self.convs[i]
+        text = self.tok.apply_chat_template(msgs, chat_template=TEMPLATE, tokenize=False)
+        imgs = []
+        for p in paths:
+            with Image.open(p) as img:
+                imgs.append(img.convert("RGB"))
+        r = self.proc(text=text, images=imgs or None, return_tensors="pt")
+        grids = r["image_grid_thw"] if imgs else torch.zeros(0, 3, dtype=torch.int64)
+        tokens = iter((grids.prod(-1) // 4).tolist())
+        m = self.tok.apply_chat_template(msgs, chat_template=TEMPLATE, tokenize=True, return_dict=True,
+                                         return_assistant_tokens_mask=True)
+        labels = []
+        for t, keep in zip(m["input_ids"], m["assistant_masks"]):
+            labels += [-100] * next(tokens) if t == self.image_id else [t if keep else -100]
+        pv = r["pixel_values"] if imgs else torch.zeros(0, 1176)
+        return {"input_ids": r["input_ids"][0], "labels": torch.tensor(labels), "pixel_values": pv,
+                "image_grid_thw": grids}
+
+
 def hf_collate(pad_id: int):
     def collate(items):
         n = len(items)
@@ -237,12 +296,19 @@ def hf_collate(pad_id: int):
         for j, it in enumerate(items):
             k = it["input_ids"].shape[0]
             ids[j, :k], labels[j, :k], mask[j, :k] = it["input_ids"], it["labels"], 1
-        return {"input_ids": ids, "labels": labels, "attention_mask": mask,
-                "pixel_values": torch.cat([it["pixel_values"] for it in items])}
+        out = {"input_ids": ids, "labels": labels, "attention_mask": mask,
+               "pixel_values": torch.cat([it["pixel_values"] for it in items])}
+        if "image_grid_thw" in items[0]:
+            out["image_grid_thw"] = torch.cat([it["image_grid_thw"] for it in items])
+        return out
     return collate
 
 
 def _vlm_samples(b) -> int:
+    if "image_grid_thw" in b:  # dynamic resolution: every patch of the batch, one grid an image
+        assert b["input_ids"].shape[1] == VLM_LENGTH and b["pixel_values"].shape[1:] == (1176,)
+        assert b["pixel_values"].shape[0] == int(b["image_grid_thw"].prod(-1).sum())
+        return b["input_ids"].shape[0]
     assert b["input_ids"].shape[1] in (VLM_LENGTH, PACK_LENGTH) and b["pixel_values"].shape[1:] == (3, 336, 336)
     if "position_ids" in b:  # packed rows: a conversation starts at each position id 0 that is not padding
         return int(((b["position_ids"] == 0) & (b["attention_mask"] == 1)).sum())
@@ -280,8 +346,9 @@ def _hf_rows(data, batch, collate=None) -> dict:
     return row
 
 
-def vlm_rows(tmp: str, n: int, photos: list, loaders: list) -> tuple[dict, dict]:
-    """The VLM-style rows (pageset padded, pageset packed, transformers with 0/1/2 workers) and the data's facts."""
+def vlm_rows(tmp: str, n: int, photos: list, loaders: list) -> tuple[dict, dict, dict]:
+    """The VLM-style rows (pageset padded, pageset packed, transformers with 0/1/2 workers), the Qwen2-VL-style
+    rows (pageset and transformers at dynamic resolution) and the data's facts."""
     root = make_imagenet_like(Path(tmp) / "vlm_imgs", max(8, n * 3 // 2), long_side=(400, 640), photos=photos,
                               seed=1)
     paths = sorted(str(p) for p in root.rglob("*.jpg"))
@@ -318,13 +385,35 @@ def vlm_rows(tmp: str, n: int, photos: list, loaders: list) -> tuple[dict, dict]
             f"pageset Loader, packed rows of {PACK_LENGTH}, 1 thread": pageset_row(1, True)}
     hf = _hf_rows(data, VLM_BATCH, hf_collate(pad))
     rows.update({f"transformers LlavaProcessor + chat template, DataLoader num_workers={w}": hf(w) for w in (0, 1, 2)})
+
+    def qwen_row(threads):
+        ld = Loader(path, batch_size=VLM_BATCH, order="quasi_random", seed=0, drop_last=False, num_threads=threads,
+                    pipelines={"images": [SmartResize(), Normalize(CLIP_MEAN, CLIP_STD)],
+                               "conversation": [ExpandImageTokens(chat.image_token_id, images="images"),
+                                                PadTokens(VLM_LENGTH, pad_id=pad)]})
+        loaders.append(ld)
+
+        def make():
+            for b in ld:
+                patches, grids = b["images"], b["images_grid_thw"]
+                per_row = grids.prod(-1).sum(-1)
+                yield {"input_ids": b["conversation"], "labels": b["conversation_labels"],
+                       "attention_mask": b["conversation_attention_mask"],
+                       "pixel_values": patches[torch.arange(patches.shape[1]) < per_row[:, None]],
+                       "image_grid_thw": grids[torch.arange(grids.shape[1]) < b["images_counts"][:, None]]}
+        return make
+
+    qwen = {f"pageset Loader, SmartResize, {t} thread{'s' if t > 1 else ''}": qwen_row(t) for t in (1, 2)}
+    hf_qwen = _hf_rows(HFQwenConversations(convs, tok_file), VLM_BATCH, hf_collate(pad))
+    qwen.update({f"transformers Qwen2VLProcessor + chat template, DataLoader num_workers={w}": hf_qwen(w)
+                 for w in (0, 1, 2)})
     lengths = [sum(PER_IMAGE if t == chat.image_token_id else 1 for t in chat(m, images=len(i))["input_ids"])
                for m, i in convs]
     facts = {"conversations": n, "images": sum(len(i) for _, i in convs), "batch_size": VLM_BATCH,
              "max_length": VLM_LENGTH, "packed_length": PACK_LENGTH, "packed_batch_size": PACK_BATCH,
              "tokens_min": min(lengths), "tokens_median": sorted(lengths)[len(lengths) // 2],
              "tokens_max": max(lengths)}
-    return rows, facts
+    return rows, qwen, facts
 
 
 def main() -> None:
@@ -371,12 +460,14 @@ def main() -> None:
         for ld in loaders:
             ld.close()
         loaders.clear()
-        rows, vlm_facts = vlm_rows(tmp, args.conversations, photos, loaders)
+        rows, qwen_rows, vlm_facts = vlm_rows(tmp, args.conversations, photos, loaders)
         vlm_results = measure(rows, args.runs, _vlm_samples)
+        qwen_results = measure(qwen_rows, args.runs, _vlm_samples)
         for ld in loaders:
             ld.close()
     targets = []
-    for what, res in (("CLIP-style pairs", results), ("VLM-style conversations", vlm_results)):
+    for what, res in (("CLIP-style pairs", results), ("VLM-style conversations", vlm_results),
+                      ("Qwen2-VL-style conversations (dynamic resolution)", qwen_results)):
         one = res[0]
         best_hf = max((r for r in res if r["loader"].startswith("transformers")),
                       key=lambda r: r["samples_per_cpu_s"]["median"])
@@ -387,7 +478,8 @@ def main() -> None:
                                      f"({best_hf['loader'].split(', ')[-1]})"))
     out = {"benchmark": "multimodal", "settings": {k: v for k, v in vars(args).items() if k != "json"},
            "data": {"pairs": args.pairs, "batch_size": BATCH, "context_length": CONTEXT},
-           "rows": results, "vlm": vlm_facts, "vlm_rows": vlm_results, "cpus": os.cpu_count(), "targets": targets}
+           "rows": results, "vlm": vlm_facts, "vlm_rows": vlm_results, "qwen_rows": qwen_results,
+           "cpus": os.cpu_count(), "targets": targets}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     print(table(out))
@@ -419,6 +511,11 @@ def table(out: dict) -> str:
                   f"{v['packed_length']}, samples = conversations): input_ids / labels / attention_mask and every "
                   "image's pixel_values float32 [n, 3, 336, 336]; padding = padding columns / all columns.", "",
                   *_rows(out["vlm_rows"], True)]
+    if out.get("qwen_rows"):
+        lines += ["", "Qwen2-VL-style conversations (dynamic resolution at Qwen2-VL's defaults: each image at its own "
+                  "size, multiples of 28 px): the same conversations and photos; batch of "
+                  f"{v['batch_size']} rows of {v['max_length']}: input_ids / labels / attention_mask, pixel_values "
+                  "float32 [patches of the batch, 1176] and image_grid_thw.", "", *_rows(out["qwen_rows"], False)]
     return "\n".join(lines) + "\n"
 
 

@@ -97,6 +97,16 @@ OPS = [
     ("ExpandImageTokens", "tokens_per_image", 0, V, r"ExpandImageTokens\.tokens_per_image must be an int in \[1, "),
     ("ExpandImageTokens", "tokens_per_image", 576.0, T, r"ExpandImageTokens\.tokens_per_image must be an int"),
     ("ExpandImageTokens", "images", 3, T, r"ExpandImageTokens\.images is the name of an RGBImages field"),
+    ("SmartResize", "min_pixels", 0, V, r"SmartResize\.min_pixels must be an int in \[1, "),
+    ("SmartResize", "min_pixels", 3136.0, T, r"SmartResize\.min_pixels must be an int"),
+    ("SmartResize", "max_pixels", 100, V, r"SmartResize\.max_pixels must be an int in \[3136, "),  # < min_pixels
+    ("SmartResize", "max_pixels", "1e6", T, r"SmartResize\.max_pixels must be an int"),
+    ("SmartResize", "patch_size", 0, V, r"SmartResize\.patch_size must be an int in \[1, 1024\]"),
+    ("SmartResize", "merge_size", 2.0, T, r"SmartResize\.merge_size must be an int"),
+    ("SmartResize", "temporal_patch_size", -2, V, r"SmartResize\.temporal_patch_size must be an int in \[1, "),
+    ("SmartResize", "max_pixels_per_row", 100, V, r"SmartResize\.max_pixels_per_row must be an int in \[196, "),
+    ("SmartResize", "max_pixels_per_row", "all", T, r"SmartResize\.max_pixels_per_row must be an int .*or None"),
+    ("SmartResize", "resize_mode", "bicubic", V, r"SmartResize\.resize_mode must be one of \('exact', 'fast'\)"),
     ("ToDevice", "device", "gpu", V, r"ToDevice\.device must be 'cuda', 'cuda:N' or 'cpu'"),
     ("ToDevice", "device", "meta", V, r"ToDevice: unsupported device"),
     ("ToDevice", "device", None, T, r"ToDevice\.device must be a device string"),
@@ -370,6 +380,12 @@ OTHERS = [  # callables whose arguments are paths (or the inputs of a mixture)
     ("ChatTokenizer", "chat_template", 5, V, r"no chat_template in it"),
     ("ChatTokenizer", "train_on", ("robot",), V, r"train_on: \['robot'\] are not roles"),
     ("ChatTokenizer", "image_token", 5, T, r"image_token is the placeholder's text"),
+    ("LlavaSource", "path", b"x.json", T, r"LlavaSource\.path must be the LLaVA JSON file's path"),
+    ("LlavaSource", "image_folder", None, T, r"LlavaSource\.image_folder must be a folder path"),
+    ("LlavaSource", "chat", "tokenizer.json", T, r"LlavaSource\.chat must be a pageset\.ChatTokenizer"),
+    ("LlavaSource", "conversation", "", T, r"LlavaSource\.conversation must be a non-empty str"),
+    ("LlavaSource", "images", "conversation", V, r"conversation and images name the same field"),
+    ("LlavaSource", "placeholder", 5, T, r"LlavaSource\.placeholder must be a non-empty str"),
     ("ChatTokenizer", "image_token", "<image>", V, r"image_token '<image>' is 3 tokens of this tokenizer, not one"),
 ]
 
@@ -385,6 +401,10 @@ def test_constructor_refuses_bad_argument(name, arg, value, exc, match):
           "ExpandImageTokens": {"image_token_id": 7, "tokens_per_image": 4},
           "ChatTokenizer": {"tokenizer": GPT2_FILES, "chat_template": "{{ messages[0]['content'] }}"},
           }.get(name, {})  # the other required arguments, valid
+    if name == "LlavaSource":  # a ChatTokenizer with an image token ("hello" is one GPT-2 token)
+        kw = {"path": "x.json", "image_folder": ".",
+              "chat": pageset.ChatTokenizer(GPT2_FILES, chat_template="{{ messages[0]['content'] }}",
+                                            image_token="hello")}
     with pytest.raises(exc, match=match):
         getattr(pageset, name)(**{**kw, arg: value})
 

@@ -308,6 +308,55 @@ MUTATIONS += [
              (f"{TV}::test_packed_rows_equal_the_reference_packing_and_transformers_flattening[None]",)),
 ]
 
+# dynamic resolution (issue 32, Qwen2-VL): smart_resize, the patch layout and the per-image token counts as
+# transformers' Qwen2VLProcessor gives them
+TQ = "tests/test_vlm_dynamic.py"
+TQ_IDS = f"{TQ}::test_ids_labels_grids_and_pixels_equal_qwen2vl_processor[defaults-exact]"
+MUTATIONS += [
+    Mutation("smart_resize rounds halves up, not to even as Python's round", "ops/patches.py",
+             "h_bar = int(np.rint(height / factor)) * factor",
+             "h_bar = int(np.floor(height / factor + 0.5)) * factor",
+             (f"{TQ}::test_smart_resize_and_patch_layout_equal_transformers",)),
+    Mutation("a merged token's patches taken column-first", "ops/patches.py",
+             "y0 = (bh * merge + mh) * patch",
+             "y0 = (bh * merge + mw) * patch",
+             (f"{TQ}::test_smart_resize_and_patch_layout_equal_transformers",)),
+    Mutation("an image's tokens counted per patch, not per merged patch group", "ops/patches.py",
+             "tokens[i] = grid_h[i] * grid_w[i] // (merge * merge)",
+             "tokens[i] = grid_h[i] * grid_w[i] // merge",
+             (TQ_IDS,)),
+    Mutation("every placeholder of a record takes its first image's token count", "ops/token_ids.py",
+             "            k += 1\n",
+             "            k += 0\n",
+             (TQ_IDS,)),
+    Mutation("each image's patches written from its row's first patch", "load/patches.py",
+             "firsts = image_start - image_start[record_start[rows]]",
+             "firsts = image_start - image_start",
+             (TQ_IDS,)),
+    Mutation("patches past a row's images keep what the slot held before", "load/patches.py",
+             "                out[j, totals[j] : held[j]] = 0",
+             "                pass",
+             (f"{TQ}::test_patches_and_grids_past_a_rows_images_are_zero_when_buffers_are_reused",)),
+    Mutation("an image's grid height and width swapped", "load/patches.py",
+             "grid[rows, np.arange(m) - record_start[rows], 1] = gh",
+             "grid[rows, np.arange(m) - record_start[rows], 1] = gw",
+             (TQ_IDS,)),
+]
+
+
+# LLaVA-format data (issue 32): roles and image order as LLaVA's files give them
+TL_SRC = "tests/test_llava_source.py::test_entries_are_written_as_the_chat_template_and_the_photos"
+MUTATIONS += [
+    Mutation("LLaVA's gpt turns written as user turns", "write/llava.py",
+             '"gpt": "assistant", "assistant"',
+             '"gpt": "user", "assistant"',
+             (TL_SRC,)),
+    Mutation("an entry's image paths taken in reverse order", "write/llava.py",
+             "paths = [os.path.join(self.image_folder, p) for p in paths]",
+             "paths = [os.path.join(self.image_folder, p) for p in paths[::-1]]",
+             (TL_SRC,)),
+]
+
 
 def _ids():
     return [m.name for m in MUTATIONS]

@@ -407,6 +407,24 @@ def test_readme_example_runs(tmp_path, monkeypatch):
     assert sorted(got) == sorted(want) and ids[starts[3]:] == [0] * (4096 - starts[3])
     assert scope["cu_seqlens"].tolist() == starts + [4096]
     scope["packed"].close()
+    # dynamic resolution, run after both: each placeholder expanded to grid_h * grid_w / 4 tokens of its image's
+    # size after transformers' smart_resize (stored sizes read back), the grids and patches handed out to match
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    dynamic_code = text.split("#### Dynamic resolution", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(dynamic_code, "README.md (Dynamic resolution)", "exec"), scope)
+    batch, grids = scope["batch"], []
+    with open_dataset(tmp_path / "vlm.pageset") as ds:
+        for r, i in enumerate(batch["_index"].tolist()):
+            sizes = [smart_resize(e.height, e.width, 28, 56 * 56, 256 * 28 * 28) for e in ds[i]["images"]]
+            grids += [[1, h // 14, w // 14] for h, w in sizes]
+            tokens = iter([h * w // 28 // 28 for h, w in sizes])
+            ids = [u for v in ds[i]["conversation"]["input_ids"].tolist()
+                   for u in ([v] * next(tokens) if v == t else [v])]
+            assert batch["conversation"][r].tolist() == ids + [0] * (1024 - len(ids))
+    assert scope["image_grid_thw"].tolist() == grids
+    assert tuple(scope["pixel_values"].shape) == (sum(h * w for _, h, w in grids), 1176)
+    scope["qwen"].close()
 
 
 def test_random_crops_key_each_image_of_a_record(tmp_path, photos):
@@ -471,25 +489,32 @@ def test_kernels_on_hand_checked_values():
     offs, counts = np.array([0, 20], np.int64), np.array([4, 1], np.int64)
     ids, att, lab = (np.full((2, 8), 77, np.int64) for _ in range(3))
     status = np.zeros(2, np.int64)
-    bad = token_ids.expand_rows(buf, offs, counts, 4, True, 70000, 2, np.array([2, -1], np.int64), ids, att, lab,
-                                1, True, status)
+    none, starts = np.empty(0, np.int64), np.zeros(2, np.int64)  # a fixed count per image: no per-image tokens
+    bad = token_ids.expand_rows(buf, offs, counts, 4, True, 70000, 2, none, starts, np.array([2, -1], np.int64), ids,
+                                att, lab, 1, True, status)
     assert bad == -1
     assert ids.tolist() == [[70000, 70000, 9, 70000, 70000, 3, 1, 1], [5, 1, 1, 1, 1, 1, 1, 1]]
     assert att.tolist() == [[1, 1, 1, 1, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0]]
     assert lab.tolist() == [[-100, -100, -100, -100, -100, 3, -100, -100], [5] + [-100] * 7]
-    bad = token_ids.expand_rows(buf, offs, counts, 4, True, 70000, 2, np.array([1, -1], np.int64), ids, att, lab,
-                                1, True, status)
+    bad = token_ids.expand_rows(buf, offs, counts, 4, True, 70000, 2, none, starts, np.array([1, -1], np.int64), ids,
+                                att, lab, 1, True, status)
     assert bad == 0 and status.tolist() == [token_ids.IMAGE_COUNT, 2]
+    # dynamic resolution: record 0's images take 3 and 1 tokens (record 1 has none: starts [0, 2])
+    bad = token_ids.expand_rows(buf, offs, counts, 4, True, 70000, 1, np.array([3, 1], np.int64),
+                                np.array([0, 2], np.int64), np.array([2, 0], np.int64), ids, att, lab, 1, True, status)
+    assert bad == -1
+    assert ids.tolist() == [[70000, 70000, 70000, 9, 70000, 3, 1, 1], [5, 1, 1, 1, 1, 1, 1, 1]]
+    assert lab[0].tolist() == [-100, -100, -100, -100, -100, 3, -100, -100]
     # pack_rows: both records in one row of 8 (6 + 1 columns), then padding; a record's first label is -100
     pos = np.full((1, 8), 77, np.int64)
-    bad = token_ids.pack_rows(buf, offs, counts, 4, True, 70000, 2, np.array([2, -1], np.int64),
+    bad = token_ids.pack_rows(buf, offs, counts, 4, True, 70000, 2, none, starts, np.array([2, -1], np.int64),
                               np.array([2], np.int64), ids[:1], att[:1], lab[:1], pos, 1, True, status)
     assert bad == -1
     assert ids[0].tolist() == [70000, 70000, 9, 70000, 70000, 3, 5, 1]
     assert att[0].tolist() == [1, 1, 1, 1, 1, 1, 1, 0]
     assert lab[0].tolist() == [-100, -100, -100, -100, -100, 3, -100, -100]
     assert pos[0].tolist() == [0, 1, 2, 3, 4, 5, 0, 0]
-    bad = token_ids.pack_rows(buf, offs, counts, 4, True, 70000, 2, np.array([2, -1], np.int64),
+    bad = token_ids.pack_rows(buf, offs, counts, 4, True, 70000, 2, none, starts, np.array([2, -1], np.int64),
                               np.array([2], np.int64), ids[:1, :6], att[:1, :6], lab[:1, :6], pos[:, :6], 1, False,
                               status)
     assert bad == 1 and status.tolist() == [token_ids.TOO_LONG, 1]  # no column left for record 1
@@ -519,6 +544,11 @@ def test_kernels_on_hand_checked_values():
     assert rows.tolist() == [3, 4]  # record 1's images fill slots 0 and 1 of row 1 (3 slots a row)
     assert image_lists.entries(buf, offs, lens, np.array([0, 1], np.int64), np.array([0, 3], np.int64),
                                *out) == 1  # count disagrees
+    # the heads alone (what SmartResize's token counts read): sizes of both images of record 1
+    heights, widths = np.zeros(2, np.int64), np.zeros(2, np.int64)
+    assert image_lists.sizes(buf, offs, np.array([0, 2], np.int64), heights, widths) == -1
+    assert heights.tolist() == [2, 4] and widths.tolist() == [3, 5]
+    assert image_lists.sizes(buf, offs, np.array([0, 1], np.int64), heights, widths) == 1
     keys = image_lists.image_keys(np.array([11, 12], np.uint64), np.array([1, 2], np.int64))
     assert keys[0] == 11 and keys[1] == 12 and keys[2] not in (11, 12)
 

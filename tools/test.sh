@@ -12,4 +12,4 @@ NUMBA_DISABLE_JIT=1 .venv/bin/python -m pytest -q -W ignore::RuntimeWarning \
   tests/test_mixtures.py::test_lookup_kernel_equals_per_position_orders \
   tests/test_schedules.py::test_stream_schedule_equals_the_model_on_random_schedules \
   tests/test_schedules.py::test_golden_vectors_of_formats_mixture_md tests/test_schedules.py::test_ramp_tracks_the_integral_of_its_shares \
-  tests/test_vlm.py::test_kernels_on_hand_checked_values
+  tests/test_vlm.py::test_kernels_on_hand_checked_values tests/test_vlm_dynamic.py::test_smart_resize_and_patch_layout_equal_transformers

@@ -108,6 +108,10 @@ class PackedIdsStage(TokenIdsStage):
         if op.keep_last_token:
             raise PipelineError(f"field {name!r}: PadTokens(packing='best_fit') packs records whole; "
                                 "keep_last_token is for single captions")
+        if self.image_tokens_from is not None:
+            raise PipelineError(f"field {name!r}: packing rows of images sized by SmartResize (tokens per image from "
+                                "each image's size) is not supported yet: pack with a fixed size (ExpandImageTokens("
+                                "..., tokens_per_image=N) and CenterCrop), or pad (PadTokens without packing)")
         if self.expand is not None and self.expand.images is None:
             raise PipelineError(f"field {name!r}: packing counts each record's image tokens from its images' count: "
                                 "give ExpandImageTokens(..., images='<the RGBImages field>')")
@@ -164,10 +168,10 @@ class PackedIdsStage(TokenIdsStage):
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
         per_row, recs = self.record_rows.row_records(ids)
+        image_id, per_image, image_tokens, starts, expected, status = self._expand_args(recs, ctx)
         buf, offs, counts = self._gather(recs, ctx)
-        image_id, per_image, expected, status = self._expand_args(recs, ctx)
-        bad = token_id_ops.pack_rows(buf, offs, counts, self.itemsize, self.has_mask, image_id, per_image, expected,
-                                     per_row, arrays[self.name][lo:hi], arrays[self.mask_key][lo:hi],
+        bad = token_id_ops.pack_rows(buf, offs, counts, self.itemsize, self.has_mask, image_id, per_image,
+                                     image_tokens, starts, expected, per_row, arrays[self.name][lo:hi], arrays[self.mask_key][lo:hi],
                                      arrays[self.labels_key][lo:hi], arrays[self.pos_key][lo:hi], self.pad_id,
                                      self.truncate, status)
         if bad < 0:

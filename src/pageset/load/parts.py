@@ -57,6 +57,19 @@ class Stage:
     # the file's other stages then read (read_rows); None: records are not packed
     record_rows = None
     reads_rows = False  # whether read_rows() can load the packed rows of another stage (else: PipelineError)
+    # dynamic resolution: whether image_tokens(records, ctx) gives each image's token count (an RGBImages field
+    # loaded with SmartResize: load/patches.py), and the field a stage takes those counts from (None: none)
+    sizes_images = False
+    image_tokens_from = None
+
+    def image_tokens(self, records: np.ndarray, ctx: dict) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens int64[m], starts int64[n])``: the token count of every image of ``records`` (record after
+        record) and where each record's images start in it; only a stage declaring ``sizes_images`` is asked."""
+        raise TypeError(f"{type(self).__name__} does not declare sizes_images")
+
+    def link_image_tokens(self, stage: "Stage") -> None:
+        """Take each image's token count from ``stage`` (the field ``image_tokens_from`` names)."""
+        raise TypeError(f"{type(self).__name__} does not declare image_tokens_from")
 
     def read_rows(self, rows) -> None:
         """Load packed rows of records instead of records (``rows``: ops.packing.RecordRows), when another field

@@ -15,6 +15,7 @@ from ..ops import tokens as token_ops
 from ..ops.transforms import FloatDecoder, IntDecoder, PadTokens, TokenWindows
 from .pages import PageVerifier, PreadPages, ProcessPageCache, resume_reads
 from .packed import PackedIdsStage, PackedTokenStage
+from .patches import PatchImagesStage, is_patch_pipeline
 from .stages import (
     ArrayStage,
     BytesStage,
@@ -57,6 +58,8 @@ def build_stage(name, field, ops, ds, pages, array_type: str = "torch") -> Stage
     if isinstance(field, RGBImage):
         return ImageStage(name, ops, ds, pages, array_type)
     if isinstance(field, RGBImages):
+        if is_patch_pipeline(ops):
+            return PatchImagesStage(name, ops, ds, pages, array_type)
         return ImagesStage(name, ops, ds, pages, array_type)
     if isinstance(field, Int):
         return ScalarStage(name, ops, ds, IntDecoder(), array_type)
@@ -73,6 +76,20 @@ def build_stage(name, field, ops, ds, pages, array_type: str = "torch") -> Stage
             return PackedIdsStage(name, ops, ds, pages, array_type)
         return TokenIdsStage(name, ops, ds, pages, array_type)
     raise PipelineError(f"field {name!r}: the loader does not handle {type(field).__name__} fields")
+
+
+def _link_image_tokens(path, stages) -> None:
+    """Give each stage that takes image token counts from another field (``image_tokens_from``) that field's
+    stage; PipelineError when the field is not loaded."""
+    by_name = {s.name: s for s in stages}
+    for stage in stages:
+        if stage.image_tokens_from is None:
+            continue
+        other = by_name.get(stage.image_tokens_from)
+        if other is None:
+            raise PipelineError(f"{path}: field {stage.name!r} takes its image tokens from field "
+                                f"{stage.image_tokens_from!r}, which is not loaded: load it with SmartResize(...)")
+        stage.link_image_tokens(other)
 
 
 class FileSource(Source):
@@ -112,6 +129,7 @@ class FileSource(Source):
                                     f"the file has {list(ds.fields)}")
             self.stages = [build_stage(n, f, pipelines.get(n), ds, self.pages, array_type)
                            for n, f in ds.fields.items() if not (n in pipelines and pipelines[n] is None)]
+            _link_image_tokens(self.path, self.stages)
             # Records are the file's records, or, for a token file, its seq_len windows.
             windows = [s for s in self.stages if s.windows]
             if windows and windows[0].record_rows is not None:  # records packed into rows: every field reads rows

@@ -74,6 +74,9 @@ def _split_common(name, ops, array_type):
     return rest, to_tensor, to_device
 
 
+_NO_TOKENS = np.empty(0, np.int64)  # a fixed number of tokens per image (ExpandImageTokens.tokens_per_image)
+
+
 def _scratch(ctx, name, size, dtype):
     """The thread's scratch buffer ``name`` with at least ``size`` elements (grown, never shrunk)."""
     buf = ctx.get(name)
@@ -382,6 +385,10 @@ class TokenIdsStage(Stage):
         self.counts = ds.index[f"{name}.length"].astype(np.int64) // self.record_width
         self.labels = self.has_mask or self.expand is not None
         self.expected = None
+        self.sizer = None  # the RGBImages stage giving each image's tokens (dynamic resolution), once linked
+        # the field whose stage must give each image's tokens (ExpandImageTokens without tokens_per_image)
+        self.image_tokens_from = (self.expand.images if self.expand is not None and
+                                  self.expand.tokens_per_image is None else None)
         if self.expand is not None and self.expand.images is not None:
             other = ds.fields.get(self.expand.images)
             if other is None or other.kind != "rgb_images":
@@ -413,9 +420,20 @@ class TokenIdsStage(Stage):
         buf, offs = self.pages.gather(self.offs[recs], counts * self.record_width, ctx, ordered=False)
         return buf, offs, counts
 
+    def link_image_tokens(self, stage) -> None:
+        """Take each image's token count from ``stage`` (the RGBImages field ``image_tokens_from`` names, which
+        declares ``sizes_images``: SmartResize); PipelineError when it does not size its images."""
+        if not stage.sizes_images:
+            raise PipelineError(f"field {self.name!r}: ExpandImageTokens without tokens_per_image takes each image's "
+                                f"tokens from field {stage.name!r}'s SmartResize, but that field's pipeline has a "
+                                "fixed size: give tokens_per_image, or load the images with SmartResize(...)")
+        self.sizer = stage
+
     def _expand_args(self, recs, ctx):
-        """``(image_id, per_image, expected int64[n], status int64[2])`` for the expanding kernels (expand_rows,
-        pack_rows): the placeholder id (-1: none), its tokens, each record's image count (-1: unchecked)."""
+        """``(image_id, per_image, image_tokens, starts, expected int64[n], status int64[2])`` for the expanding
+        kernels (expand_rows, pack_rows): the placeholder id (-1: none), its tokens, each image's tokens
+        (dynamic resolution; else empty) and each record's first image in them, each record's image count (-1:
+        unchecked). Reads the images' heads first: call it before gathering the ids (one staging buffer)."""
         n = recs.shape[0]
         if self.expected is not None:
             expected = self.expected[recs]
@@ -423,8 +441,15 @@ class TokenIdsStage(Stage):
             expected = _scratch(ctx, "token_ids_unchecked", n, np.int64)[:n]
             expected[:] = -1
         image_id, per_image = ((-1, 1) if self.expand is None else
-                               (self.expand.image_token_id, self.expand.tokens_per_image))
-        return image_id, per_image, expected, _scratch(ctx, "token_ids_status", 2, np.int64)[:2]
+                               (self.expand.image_token_id, self.expand.tokens_per_image or 1))
+        if self.sizer is not None:
+            image_tokens, starts = self.sizer.image_tokens(recs, ctx)
+        else:
+            image_tokens = _NO_TOKENS
+            starts = _scratch(ctx, "token_ids_starts", n, np.int64)[:n]
+            starts[:] = 0
+        return (image_id, per_image, image_tokens, starts, expected,
+                _scratch(ctx, "token_ids_status", 2, np.int64)[:2])
 
     def _image_error(self, sample, why, found, expected):
         """Raise the DecodeError of an expanding kernel's status IMAGE_COUNT or IMAGE_CUT for ``sample``."""
@@ -433,23 +458,25 @@ class TokenIdsStage(Stage):
             raise DecodeError(f"{where}: {found} image placeholders (id {self.expand.image_token_id}) but "
                               f"{expected} images in field {self.expand.images!r}; write one placeholder per image",
                               sample)
+        per_image = "" if self.expand.tokens_per_image is None else f"{self.expand.tokens_per_image} "
         raise DecodeError(f"{where}: {found} tokens once its images are expanded; PadTokens(max_length="
-                          f"{self.op.max_length}) would cut into an image's {self.expand.tokens_per_image} tokens; "
-                          "raise max_length or give the sample fewer images", sample)
+                          f"{self.op.max_length}) would cut into an image's {per_image}tokens; raise max_length or "
+                          "give the sample fewer images", sample)
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
-        buf, offs, counts = self._gather(ids, ctx)
         out_ids, out_mask = arrays[self.name][lo:hi], arrays[self.mask_key][lo:hi]
         if not self.labels:
+            buf, offs, counts = self._gather(ids, ctx)
             bad = token_id_ops.pad_rows(buf, offs, counts, self.itemsize, out_ids, out_mask, self.pad_id,
                                         self.keep_last, self.truncate)
             if bad >= 0:
                 self._too_long(ids, bad, int(counts[bad]))
             return
-        image_id, per_image, expected, status = self._expand_args(ids, ctx)
+        image_id, per_image, image_tokens, starts, expected, status = self._expand_args(ids, ctx)
+        buf, offs, counts = self._gather(ids, ctx)
         bad = token_id_ops.expand_rows(buf, offs, counts, self.itemsize, self.has_mask, image_id, per_image,
-                                       expected, out_ids, out_mask, arrays[self.labels_key][lo:hi], self.pad_id,
-                                       self.truncate, status)
+                                       image_tokens, starts, expected, out_ids, out_mask,
+                                       arrays[self.labels_key][lo:hi], self.pad_id, self.truncate, status)
         if bad < 0:
             return
         if status[0] == token_id_ops.TOO_LONG:

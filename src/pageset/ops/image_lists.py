@@ -75,6 +75,25 @@ def image_keys(keys: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return out
 
 
+@numba.njit(nogil=True)
+def sizes(buf, offs, counts, heights, widths):
+    """The stored size of every image of a slice from the records' heads only: record j's image list starts at
+    ``buf[offs[j]]`` (its count and entries, ``4 + 16 * counts[j]`` bytes, are enough). Writes heights, widths
+    (int64, ``counts.sum()`` entries in record order). Returns -1, or the first j whose stored count disagrees
+    with its index entry (a damaged page)."""
+    i = 0
+    for j in range(offs.shape[0]):
+        base, c = offs[j], counts[j]
+        if _u32(buf, base) != c:
+            return j
+        for k in range(c):
+            e = base + 4 + ENTRY_BYTES * k
+            heights[i] = _u32(buf, e)
+            widths[i] = _u32(buf, e + 4)
+            i += 1
+    return -1
+
+
 @functools.cache
 def prepare() -> None:
     """Enable the on-disk cache of this module's kernels (run time, never at import; idempotent)."""

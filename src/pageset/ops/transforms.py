@@ -91,6 +91,51 @@ class CenterCrop:
 
 
 @dataclass(frozen=True)
+class SmartResize:
+    """Dynamic resolution on a patch grid, as Qwen2-VL's image processor does it (an RGBImages field's pipeline:
+    ``[SmartResize(...), Normalize(mean, std)?, ToTensor?, ToDevice?]``). Each image is resized to its own size:
+    both sides multiples of ``patch_size * merge_size``, ``min_pixels <= H * W <= max_pixels``, the aspect kept
+    (transformers' ``smart_resize``), then cut into ``H * W / patch_size**2`` flattened patches of ``3 *
+    temporal_patch_size * patch_size**2`` values (``Qwen2VLImageProcessor``'s ``pixel_values`` layout; see
+    ``pageset.ops.patches``). Defaults: Qwen2-VL's published ones (patch 14, merge 2, temporal 2, 56*56 to
+    28*28*1280 pixels).
+
+    The batch holds ``<field>`` ``[B, P, 3 * temporal_patch_size * patch_size**2]`` (row j's images' patches back
+    to back from patch 0, zero after them; P = ``max_pixels_per_row / patch_size**2``), ``<field>_grid_thw``
+    int64[B, M, 3] (``(1, H / patch_size, W / patch_size)`` per image, zero past the row's images; M: the most
+    images in a record) and ``<field>_counts`` int64[B]. ``max_pixels_per_row``: the pixel budget of a row (None:
+    M * max_pixels, room for any row); a row whose images need more is a DecodeError naming the sample.
+    ``resize_mode``: as for :class:`RandomResizedCrop` (Pillow's BILINEAR filter, where Qwen2-VL's processor
+    uses BICUBIC: the pixels differ within the PSNR README states). ``ExpandImageTokens(image_token_id,
+    images=<field>)`` without ``tokens_per_image`` then gives each image ``H * W / (patch_size * merge_size)**2``
+    tokens."""
+
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    max_pixels_per_row: int | None = None
+    resize_mode: str = "exact"
+
+    def __post_init__(self):
+        for arg in ("patch_size", "merge_size", "temporal_patch_size"):
+            object.__setattr__(self, arg, check.integer(f"SmartResize.{arg}", getattr(self, arg), minimum=1,
+                                                        maximum=1024))
+        factor = self.patch_size * self.merge_size
+        object.__setattr__(self, "min_pixels", check.integer("SmartResize.min_pixels", self.min_pixels, minimum=1,
+                                                             maximum=1 << 40))
+        object.__setattr__(self, "max_pixels", check.integer("SmartResize.max_pixels", self.max_pixels,
+                                                             minimum=max(self.min_pixels, factor * factor),
+                                                             maximum=1 << 40))
+        object.__setattr__(self, "max_pixels_per_row", check.integer(
+            "SmartResize.max_pixels_per_row", self.max_pixels_per_row, minimum=self.patch_size ** 2,
+            maximum=1 << 40, optional=True))
+        object.__setattr__(self, "resize_mode", check.choice("SmartResize.resize_mode", self.resize_mode,
+                                                             RESIZE_MODES))
+
+
+@dataclass(frozen=True)
 class RandomHorizontalFlip:
     """Flip left-right with probability ``p`` (decided by the sample's key, not by thread timing)."""
 
@@ -231,10 +276,13 @@ class ExpandImageTokens:
     the RGBImages field of the same record whose image count must equal the number of placeholders (else a
     DecodeError naming the file, sample and both counts); None checks nothing. A row whose expanded length
     exceeds ``max_length`` is cut after its last image only (``truncation=True``); cutting into an image's tokens
-    is a DecodeError (the model would get fewer image tokens than image features)."""
+    is a DecodeError (the model would get fewer image tokens than image features). Without ``tokens_per_image``
+    (dynamic resolution, Qwen2-VL), ``images`` must name an RGBImages field loaded with :class:`SmartResize`:
+    each placeholder then becomes that image's ``grid_h * grid_w / merge_size**2`` tokens (transformers'
+    ``Qwen2VLProcessor`` expands ``<|image_pad|>`` so)."""
 
     image_token_id: int
-    tokens_per_image: int
+    tokens_per_image: int | None = None
     images: str | None = None
 
     def __post_init__(self):
@@ -243,10 +291,14 @@ class ExpandImageTokens:
                                                                  maximum=(1 << 32) - 1))
         object.__setattr__(self, "tokens_per_image", check.integer("ExpandImageTokens.tokens_per_image",
                                                                    self.tokens_per_image, minimum=1,
-                                                                   maximum=1 << 20))
+                                                                   maximum=1 << 20, optional=True))
         if self.images is not None and (not isinstance(self.images, str) or not self.images):
             raise TypeError(f"ExpandImageTokens.images is the name of an RGBImages field (a str) or None, got "
                             f"{self.images!r}")
+        if self.tokens_per_image is None and self.images is None:
+            raise ValueError("ExpandImageTokens needs tokens_per_image (a fixed image size, e.g. 576 for LLaVA-1.5) "
+                             "or images=<an RGBImages field loaded with SmartResize> (tokens per image from each "
+                             "image's size)")
 
 
 @dataclass(frozen=True)

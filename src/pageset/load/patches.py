@@ -1,0 +1,191 @@
+"""An RGBImages field loaded at dynamic resolution (``SmartResize``: Qwen2-VL's image input): every image of a
+row resized to its own patch grid and handed out as flattened patches with its grid size, through one nogil kernel
+call per slice (``ops.patches.patch_slice``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..ops import image as image_ops
+from ..ops import image_lists, jpeg
+from ..ops import patches as patch_ops
+from ..ops.image_lists import ENTRY_BYTES
+from ..ops.transforms import Normalize, SmartResize
+from .parts import Stage, _to_torch
+from .stages import DecodeError, PipelineError, _scratch, _split_common
+
+
+class PatchImagesStage(Stage):
+    """RGBImages + ``[SmartResize(...), Normalize?, ToTensor?, ToDevice?]`` -> ``<name>`` ``[B, P, D]`` (row j's
+    images' patches back to back from patch 0, zero after them; D = ``3 * temporal_patch_size * patch_size**2``;
+    P = ``max_pixels_per_row / patch_size**2``, default M * max_pixels / patch_size**2), ``<name>_grid_thw``
+    int64[B, M, 3] (``(1, grid_h, grid_w)`` per image, zero past the row's images) and ``<name>_counts`` int64[B];
+    M: the file's most images in a record (a mixture's or set's widest file's). Declares ``sizes_images``: a
+    TokenIds field's ``ExpandImageTokens`` without ``tokens_per_image`` takes each image's token count from
+    :meth:`image_tokens`."""
+
+    sizes_images = True
+    variable_width = True  # M: the file's most images in a record (in a mixture or set the widest file's)
+
+    def __init__(self, name, ops, ds, pages, array_type):
+        self.name, self.path, self.pages = name, ds.path, pages
+        rest, self.to_tensor, self.to_device = _split_common(name, ops, array_type)
+        op = self.op = rest[0]
+        normalize = None
+        for o in rest[1:]:
+            if not isinstance(o, Normalize) or normalize is not None:
+                raise PipelineError(f"field {name!r}: unexpected {o!r}; a SmartResize pipeline reads [SmartResize(...), "
+                                    "Normalize?, ToTensor?, ToDevice?] (no crop or flip: the whole image is resized)")
+            normalize = o
+        self.torch_dtype = None
+        if normalize is None:
+            self.table = image_ops.pixel_table()
+        else:
+            self.table = image_ops.normalize_table(normalize.dtype, normalize.mean, normalize.std)
+            self.torch_dtype = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[normalize.dtype]
+            if normalize.dtype == "bfloat16" and not self.to_tensor:
+                raise PipelineError(f"field {name!r}: numpy has no bfloat16; use the default array_type='torch'")
+        self.fast = op.resize_mode == "fast"
+        self.patch, self.merge, self.temporal = op.patch_size, op.merge_size, op.temporal_patch_size
+        self.dim = 3 * self.temporal * self.patch * self.patch
+        ix = ds.index
+        self.offs = ix[f"{name}.offset"].astype(np.int64)
+        self.lens = ix[f"{name}.length"].astype(np.int64)
+        self.counts = ix[f"{name}.count"].astype(np.int64)
+        self.max_len = int(self.counts.max()) if self.counts.size else 0
+        budget = op.max_pixels_per_row if op.max_pixels_per_row is not None else max(self.max_len, 1) * op.max_pixels
+        self.max_patches = budget // (self.patch * self.patch)
+        self.grid_key, self.counts_key = f"{name}_grid_thw", f"{name}_counts"
+        self.outputs = {name: ((self.max_patches, self.dim), self.table.dtype, self.torch_dtype),
+                        self.grid_key: ((self.max_len, 3), np.dtype(np.int64), None),
+                        self.counts_key: ((), np.dtype(np.int64), None)}
+        image_lists.prepare()
+        patch_ops.prepare()
+
+    def alloc(self, batch_size, empty):
+        """The slot's buffers, zeroed once where they are writable (a shared-memory slot is a new, zero file):
+        from then on :meth:`fill` keeps every patch past a row's images zero by clearing only what the row's
+        previous images held (read from the slot's own grids), not the whole budget (tens of MB a row)."""
+        arrays = super().alloc(batch_size, empty)
+        for arr in arrays.values():
+            if arr.flags.writeable:
+                arr.fill(0)
+        return arrays
+
+    def _grids(self, records, heights, widths, counts, ctx):
+        """(grid_h, grid_w, tokens) int64[m] of the images of ``records``; DecodeError for an aspect Qwen2-VL
+        refuses."""
+        m = heights.shape[0]
+        gh, gw, tokens = (_scratch(ctx, f"patch_{k}", m, np.int64)[:m] for k in ("grid_h", "grid_w", "tokens"))
+        op = self.op
+        bad = patch_ops.image_grids(heights, widths, self.patch, self.merge, op.min_pixels, op.max_pixels, gh, gw,
+                                    tokens)
+        if bad >= 0:
+            q = int(np.searchsorted(np.cumsum(counts), bad, side="right"))
+            k = bad - int(np.cumsum(counts)[q] - counts[q])
+            raise DecodeError(f"{self.path}: sample {int(records[q])}, field {self.name!r}, image {k}: "
+                              f"{int(heights[bad])} x {int(widths[bad])} pixels, an aspect ratio over "
+                              f"{patch_ops.MAX_ASPECT} that SmartResize (as Qwen2-VL) refuses; crop or drop the image "
+                              "when writing", int(records[q]))
+        return gh, gw, tokens
+
+    def image_tokens(self, records, ctx):
+        """``(tokens int64[m], starts int64[n])``: each image's token count (``grid_h * grid_w / merge_size**2``
+        after SmartResize) of ``records``, record after record, from the image lists' heads only (count and
+        entries: ``4 + 16 * count`` bytes a record), and where each record's images start."""
+        counts = self.counts[records]
+        m = int(counts.sum())
+        buf, offs = self.pages.gather(self.offs[records], 4 + ENTRY_BYTES * counts, ctx, ordered=False)
+        heights, widths = (_scratch(ctx, f"patch_head_{k}", m, np.int64)[:m] for k in ("heights", "widths"))
+        bad = image_lists.sizes(buf, offs, counts, heights, widths)
+        if bad >= 0:
+            raise self._damaged(records, bad)
+        _, _, tokens = self._grids(records, heights, widths, counts, ctx)
+        return tokens, np.cumsum(counts) - counts
+
+    def _damaged(self, records, bad):
+        return DecodeError(f"{self.path}: sample {int(records[bad])}, field {self.name!r}: the stored image list does "
+                           "not match its index entry (damaged page); check the file with `pageset verify`",
+                           int(records[bad]))
+
+    def fill(self, arrays, lo, hi, ids, keys, ctx):
+        out, grid = arrays[self.name][lo:hi], arrays[self.grid_key][lo:hi]
+        n, room = ids.shape[0], out.shape[1]
+        counts = self.counts[ids]
+        arrays[self.counts_key][lo:hi] = counts
+        held = grid.prod(-1).sum(-1)  # patches each row held before (its grids; 0 in a new, zeroed buffer)
+        m = int(counts.sum())
+        if m == 0:
+            for j in range(n):
+                out[j, : held[j]] = 0
+            grid[:] = 0
+            return
+        buf, offs = self.pages.gather(self.offs[ids], self.lens[ids], ctx, ordered=False)
+        img_offs, img_lens, heights, widths, slots = (_scratch(ctx, f"images_{k}", m, np.int64)[:m]
+                                                      for k in ("offs", "lens", "heights", "widths", "rows"))
+        encodings = _scratch(ctx, "images_encodings", m, np.uint8)[:m]
+        first = _scratch(ctx, "images_first", n, np.int64)[:n]
+        first[:] = 0
+        bad = image_lists.entries(buf, offs, self.lens[ids], counts, first, img_offs, img_lens, heights, widths,
+                                  encodings, slots)
+        if bad >= 0:
+            raise self._damaged(ids, bad)
+        gh, gw, _ = self._grids(ids, heights, widths, counts, ctx)
+        rows = np.repeat(np.arange(n, dtype=np.int64), counts)
+        per_image = gh * gw
+        ends = np.cumsum(per_image)
+        record_start = np.cumsum(counts) - counts  # each record's first image
+        image_start = ends - per_image  # patches before each image in the slice
+        firsts = image_start - image_start[record_start[rows]]  # where each image starts in its row
+        totals = np.bincount(rows, weights=per_image, minlength=n).astype(np.int64)
+        over = np.flatnonzero(totals > room)
+        if over.size:
+            j = int(over[0])
+            need = int(totals[j]) * self.patch * self.patch
+            raise DecodeError(f"{self.path}: sample {int(ids[j])}, field {self.name!r}: its {int(counts[j])} images "
+                              f"take {need} pixels after SmartResize, more than max_pixels_per_row={room * self.patch ** 2}"
+                              "; raise max_pixels_per_row (or lower max_pixels)", int(ids[j]))
+        for j in range(n):  # patches past a row's images are zero: clear what its previous images left there
+            if held[j] > totals[j]:
+                out[j, totals[j] : held[j]] = 0
+        grid[:] = 0
+        grid[rows, np.arange(m) - record_start[rows], 0] = 1
+        grid[rows, np.arange(m) - record_start[rows], 1] = gh
+        grid[rows, np.arange(m) - record_start[rows], 2] = gw
+        scales = _scratch(ctx, "patch_scales", 2 * m, np.int64)[: 2 * m].reshape(m, 2)
+        need_dec, need_jpeg, need_rs, need_img = patch_ops.plan_patches(heights, widths, encodings, gh, gw, self.patch,
+                                                                        scales)
+        if "decoder" not in ctx and (encodings != 0).any():
+            ctx["decoder"] = jpeg.JpegDecoder()
+        handle = ctx["decoder"].handle if "decoder" in ctx else 0
+        status = _scratch(ctx, "status", m, np.int64)[:m]
+        for attempt in range(2):
+            bad = patch_ops.patch_slice(
+                handle, buf, img_offs, img_lens, heights, widths, encodings, gh, gw, scales, rows, firsts, self.table,
+                out, self.patch, self.merge, self.temporal, _scratch(ctx, "decoded", need_dec, np.uint8),
+                _scratch(ctx, "jpeg_scratch", need_jpeg, np.uint8), _scratch(ctx, "resize_scratch", need_rs, np.int32),
+                _scratch(ctx, "patch_image", need_img, self.table.dtype), status, self.fast)
+            if bad < 0 or status[bad] != jpeg.ERR_SCRATCH or attempt:
+                break
+            # A JPEG whose chroma sampling cannot be cropped is decoded whole (at its scale, into both buffers).
+            need_dec = need_jpeg = int(heights[bad] * widths[bad] * 4)
+        if bad < 0:
+            return
+        code = int(status[bad])
+        detail = jpeg.error_string(handle) if code == jpeg.ERR_LIBJPEG else jpeg.STATUS_MESSAGES.get(code, "")
+        q = int(rows[bad])
+        raise DecodeError(f"{self.path}: sample {int(ids[q])}, field {self.name!r}, image {int(bad - record_start[q])}: "
+                          f"the stored JPEG could not be decoded (status {code}: {detail}); rewrite the file or "
+                          "verify it with `pageset verify`", int(ids[q]))
+
+    def handout(self, arrays, view):
+        vals = {k: view(arrays[k]) for k in self.outputs}
+        if self.to_tensor:
+            vals = {k: _to_torch(v, self.outputs[k][2]) for k, v in vals.items()}
+        return vals
+
+
+def is_patch_pipeline(ops) -> bool:
+    """Whether an RGBImages field's pipeline starts with SmartResize (dynamic resolution)."""
+    return bool(ops) and isinstance(ops[0], SmartResize)

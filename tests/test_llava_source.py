@@ -1,0 +1,140 @@
+"""LLaVA-format data as a write source (issue 32): ``LlavaSource(json, image_folder, chat)`` writes each entry's
+conversation (roles human/gpt, ``<image>`` placeholders) and its images, as LLaVA's training script reads the
+file.
+
+Independent expectations: the stored ids and loss masks equal transformers' ``apply_chat_template(...,
+return_assistant_tokens_mask=True)`` on the entry converted by hand (human -> user, gpt -> assistant); each stored
+image is its source photo resized with Pillow to the stored size (PSNR); the reference reader reads the file.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from reference.format import RefDataset
+from test_vlm import N_IMAGES, TEMPLATE, _conversation, chat, hf, tokenizer_file  # noqa: F401 (fixtures)
+
+from pageset import ChatTokenizer, LlavaSource, RGBImages, SampleError, TokenIds, write_dataset
+from pageset.sample_data import make_imagenet_like
+
+from benchmarks.multimodal import package_summaries
+
+FIELDS = {"conversation": TokenIds(loss_mask=True), "images": RGBImages(max_resolution=384)}
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory, photos):
+    """12 LLaVA entries (10 with 2-3 images as lists, one with one image as a path, one text-only) over 24 real
+    photo crops in an image folder; returns (tmp, entries, the same conversations with user/assistant roles)."""
+    tmp = tmp_path_factory.mktemp("llava")
+    root = make_imagenet_like(tmp / "imgs", 24, long_side=(200, 640), photos=photos, seed=7)
+    rel = sorted(str(p.relative_to(root)) for p in root.rglob("*.jpg"))
+    lines = package_summaries()
+    entries, convs, at = [], [], 0
+    for k, n in enumerate(N_IMAGES):
+        conv = _conversation(k, n, lines)
+        convs.append(conv)
+        turns = [{"from": "human" if m["role"] == "user" else "gpt", "value": m["content"]} for m in conv]
+        entry = {"id": f"llava-{k:03d}", "conversations": turns}
+        images = [rel[(at + i) % len(rel)] for i in range(n)]
+        at += n
+        if n == 1:
+            entry["image"] = images[0]
+        elif n:
+            entry["image"] = images
+        entries.append(entry)
+    (tmp / "data.json").write_text(json.dumps(entries))
+    (tmp / "data.jsonl").write_text("\n".join(json.dumps(e) for e in entries) + "\n")
+    return tmp, entries, convs
+
+
+def _psnr(a, b):
+    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
+    return 99.0 if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+def test_entries_are_written_as_the_chat_template_and_the_photos(llava, chat, hf, tmp_path):  # noqa: F811
+    folder, entries, convs = llava
+    out = tmp_path / "llava.pageset"
+    write_dataset(out, LlavaSource(folder / "data.json", folder / "imgs", chat), FIELDS, num_workers=2,
+                  page_size=1 << 16, progress=False)
+    ref = RefDataset(out.read_bytes(), str(out))
+    assert len(ref.records) == len(entries)
+    for i, (entry, conv) in enumerate(zip(entries, convs)):
+        want = hf.apply_chat_template(conv, chat_template=TEMPLATE, tokenize=True, return_dict=True,
+                                      return_assistant_tokens_mask=True)
+        got = ref.records[i]["conversation"]
+        assert got["input_ids"] == list(want["input_ids"]) and got["loss_mask"] == list(want["assistant_masks"])
+        image = entry.get("image", [])
+        paths = [image] if isinstance(image, str) else image
+        stored = ref.records[i]["images"]
+        assert len(stored) == len(paths) == N_IMAGES[i]
+        for s, p in zip(stored, paths):
+            img = np.asarray(Image.open(io.BytesIO(s["data"])).convert("RGB"))
+            assert img.shape[:2] == (s["height"], s["width"]) and max(img.shape[:2]) <= 384
+            src = Image.open(folder / "imgs" / p).convert("RGB").resize((s["width"], s["height"]), Image.BILINEAR)
+            assert _psnr(img, np.asarray(src)) > 28.0, p
+    # the same entries as JSON lines, written in this process: the same records
+    lines = tmp_path / "lines.pageset"
+    write_dataset(lines, LlavaSource(folder / "data.jsonl", folder / "imgs", chat), FIELDS, num_workers=0,
+                  page_size=1 << 16, progress=False)
+    assert RefDataset(lines.read_bytes(), str(lines)).records == ref.records
+
+
+def test_placeholders_become_the_tokenizers_image_token(llava, tokenizer_file, tmp_path):  # noqa: F811
+    """A tokenizer whose placeholder is Qwen2-VL's ``<|image_pad|>``: the file's ``<image>`` texts are written as
+    that token, one per image."""
+    from tokenizers import Tokenizer
+
+    folder, entries, _ = llava
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    tok.add_special_tokens(["<|image_pad|>"])
+    tok.save(str(tmp_path / "tok.json"))
+    qwen = ChatTokenizer(tmp_path / "tok.json", chat_template=TEMPLATE, image_token="<|image_pad|>")
+    src = LlavaSource(folder / "data.json", folder / "imgs", qwen)
+    for i, n in enumerate(N_IMAGES):
+        ids = src[i]["conversation"]["input_ids"]
+        assert int((ids == qwen.image_token_id).sum()) == n
+        assert tok.decode(ids.tolist(), skip_special_tokens=False).count("<|image_pad|>") == n
+        assert "<image>" not in tok.decode(ids.tolist(), skip_special_tokens=False)
+
+
+def test_bad_entries_name_the_file_entry_and_fix(llava, chat, tokenizer_file, tmp_path):  # noqa: F811
+    folder, entries, _ = llava
+
+    def write(rows, name="bad.json"):
+        (tmp_path / name).write_text(json.dumps(rows) if name.endswith(".json") else rows)
+        out = tmp_path / "bad.pageset"
+        write_dataset(out, LlavaSource(tmp_path / name, folder / "imgs", chat), FIELDS, num_workers=0,
+                      progress=False)
+
+    good = entries[0]
+    cases = [
+        ({**good, "conversations": [{"from": "robot", "value": "hi"}]}, r"entry 1 \(id 'llava-000'\): turn 0 is from "
+                                                                       r"'robot'; LLaVA roles are"),
+        ({"id": "x"}, r"entry 1 \(id 'x'\): 'conversations' must be a non-empty list"),
+        ({**good, "image": 5}, r"entry 1 \(id 'llava-000'\): 'image' must be a path or a list of paths"),
+        ({**good, "image": good["image"][:1]}, r"entry 1 \(id 'llava-000'\): 2 image placeholders '<image>' in the "
+                                               r"conversation but 1 images"),
+        ({**good, "conversations": [{"from": "human"}]}, r"turn 0 must be \{'from': role, 'value': text\}"),
+    ]
+    for bad, match in cases:
+        with pytest.raises(SampleError, match=r"sample 1.*" + match):
+            write([entries[1], bad])
+    missing = {**good, "image": ["nope/missing.jpg", good["image"][1]]}
+    with pytest.raises(SampleError, match=r"sample 0, field 'images'.*missing\.jpg"):
+        write([missing])
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: not JSON"):
+        write(json.dumps(good) + "\n{oops\n", "bad.jsonl")
+    with pytest.raises(ValueError, match=r"a LLaVA data file is a JSON list"):
+        write({"conversations": []})
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        LlavaSource(folder / "data.json", folder / "nowhere", chat)
+    assert not (tmp_path / "bad.pageset").exists()  # nothing written half
+    with pytest.raises(ValueError, match="LlavaSource.chat has no image_token"):
+        LlavaSource(folder / "data.json", folder / "imgs", ChatTokenizer(tokenizer_file, chat_template=TEMPLATE))

