@@ -797,10 +797,11 @@ def test_packed_state_is_refused_by_another_layout(vlm, chat):
     with Loader(path, batch_size=1, seed=2, pipelines=packed) as ld:
         next(iter(ld))
         state = ld.state_dict()
-    assert state["packing"] == "best_fit:pages=2:records" and state["seq_len"] == 64
+    assert state["packing"] == "best_fit:pages=2:records:image_tokens=3" and state["seq_len"] == 64
     for pipes, field in [(_pipes(chat, size=8, per_image=3, max_length=64), "seq_len"),
                          (_packed_pipes(chat, size=8, per_image=3, max_length=96, pack_pages=2), "seq_len"),
-                         (_packed_pipes(chat, size=8, per_image=3, max_length=64, pack_pages=None), "packing")]:
+                         (_packed_pipes(chat, size=8, per_image=3, max_length=64, pack_pages=None), "packing"),
+                         (_packed_pipes(chat, size=8, per_image=4, max_length=64, pack_pages=2), "packing")]:
         with Loader(path, batch_size=1, seed=2, pipelines=pipes) as ld:
             with pytest.raises(StateMismatchError, match=rf"'{field}'.*PadTokens"):
                 ld.load_state_dict(state)

@@ -19,12 +19,14 @@ Independent expectations:
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+from reference.format import RefDataset
 from resume_contract import check_resume, file_expectation
-from test_vlm import N_IMAGES, TEMPLATE, _conversation
+from test_vlm import N_IMAGES, TEMPLATE, _conversation, _reference_rows
 
 from pageset import (
     CenterCrop,
@@ -265,10 +267,9 @@ def test_errors_name_the_sample_and_field(tmp_path, qwen, chat, photos):
         _rows(path, {"images": [CenterCrop(32)], "conversation": _pipes(chat, "defaults")["conversation"]})
     with pytest.raises(PipelineError, match="'images', which is not loaded"):
         _rows(path, {"images": None, "conversation": _pipes(chat, "defaults")["conversation"]})
-    with pytest.raises(PipelineError, match="packing rows of images sized by SmartResize"):
-        _rows(path, {"images": [SmartResize()], "conversation": [ExpandImageTokens(chat.image_token_id,
-                                                                                   images="images"),
-                                                                 PadTokens(4096, packing="best_fit")]})
+    with pytest.raises(ValueError, match=r"field 'images': packed row \d+ \(samples \[.*\]\) takes \d+ pixels "
+                                         r"after SmartResize, more than max_pixels_per_row=200704"):
+        _rows(path, _packed_pipes(chat, "small", max_pixels_per_row=200704))
     with pytest.raises(PipelineError, match="field 'images': unexpected"):
         _rows(path, {"images": [SmartResize(), Normalize(), Normalize()], "conversation": None})
     with pytest.raises(ValueError, match="needs tokens_per_image"):
@@ -298,3 +299,85 @@ def test_patches_and_grids_past_a_rows_images_are_zero_when_buffers_are_reused(q
                     assert b["images"][r, :n].abs().sum(-1).gt(0).all() and not b["images"][r, n:].any()
                     seen += 1
     assert seen == 3 * len(N_IMAGES)
+
+
+PACK = 4096  # rows of up to 4096 tokens: several of the 12 conversations a row
+
+
+def _packed_pipes(chat, config, pad_id=0, pack_pages=None, **extra):
+    return {"images": [SmartResize(**CONFIGS[config], **extra), Normalize(CLIP_MEAN, CLIP_STD)],
+            "conversation": [ExpandImageTokens(chat.image_token_id, images="images"),
+                             PadTokens(PACK, pad_id=pad_id, packing="best_fit", pack_pages=pack_pages)]}
+
+
+@pytest.mark.parametrize("pack_pages", [None, 2])
+def test_packed_rows_equal_the_reference_packing_and_transformers_flattening(qwen, chat, hf, reference, pack_pages):
+    """Packed rows at dynamic resolution (formats/packing.md section 8, weights from each image's smart_resize
+    size): which records share a row equals the reference packing over Qwen2VLProcessor's lengths; each row's
+    ids, labels and position ids equal DataCollatorWithFlattening over the processor's ids and labels; its grids
+    are its records' processor grids and its patches their pixel_values (PSNR), in token order, zero after."""
+    from transformers import DataCollatorWithFlattening
+
+    path, _ = qwen
+    config, ref = reference
+    pad = hf.pad_token_id
+    weights = [len(r["input_ids"]) for r in ref]
+    rows, _ = _reference_rows(path, weights, pack_pages, capacity=PACK)
+    assert any(len(r) >= 3 for r in rows)
+    with Loader(path, batch_size=2, order="sequential", drop_last=False, num_threads=2,
+                pipelines=_packed_pipes(chat, config, pad, pack_pages)) as ld:
+        assert ld.n_records == len(rows)
+        assert ld.state_dict()["packing"] == (f"best_fit:pages={pack_pages or 'all'}:records:image_tokens="
+                                              f"smart_resize({CONFIGS[config].get('min_pixels', 3136)},"
+                                              f"{CONFIGS[config].get('max_pixels', 1003520)},14,2)")
+        got = [{k: (v.clone() if hasattr(v, "clone") else v) for k, v in b.items()} for b in ld]
+    most = max(sum(int(np.prod(g)) for i in r for g in ref[i]["grids"]) for r in rows)
+    assert got[0]["images"].shape[1] == most  # the budget of a packed row: the most patches a row holds
+    collate = DataCollatorWithFlattening(return_tensors="np")
+    mean = np.repeat(np.array(CLIP_MEAN), 2 * 14 * 14)[None]
+    std = np.repeat(np.array(CLIP_STD), 2 * 14 * 14)[None]
+    at, psnr = 0, []
+    for b in got:
+        for r in range(b["conversation"].shape[0]):
+            recs = rows[at % len(rows)]
+            at += 1
+            want = collate([{"input_ids": ref[i]["input_ids"], "labels": ref[i]["labels"]} for i in recs])
+            n = want["input_ids"].shape[1]
+            fill = PACK - n
+            assert b["conversation"][r].tolist() == want["input_ids"][0].tolist() + [pad] * fill
+            assert b["conversation_labels"][r].tolist() == want["labels"][0].tolist() + [-100] * fill
+            assert b["conversation_position_ids"][r].tolist() == want["position_ids"][0].tolist() + list(range(fill))
+            grids = [g for i in recs for g in ref[i]["grids"]]
+            assert int(b["images_counts"][r]) == len(grids)
+            assert b["images_grid_thw"][r, : len(grids)].tolist() == grids
+            assert not b["images_grid_thw"][r, len(grids):].any()
+            pixels = [ref[i]["pixel_values"] for i in recs if ref[i]["grids"]]
+            k = sum(int(np.prod(g)) for g in grids)
+            assert not b["images"][r, k:].any()
+            if pixels:
+                want_px = (np.concatenate(pixels) * std + mean) * 255
+                psnr.append(_psnr((b["images"][r, :k].numpy() * std + mean) * 255, want_px))
+    assert at >= len(rows) and min(psnr) >= PSNR[config][0], psnr
+
+
+@pytest.mark.parametrize("reference", ["small"], indirect=True)
+@pytest.mark.parametrize("order", ["random", "quasi_random"])
+def test_packed_rows_resume_on_another_world_size(qwen, chat, reference, order):
+    """Packed dynamic-resolution rows resume on 1, 2 and 4 ranks as the uninterrupted stream, whose order is the
+    reference model's over the reference packing's rows (rows per page by their first record)."""
+    from reference import order as model
+
+    path, _ = qwen
+    config, ref = reference
+    rows, pages = _reference_rows(path, [len(r["input_ids"]) for r in ref], 2, capacity=PACK)
+    sizes = [0] * max(len(RefDataset(Path(path).read_bytes(), str(path)).pages), 1)
+    for r in rows:
+        sizes[pages[r[0]]] += 1
+
+    def make(rank, world, batch, threads):
+        return Loader(path, batch_size=batch, rank=rank, world_size=world, num_threads=threads, order=order,
+                      seed=11, window_pages=2, drop_last=False, pipelines=_packed_pipes(chat, config, pack_pages=2))
+
+    expect = model.FileOrder(sizes, 11, order, 2, False, 4)
+    check_resume(make, global_batch=4, world_sizes=[1, 2, 4], cuts=[0, 1],
+                 expected=lambda n: [(0, i) for i, _ in expect.global_stream(0, 0, n // 4)])

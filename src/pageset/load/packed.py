@@ -96,7 +96,9 @@ class PackedIdsStage(TokenIdsStage):
     section 8): the field's key holds the ids (int64[B, L]), ``<name>_attention_mask`` (1 on tokens),
     ``<name>_labels``, ``<name>_position_ids`` (int64[B, L]), ``<name>_cu_seqlens`` (int32[S + 1] over the
     flattened batch) and ``<name>_max_seqlen`` (int). The packing is computed once, when the Loader is built,
-    from the index (record lengths, and image counts with ``ExpandImageTokens(images=...)``); its rows are the
+    from the index (record lengths, and image counts with ``ExpandImageTokens(images=...)``; without its
+    ``tokens_per_image``, each image's tokens from its SmartResize size, every record's image-list head read once
+    when the images' stage is linked: :meth:`link_image_tokens`); its rows are the
     records the plan orders, each read as its records' spans. PipelineError for a pipeline packing cannot run;
     ValueError naming the file, sample and field for a record longer than a row with ``truncation=False``."""
 
@@ -108,29 +110,19 @@ class PackedIdsStage(TokenIdsStage):
         if op.keep_last_token:
             raise PipelineError(f"field {name!r}: PadTokens(packing='best_fit') packs records whole; "
                                 "keep_last_token is for single captions")
-        if self.image_tokens_from is not None:
-            raise PipelineError(f"field {name!r}: packing rows of images sized by SmartResize (tokens per image from "
-                                "each image's size) is not supported yet: pack with a fixed size (ExpandImageTokens("
-                                "..., tokens_per_image=N) and CenterCrop), or pad (PadTokens without packing)")
         if self.expand is not None and self.expand.images is None:
             raise PipelineError(f"field {name!r}: packing counts each record's image tokens from its images' count: "
                                 "give ExpandImageTokens(..., images='<the RGBImages field>')")
         L = self.seq_len = op.max_length
         self.packing = f"best_fit:pages={op.pack_pages if op.pack_pages else 'all'}:records"
-        weights = self.counts.copy()
-        if self.expand is not None:  # each placeholder becomes tokens_per_image tokens
-            weights += self.expected * (self.expand.tokens_per_image - 1)
-        long = np.flatnonzero(weights > L)
-        if long.size and not op.truncation:
-            i = int(long[0])
-            raise ValueError(f"{ds.path}: sample {i}, field {name!r}: {int(weights[i])} tokens, more than a row of "
-                             f"PadTokens(max_length={L}) holds, and packing never splits a record (truncation="
-                             "False): raise max_length, or allow truncation=True (it then fills a row alone, cut)")
         self._page_of = ds.record_pages()
-        self.record_rows = pack_ops.pack_records(np.minimum(weights, L), self._page_of, L, op.pack_pages)
-        self.n_records = self.record_rows.n_rows
-        if not self.n_records:
-            raise ValueError(f"{ds.path}: field {name!r} has no record with a token: nothing to pack")
+        if self.image_tokens_from is None:  # weights from the index alone
+            weights = self.counts.copy()
+            if self.expand is not None:  # each placeholder becomes tokens_per_image tokens
+                weights += self.expected * (self.expand.tokens_per_image - 1)
+                self.packing += f":image_tokens={self.expand.tokens_per_image}"
+            self._pack(weights)
+        # else packed once the images' stage is linked (link_image_tokens): weights need each image's size
         self._rec_off = ds.index["_offset"].astype(np.int64)
         self._rec_len = ds.index["_length"].astype(np.int64)
         self.labels = True
@@ -139,6 +131,28 @@ class PackedIdsStage(TokenIdsStage):
         self.outputs[self.labels_key] = ((L,), np.dtype(np.int64), None)
         self.outputs[self.pos_key] = ((L,), np.dtype(np.int64), None)
         pack_ops.prepare()
+
+    def _pack(self, weights) -> None:
+        """Pack the records of ``weights`` (int64[n]: expanded lengths) into ``record_rows``."""
+        L, op = self.seq_len, self.op
+        long = np.flatnonzero(weights > L)
+        if long.size and not op.truncation:
+            i = int(long[0])
+            raise ValueError(f"{self.path}: sample {i}, field {self.name!r}: {int(weights[i])} tokens, more than a "
+                             f"row of PadTokens(max_length={L}) holds, and packing never splits a record (truncation="
+                             "False): raise max_length, or allow truncation=True (it then fills a row alone, cut)")
+        self.record_rows = pack_ops.pack_records(np.minimum(weights, L), self._page_of, L, op.pack_pages)
+        self.n_records = self.record_rows.n_rows
+        if not self.n_records:
+            raise ValueError(f"{self.path}: field {self.name!r} has no record with a token: nothing to pack")
+
+    def link_image_tokens(self, stage) -> None:
+        """Take each image's tokens from ``stage`` (SmartResize), then pack: a record's weight is its ids plus
+        each image's tokens less its placeholder (formats/packing.md section 8), from every record's image-list
+        head, read once here."""
+        super().link_image_tokens(stage)
+        self.packing += f":image_tokens={stage.image_tokens_rule}"
+        self._pack(self.counts + stage.record_image_tokens() - self.expected)
 
     def token_count(self) -> int:
         """Tokens of all rows (padding not counted); a Mixture weighted by tokens weighs the file by it."""

@@ -27,6 +27,7 @@ class PatchImagesStage(Stage):
 
     sizes_images = True
     variable_width = True  # M: the file's most images in a record (in a mixture or set the widest file's)
+    reads_rows = True  # packed rows (read_rows): a row's patches are its records' images', in token order
 
     def __init__(self, name, ops, ds, pages, array_type):
         self.name, self.path, self.pages = name, ds.path, pages
@@ -57,6 +58,10 @@ class PatchImagesStage(Stage):
         budget = op.max_pixels_per_row if op.max_pixels_per_row is not None else max(self.max_len, 1) * op.max_pixels
         self.max_patches = budget // (self.patch * self.patch)
         self.grid_key, self.counts_key = f"{name}_grid_thw", f"{name}_counts"
+        self.rows = None  # packed rows (read_rows), or None: a record a row
+        self._scan = None  # (grid_h, grid_w, tokens, first image of each record) of every image, once read
+        # what a packing's state names: the rule giving each image's tokens (formats/packing.md section 8)
+        self.image_tokens_rule = f"smart_resize({op.min_pixels},{op.max_pixels},{op.patch_size},{op.merge_size})"
         self.outputs = {name: ((self.max_patches, self.dim), self.table.dtype, self.torch_dtype),
                         self.grid_key: ((self.max_len, 3), np.dtype(np.int64), None),
                         self.counts_key: ((), np.dtype(np.int64), None)}
@@ -93,8 +98,13 @@ class PatchImagesStage(Stage):
     def image_tokens(self, records, ctx):
         """``(tokens int64[m], starts int64[n])``: each image's token count (``grid_h * grid_w / merge_size**2``
         after SmartResize) of ``records``, record after record, from the image lists' heads only (count and
-        entries: ``4 + 16 * count`` bytes a record), and where each record's images start."""
+        entries: ``4 + 16 * count`` bytes a record; or from the whole file's, read once for a packing), and where
+        each record's images start."""
         counts = self.counts[records]
+        starts = np.cumsum(counts) - counts
+        if self._scan is not None:
+            _, _, tokens, first = self._scan
+            return tokens[np.repeat(first[records] - starts, counts) + np.arange(int(counts.sum()))], starts
         m = int(counts.sum())
         buf, offs = self.pages.gather(self.offs[records], 4 + ENTRY_BYTES * counts, ctx, ordered=False)
         heights, widths = (_scratch(ctx, f"patch_head_{k}", m, np.int64)[:m] for k in ("heights", "widths"))
@@ -102,7 +112,52 @@ class PatchImagesStage(Stage):
         if bad >= 0:
             raise self._damaged(records, bad)
         _, _, tokens = self._grids(records, heights, widths, counts, ctx)
-        return tokens, np.cumsum(counts) - counts
+        return tokens, starts
+
+    def _scan_all(self):
+        """``(grid_h, grid_w, tokens, first)`` of every image of the file (int64; ``first[i]``: record i's first
+        image), from every record's image-list head, read once (a packing needs every record's weight)."""
+        if self._scan is None:
+            ctx = {}
+            records = np.arange(self.counts.shape[0], dtype=np.int64)
+            tokens, first = self.image_tokens(records, ctx)
+            self._scan = (ctx["patch_grid_h"][: tokens.shape[0]].copy(), ctx["patch_grid_w"][: tokens.shape[0]].copy(),
+                          tokens.copy(), first)
+        return self._scan
+
+    def record_image_tokens(self) -> np.ndarray:
+        """int64[n]: each record's image tokens in all (the sum over its images), for a packing's weights."""
+        _, _, tokens, _ = self._scan_all()
+        owner = np.repeat(np.arange(self.counts.shape[0], dtype=np.int64), self.counts)
+        return np.bincount(owner, weights=tokens, minlength=self.counts.shape[0]).astype(np.int64)
+
+    def read_rows(self, rows) -> None:
+        """Hand out packed rows (``rows``: ops.packing.RecordRows): row j's patches are every image of its records,
+        record after record (their image tokens' order); its grids likewise. M and P are the most images and the
+        most patches a row holds (P: ``max_pixels_per_row / patch_size**2`` when given, a ValueError naming the
+        row's records when a row needs more)."""
+        gh, gw, _, _ = self._scan_all()
+        self.rows = rows
+        owner = np.repeat(np.arange(self.counts.shape[0], dtype=np.int64), self.counts)
+        per_record = np.bincount(owner, weights=gh * gw, minlength=self.counts.shape[0]).astype(np.int64)
+        row_of = np.repeat(np.arange(rows.n_rows, dtype=np.int64), np.diff(rows.row_ptr))
+        row_images = np.bincount(row_of, weights=self.counts[rows.records], minlength=rows.n_rows).astype(np.int64)
+        row_patches = np.bincount(row_of, weights=per_record[rows.records], minlength=rows.n_rows).astype(np.int64)
+        self.max_len = int(row_images.max(initial=0))
+        most = int(row_patches.max(initial=0))
+        if self.op.max_pixels_per_row is not None:
+            if most > self.max_patches:
+                r = int(np.argmax(row_patches))
+                recs = rows.records[rows.row_ptr[r] : rows.row_ptr[r + 1]].tolist()
+                raise ValueError(f"{self.path}: field {self.name!r}: packed row {r} (samples {recs}) takes "
+                                 f"{most * self.patch ** 2} pixels after SmartResize, more than max_pixels_per_row="
+                                 f"{self.op.max_pixels_per_row}; raise it, leave it None (the most a row takes) or "
+                                 "lower max_length")
+        else:
+            self.max_patches = max(most, 1)
+        shape, dtype, torch_dtype = self.outputs[self.name]
+        self.outputs[self.name] = ((self.max_patches, self.dim), dtype, torch_dtype)
+        self.outputs[self.grid_key] = ((self.max_len, 3), np.dtype(np.int64), None)
 
     def _damaged(self, records, bad):
         return DecodeError(f"{self.path}: sample {int(records[bad])}, field {self.name!r}: the stored image list does "
@@ -112,8 +167,15 @@ class PatchImagesStage(Stage):
     def fill(self, arrays, lo, hi, ids, keys, ctx):
         out, grid = arrays[self.name][lo:hi], arrays[self.grid_key][lo:hi]
         n, room = ids.shape[0], out.shape[1]
-        counts = self.counts[ids]
-        arrays[self.counts_key][lo:hi] = counts
+        if self.rows is None:  # a record a row
+            records, row_of_record = ids, np.arange(n, dtype=np.int64)
+        else:  # packed rows: each row's records back to back
+            per_row, records = self.rows.row_records(ids)
+            row_of_record = np.repeat(np.arange(n, dtype=np.int64), per_row)
+        counts = self.counts[records]
+        rows = np.repeat(row_of_record, counts)  # each image's output row
+        row_counts = np.bincount(rows, minlength=n).astype(np.int64)
+        arrays[self.counts_key][lo:hi] = row_counts
         held = grid.prod(-1).sum(-1)  # patches each row held before (its grids; 0 in a new, zeroed buffer)
         m = int(counts.sum())
         if m == 0:
@@ -121,38 +183,37 @@ class PatchImagesStage(Stage):
                 out[j, : held[j]] = 0
             grid[:] = 0
             return
-        buf, offs = self.pages.gather(self.offs[ids], self.lens[ids], ctx, ordered=False)
+        buf, offs = self.pages.gather(self.offs[records], self.lens[records], ctx, ordered=False)
         img_offs, img_lens, heights, widths, slots = (_scratch(ctx, f"images_{k}", m, np.int64)[:m]
                                                       for k in ("offs", "lens", "heights", "widths", "rows"))
         encodings = _scratch(ctx, "images_encodings", m, np.uint8)[:m]
         first = _scratch(ctx, "images_first", n, np.int64)[:n]
         first[:] = 0
-        bad = image_lists.entries(buf, offs, self.lens[ids], counts, first, img_offs, img_lens, heights, widths,
+        bad = image_lists.entries(buf, offs, self.lens[records], counts, first, img_offs, img_lens, heights, widths,
                                   encodings, slots)
         if bad >= 0:
-            raise self._damaged(ids, bad)
-        gh, gw, _ = self._grids(ids, heights, widths, counts, ctx)
-        rows = np.repeat(np.arange(n, dtype=np.int64), counts)
+            raise self._damaged(records, bad)
+        gh, gw, _ = self._grids(records, heights, widths, counts, ctx)
         per_image = gh * gw
-        ends = np.cumsum(per_image)
-        record_start = np.cumsum(counts) - counts  # each record's first image
-        image_start = ends - per_image  # patches before each image in the slice
-        firsts = image_start - image_start[record_start[rows]]  # where each image starts in its row
+        row_start = np.cumsum(row_counts) - row_counts  # each row's first image in the slice
+        slot = np.arange(m) - row_start[rows]  # each image's place among its row's images
+        image_start = np.cumsum(per_image) - per_image  # patches before each image in the slice
+        firsts = image_start - image_start[row_start[rows]]  # where each image starts in its row
         totals = np.bincount(rows, weights=per_image, minlength=n).astype(np.int64)
         over = np.flatnonzero(totals > room)
-        if over.size:
+        if over.size:  # a record a row (a packed row's patches were counted when it was made)
             j = int(over[0])
             need = int(totals[j]) * self.patch * self.patch
-            raise DecodeError(f"{self.path}: sample {int(ids[j])}, field {self.name!r}: its {int(counts[j])} images "
-                              f"take {need} pixels after SmartResize, more than max_pixels_per_row={room * self.patch ** 2}"
-                              "; raise max_pixels_per_row (or lower max_pixels)", int(ids[j]))
+            raise DecodeError(f"{self.path}: sample {int(ids[j])}, field {self.name!r}: its {int(row_counts[j])} "
+                              f"images take {need} pixels after SmartResize, more than max_pixels_per_row="
+                              f"{room * self.patch ** 2}; raise max_pixels_per_row (or lower max_pixels)", int(ids[j]))
         for j in range(n):  # patches past a row's images are zero: clear what its previous images left there
             if held[j] > totals[j]:
                 out[j, totals[j] : held[j]] = 0
         grid[:] = 0
-        grid[rows, np.arange(m) - record_start[rows], 0] = 1
-        grid[rows, np.arange(m) - record_start[rows], 1] = gh
-        grid[rows, np.arange(m) - record_start[rows], 2] = gw
+        grid[rows, slot, 0] = 1
+        grid[rows, slot, 1] = gh
+        grid[rows, slot, 2] = gw
         scales = _scratch(ctx, "patch_scales", 2 * m, np.int64)[: 2 * m].reshape(m, 2)
         need_dec, need_jpeg, need_rs, need_img = patch_ops.plan_patches(heights, widths, encodings, gh, gw, self.patch,
                                                                         scales)
@@ -174,10 +235,11 @@ class PatchImagesStage(Stage):
             return
         code = int(status[bad])
         detail = jpeg.error_string(handle) if code == jpeg.ERR_LIBJPEG else jpeg.STATUS_MESSAGES.get(code, "")
-        q = int(rows[bad])
-        raise DecodeError(f"{self.path}: sample {int(ids[q])}, field {self.name!r}, image {int(bad - record_start[q])}: "
-                          f"the stored JPEG could not be decoded (status {code}: {detail}); rewrite the file or "
-                          "verify it with `pageset verify`", int(ids[q]))
+        q = int(np.searchsorted(np.cumsum(counts), bad, side="right"))  # the record of image ``bad``
+        k = bad - int(np.cumsum(counts)[q] - counts[q])
+        raise DecodeError(f"{self.path}: sample {int(records[q])}, field {self.name!r}, image {k}: the stored JPEG "
+                          f"could not be decoded (status {code}: {detail}); rewrite the file or verify it with "
+                          "`pageset verify`", int(records[q]))
 
     def handout(self, arrays, view):
         vals = {k: view(arrays[k]) for k in self.outputs}
