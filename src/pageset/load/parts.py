@@ -61,6 +61,7 @@ class Stage:
     # loaded with SmartResize: load/patches.py), and the field a stage takes those counts from (None: none)
     sizes_images = False
     image_tokens_from = None
+    images_absent = False  # a TokenIds stage whose ExpandImageTokens(images=...) field the file lacks (a Mixture)
 
     def image_tokens(self, records: np.ndarray, ctx: dict) -> tuple[np.ndarray, np.ndarray]:
         """``(tokens int64[m], starts int64[n])``: the token count of every image of ``records`` (record after
@@ -178,6 +179,7 @@ class Source:
     tokens = None
     verifier = None
     direct_windows = False
+    without: frozenset = frozenset()  # fields it lacks and loads as empty image lists (a Mixture member)
 
     def close(self) -> None:
         """Release the page access (not ``ds``)."""

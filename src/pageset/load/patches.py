@@ -106,6 +106,8 @@ class PatchImagesStage(Stage):
             _, _, tokens, first = self._scan
             return tokens[np.repeat(first[records] - starts, counts) + np.arange(int(counts.sum()))], starts
         m = int(counts.sum())
+        if m == 0:  # text-only records (or a Mixture member without images): nothing to read
+            return np.zeros(0, dtype=np.int64), starts
         buf, offs = self.pages.gather(self.offs[records], 4 + ENTRY_BYTES * counts, ctx, ordered=False)
         heights, widths = (_scratch(ctx, f"patch_head_{k}", m, np.int64)[:m] for k in ("heights", "widths"))
         bad = image_lists.sizes(buf, offs, counts, heights, widths)
@@ -121,8 +123,9 @@ class PatchImagesStage(Stage):
             ctx = {}
             records = np.arange(self.counts.shape[0], dtype=np.int64)
             tokens, first = self.image_tokens(records, ctx)
-            self._scan = (ctx["patch_grid_h"][: tokens.shape[0]].copy(), ctx["patch_grid_w"][: tokens.shape[0]].copy(),
-                          tokens.copy(), first)
+            none = np.zeros(0, dtype=np.int64)  # no image at all: no grid was computed
+            self._scan = (ctx.get("patch_grid_h", none)[: tokens.shape[0]].copy(),
+                          ctx.get("patch_grid_w", none)[: tokens.shape[0]].copy(), tokens.copy(), first)
         return self._scan
 
     def record_image_tokens(self) -> np.ndarray:

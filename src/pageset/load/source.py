@@ -12,7 +12,15 @@ import numpy as np
 
 from ..format.fields import JSON, Bytes, Float, Int, NDArray, RGBImage, RGBImages, TokenIds, Tokens
 from ..ops import tokens as token_ops
-from ..ops.transforms import FloatDecoder, IntDecoder, PadTokens, TokenWindows
+from ..ops.transforms import (
+    CenterCrop,
+    FloatDecoder,
+    IntDecoder,
+    PadTokens,
+    RandomResizedCrop,
+    SmartResize,
+    TokenWindows,
+)
 from .pages import PageVerifier, PreadPages, ProcessPageCache, resume_reads
 from .packed import PackedIdsStage, PackedTokenStage
 from .patches import PatchImagesStage, is_patch_pipeline
@@ -78,11 +86,31 @@ def build_stage(name, field, ops, ds, pages, array_type: str = "torch") -> Stage
     raise PipelineError(f"field {name!r}: the loader does not handle {type(field).__name__} fields")
 
 
+def _is_image_pipeline(ops) -> bool:
+    """Whether a pipeline loads images (its first op a crop or SmartResize)."""
+    return isinstance(ops, (list, tuple)) and bool(ops) and isinstance(ops[0], (RandomResizedCrop, CenterCrop,
+                                                                              SmartResize))
+
+
+class _NoImages:
+    """An open dataset seen as if field ``name`` were an RGBImages field holding no image in any record (a
+    Mixture member without the image lists the other members load): what the image stages read of it."""
+
+    def __init__(self, ds, name: str):
+        self.path = ds.path
+        zeros = np.zeros(len(ds), dtype=np.int64)
+        self.index = {f"{name}.{column}": zeros for column in ("offset", "length", "count")}
+
+
 def _link_image_tokens(path, stages) -> None:
     """Give each stage that takes image token counts from another field (``image_tokens_from``) that field's
     stage; PipelineError when the field is not loaded."""
     by_name = {s.name: s for s in stages}
     for stage in stages:
+        images = stage.images_absent and stage.expand.images
+        if images and images not in by_name:  # not a Mixture member loading the absent image lists as empty
+            raise PipelineError(f"field {stage.name!r}: ExpandImageTokens(images={images!r}) names no RGBImages "
+                                f"field of {path}; its fields are {[s.name for s in stages]}")
         if stage.image_tokens_from is None:
             continue
         other = by_name.get(stage.image_tokens_from)
@@ -122,13 +150,19 @@ class FileSource(Source):
         else:  # "process": a ProcessPageCache replaces it below, sized once the record count is known
             self.pages = PreadPages(ds)
         try:
-            # In a mixture, a field switched off with None may be missing from some of the files.
+            # In a mixture, a field switched off with None may be missing from some of the files, and so may an
+            # image list loaded by the others (its records then hold no image: text-only conversations).
+            absent = [n for n in pipelines if n not in ds.fields and pipelines[n] is not None]
+            no_images = [n for n in absent if in_mixture and _is_image_pipeline(pipelines[n])]
             unknown = {n for n in pipelines if n not in ds.fields and not (in_mixture and pipelines[n] is None)}
-            if unknown:
-                raise PipelineError(f"{self.path}: pipelines name unknown fields {sorted(unknown)}; "
+            if unknown - set(no_images):
+                raise PipelineError(f"{self.path}: pipelines name unknown fields {sorted(unknown - set(no_images))}; "
                                     f"the file has {list(ds.fields)}")
             self.stages = [build_stage(n, f, pipelines.get(n), ds, self.pages, array_type)
                            for n, f in ds.fields.items() if not (n in pipelines and pipelines[n] is None)]
+            self.stages += [build_stage(n, RGBImages(), pipelines[n], _NoImages(ds, n), self.pages, array_type)
+                            for n in no_images]
+            self.without = frozenset(no_images)  # the fields it lacks and loads as empty image lists
             _link_image_tokens(self.path, self.stages)
             # Records are the file's records, or, for a token file, its seq_len windows.
             windows = [s for s in self.stages if s.windows]
@@ -384,13 +418,24 @@ def check_same_fields(sources: list[FileSource]) -> list:
     ref = sources[0]
     ref_fields = [s.name for s in ref.stages]
     chosen = list(ref.stages)
+    for name in sorted(set().union(*(src.without for src in sources))):
+        kinds = {type(src.ds.fields[name]).__name__ for src in sources if name in src.ds.fields}
+        if kinds != {"RGBImages"}:
+            raise PipelineError(f"{sources[0].path}: pipelines name field {name!r}, which "
+                                + ("no file of the mixture has" if not kinds else f"is {sorted(kinds)} in others")
+                                + "; only an RGBImages field may be missing from some files (their records then "
+                                "hold no image)")
     for src in sources[1:]:
         fields = [s.name for s in src.stages]
+        if fields != ref_fields and sorted(fields) == sorted(ref_fields):  # an absent image list comes last
+            by_name = {s.name: s for s in src.stages}
+            src.stages = [by_name[n] for n in ref_fields]
+            fields = ref_fields
         if fields != ref_fields:
             raise ValueError(f"{src.path}: loads fields {fields}, but {ref.path} loads {ref_fields}; the files "
                              f"of a mixture must load the same fields (map extra ones to None in pipelines)")
         for j, (a, b) in enumerate(zip(ref.stages, src.stages)):
-            fa, fb = ref.ds.fields[a.name], src.ds.fields[b.name]
+            fa, fb = ref.ds.fields.get(a.name, RGBImages()), src.ds.fields.get(b.name, RGBImages())
             if type(fa) is not type(fb):
                 raise ValueError(f"{src.path}: field {b.name!r} is {fb!r}, but {ref.path} has {fa!r}; the files "
                                  f"of a mixture must have matching fields")

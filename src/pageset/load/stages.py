@@ -385,16 +385,21 @@ class TokenIdsStage(Stage):
         self.counts = ds.index[f"{name}.length"].astype(np.int64) // self.record_width
         self.labels = self.has_mask or self.expand is not None
         self.expected = None
+        self.images_absent = False  # whether the file lacks the field ExpandImageTokens(images=...) names
         self.sizer = None  # the RGBImages stage giving each image's tokens (dynamic resolution), once linked
         # the field whose stage must give each image's tokens (ExpandImageTokens without tokens_per_image)
         self.image_tokens_from = (self.expand.images if self.expand is not None and
                                   self.expand.tokens_per_image is None else None)
         if self.expand is not None and self.expand.images is not None:
             other = ds.fields.get(self.expand.images)
-            if other is None or other.kind != "rgb_images":
+            if other is None:  # a Mixture member without the image lists: its records hold no image
+                self.expected = np.zeros(len(self.counts), dtype=np.int64)
+                self.images_absent = True  # the FileSource checks that it loads the field as empty lists
+            elif other.kind != "rgb_images":
                 raise PipelineError(f"field {name!r}: ExpandImageTokens(images={self.expand.images!r}) names no "
                                     f"RGBImages field of {ds.path}; its fields are {list(ds.fields)}")
-            self.expected = ds.index[f"{self.expand.images}.count"].astype(np.int64)
+            else:
+                self.expected = ds.index[f"{self.expand.images}.count"].astype(np.int64)
         self.max_len = int(self.counts.max()) if self.counts.size else 0
         if self.expand is not None and self.op is None:
             raise PipelineError(f"field {name!r}: ExpandImageTokens needs PadTokens(max_length) after it (rows of "

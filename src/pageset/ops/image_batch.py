@@ -103,24 +103,34 @@ def image_slice(handle, buf, offs, lens, heights, widths, encodings, boxes, flip
         h = heights[j]
         w = widths[j]
         x, y, cw, ch, num, den = boxes[j, 0], boxes[j, 1], boxes[j, 2], boxes[j, 3], boxes[j, 4], boxes[j, 5]
-        data = buf[offs[j] : offs[j] + lens[j]]
-        if encodings[j] == ENCODING_RAW:
-            src = data.reshape((h, w, 3))[y : y + ch, x : x + cw]
-            _resize(src, 0.0, 0.0, float(cw), float(ch), flips[j], table, out[rows[j]], channels_last, fast,
-                    resize_scratch)
-            status[j] = 0
-            continue
-        sx, sy, sw, sh = jpeg_scale.scale_region(w, h, x, y, cw, ch, num, den)
-        # decoded where libjpeg-turbo writes it (an iMCU-aligned window a few columns wider): no copy
-        st, h0, w0, row, col = jpeg_kernels.jpeg_decode_window(handle, data, num, den, sx, sy, sw, sh, decoded,
-                                                                jpeg_scratch)
-        status[j] = st
-        if st < 0:
+        status[j] = decode_crop_resize(handle, buf[offs[j] : offs[j] + lens[j]], h, w, encodings[j], x, y, cw, ch,
+                                       num, den, flips[j], table, out[rows[j]], channels_last, fast, decoded,
+                                       jpeg_scratch, resize_scratch)
+        if status[j] < 0:
             return j
-        region = jpeg_kernels.window_view(decoded, h0, w0, row, col, sh, sw)
-        bx0, by0, bx1, by1 = jpeg_scale.box_in_region(x, y, cw, ch, num, den, sx, sy, sw, sh)
-        _resize(region, bx0, by0, bx1, by1, flips[j], table, out[rows[j]], channels_last, fast, resize_scratch)
     return -1
+
+
+@numba.njit(nogil=True)
+def decode_crop_resize(handle, data, h, w, encoding, x, y, cw, ch, num, den, flip, table, out, channels_last, fast,
+                       decoded, jpeg_scratch, resize_scratch):
+    """One image of a slice: the box ``[x, x+cw) x [y, y+ch)`` of the stored ``h x w`` image ``data`` (raw HWC, or
+    a JPEG decoded over the box only at DCT scale num/den) resized, flipped and normalized into ``out``; returns
+    the decoder status (0 for a raw image; < 0: the JPEG failed). Arguments as :func:`image_slice`'s."""
+    if encoding == ENCODING_RAW:
+        src = data.reshape((h, w, 3))[y : y + ch, x : x + cw]
+        _resize(src, 0.0, 0.0, float(cw), float(ch), flip, table, out, channels_last, fast, resize_scratch)
+        return 0
+    sx, sy, sw, sh = jpeg_scale.scale_region(w, h, x, y, cw, ch, num, den)
+    # decoded where libjpeg-turbo writes it (an iMCU-aligned window a few columns wider): no copy
+    st, h0, w0, row, col = jpeg_kernels.jpeg_decode_window(handle, data, num, den, sx, sy, sw, sh, decoded,
+                                                            jpeg_scratch)
+    if st < 0:
+        return st
+    region = jpeg_kernels.window_view(decoded, h0, w0, row, col, sh, sw)
+    bx0, by0, bx1, by1 = jpeg_scale.box_in_region(x, y, cw, ch, num, den, sx, sy, sw, sh)
+    _resize(region, bx0, by0, bx1, by1, flip, table, out, channels_last, fast, resize_scratch)
+    return st
 
 
 @functools.cache

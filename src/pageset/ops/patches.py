@@ -27,8 +27,8 @@ import numba
 import numpy as np
 
 from pageset.format.constants import ENCODING_RAW
-from pageset.ops import image_batch, jpeg_kernels, jpeg_scale, kernel_cache
-from pageset.ops.image_batch import JPEG_WINDOW_MARGIN, _resize
+from pageset.ops import image_batch, jpeg_scale, kernel_cache
+from pageset.ops.image_batch import JPEG_WINDOW_MARGIN, decode_crop_resize
 from pageset.ops.resize import resize_scratch_size
 from pageset.ops.resize_fast import fast_scratch_size
 
@@ -135,22 +135,11 @@ def patch_slice(handle, buf, offs, lens, heights, widths, encodings, grid_h, gri
         h, w = heights[i], widths[i]
         out_h, out_w = grid_h[i] * patch, grid_w[i] * patch
         img = image[: 3 * out_h * out_w].reshape((3, out_h, out_w))
-        data = buf[offs[i] : offs[i] + lens[i]]
-        if encodings[i] == ENCODING_RAW:
-            src = data.reshape((h, w, 3))
-            _resize(src, 0.0, 0.0, float(w), float(h), False, table, img, False, fast, resize_scratch)
-            status[i] = 0
-        else:
-            num, den = scales[i, 0], scales[i, 1]
-            sx, sy, sw, sh = jpeg_scale.scale_region(w, h, 0, 0, w, h, num, den)
-            st, h0, w0, row, col = jpeg_kernels.jpeg_decode_window(handle, data, num, den, sx, sy, sw, sh, decoded,
-                                                                    jpeg_scratch)
-            status[i] = st
-            if st < 0:
-                return i
-            region = jpeg_kernels.window_view(decoded, h0, w0, row, col, sh, sw)
-            bx0, by0, bx1, by1 = jpeg_scale.box_in_region(0, 0, w, h, num, den, sx, sy, sw, sh)
-            _resize(region, bx0, by0, bx1, by1, False, table, img, False, fast, resize_scratch)
+        status[i] = decode_crop_resize(handle, buf[offs[i] : offs[i] + lens[i]], h, w, encodings[i], 0, 0, w, h,
+                                       scales[i, 0], scales[i, 1], False, table, img, False, fast, decoded,
+                                       jpeg_scratch, resize_scratch)
+        if status[i] < 0:
+            return i
         n = grid_h[i] * grid_w[i]
         patchify(img, out[rows[i], firsts[i] : firsts[i] + n], patch, merge, temporal)
     return -1
