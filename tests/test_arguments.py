@@ -380,8 +380,9 @@ OTHERS = [  # callables whose arguments are paths (or the inputs of a mixture)
     ("ChatTokenizer", "chat_template", 5, V, r"no chat_template in it"),
     ("ChatTokenizer", "train_on", ("robot",), V, r"train_on: \['robot'\] are not roles"),
     ("ChatTokenizer", "image_token", 5, T, r"image_token is the placeholder's text"),
-    ("LlavaSource", "path", b"x.json", T, r"LlavaSource\.path must be the LLaVA JSON file's path"),
-    ("LlavaSource", "image_folder", None, T, r"LlavaSource\.image_folder must be a folder path"),
+    ("LlavaSource", "data", b"x.json", T, r"LlavaSource\.data must be a LLaVA JSON/JSONL file's path or a sequence"),
+    ("LlavaSource", "image_folder", 5, T, r"LlavaSource\.image_folder must be a folder path"),
+    ("LlavaSource", "entry", "", T, r"LlavaSource\.entry must be a key"),
     ("LlavaSource", "chat", "tokenizer.json", T, r"LlavaSource\.chat must be a pageset\.ChatTokenizer"),
     ("LlavaSource", "conversation", "", T, r"LlavaSource\.conversation must be a non-empty str"),
     ("LlavaSource", "images", "conversation", V, r"conversation and images name the same field"),
@@ -402,7 +403,7 @@ def test_constructor_refuses_bad_argument(name, arg, value, exc, match):
           "ChatTokenizer": {"tokenizer": GPT2_FILES, "chat_template": "{{ messages[0]['content'] }}"},
           }.get(name, {})  # the other required arguments, valid
     if name == "LlavaSource":  # a ChatTokenizer with an image token ("hello" is one GPT-2 token)
-        kw = {"path": "x.json", "image_folder": ".",
+        kw = {"data": [],
               "chat": pageset.ChatTokenizer(GPT2_FILES, chat_template="{{ messages[0]['content'] }}",
                                             image_token="hello")}
     with pytest.raises(exc, match=match):

@@ -1,4 +1,4 @@
-"""LLaVA-format data as a write source (issue 32): ``LlavaSource(json, image_folder, chat)`` writes each entry's
+"""LLaVA-format data as a write source (issue 32): ``LlavaSource(data, chat, image_folder)`` writes each entry's
 conversation (roles human/gpt, ``<image>`` placeholders) and its images, as LLaVA's training script reads the
 file.
 
@@ -61,7 +61,7 @@ def _psnr(a, b):
 def test_entries_are_written_as_the_chat_template_and_the_photos(llava, chat, hf, tmp_path):  # noqa: F811
     folder, entries, convs = llava
     out = tmp_path / "llava.pageset"
-    write_dataset(out, LlavaSource(folder / "data.json", folder / "imgs", chat), FIELDS, num_workers=2,
+    write_dataset(out, LlavaSource(folder / "data.json", chat, folder / "imgs"), FIELDS, num_workers=2,
                   page_size=1 << 16, progress=False)
     ref = RefDataset(out.read_bytes(), str(out))
     assert len(ref.records) == len(entries)
@@ -81,7 +81,7 @@ def test_entries_are_written_as_the_chat_template_and_the_photos(llava, chat, hf
             assert _psnr(img, np.asarray(src)) > 28.0, p
     # the same entries as JSON lines, written in this process: the same records
     lines = tmp_path / "lines.pageset"
-    write_dataset(lines, LlavaSource(folder / "data.jsonl", folder / "imgs", chat), FIELDS, num_workers=0,
+    write_dataset(lines, LlavaSource(folder / "data.jsonl", chat, folder / "imgs"), FIELDS, num_workers=0,
                   page_size=1 << 16, progress=False)
     assert RefDataset(lines.read_bytes(), str(lines)).records == ref.records
 
@@ -96,7 +96,7 @@ def test_placeholders_become_the_tokenizers_image_token(llava, tokenizer_file, t
     tok.add_special_tokens(["<|image_pad|>"])
     tok.save(str(tmp_path / "tok.json"))
     qwen = ChatTokenizer(tmp_path / "tok.json", chat_template=TEMPLATE, image_token="<|image_pad|>")
-    src = LlavaSource(folder / "data.json", folder / "imgs", qwen)
+    src = LlavaSource(folder / "data.json", qwen, folder / "imgs")
     for i, n in enumerate(N_IMAGES):
         ids = src[i]["conversation"]["input_ids"]
         assert int((ids == qwen.image_token_id).sum()) == n
@@ -110,7 +110,7 @@ def test_bad_entries_name_the_file_entry_and_fix(llava, chat, tokenizer_file, tm
     def write(rows, name="bad.json"):
         (tmp_path / name).write_text(json.dumps(rows) if name.endswith(".json") else rows)
         out = tmp_path / "bad.pageset"
-        write_dataset(out, LlavaSource(tmp_path / name, folder / "imgs", chat), FIELDS, num_workers=0,
+        write_dataset(out, LlavaSource(tmp_path / name, chat, folder / "imgs"), FIELDS, num_workers=0,
                       progress=False)
 
     good = entries[0]
@@ -118,7 +118,7 @@ def test_bad_entries_name_the_file_entry_and_fix(llava, chat, tokenizer_file, tm
         ({**good, "conversations": [{"from": "robot", "value": "hi"}]}, r"entry 1 \(id 'llava-000'\): turn 0 is from "
                                                                        r"'robot'; LLaVA roles are"),
         ({"id": "x"}, r"entry 1 \(id 'x'\): 'conversations' must be a non-empty list"),
-        ({**good, "image": 5}, r"entry 1 \(id 'llava-000'\): 'image' must be a path or a list of paths"),
+        ({**good, "image": 5}, r"entry 1 \(id 'llava-000'\): 'image' must be an image \(a path, bytes, a PIL image\)"),
         ({**good, "image": good["image"][:1]}, r"entry 1 \(id 'llava-000'\): 2 image placeholders '<image>' in the "
                                                r"conversation but 1 images"),
         ({**good, "conversations": [{"from": "human"}]}, r"turn 0 must be \{'from': role, 'value': text\}"),
@@ -134,7 +134,55 @@ def test_bad_entries_name_the_file_entry_and_fix(llava, chat, tokenizer_file, tm
     with pytest.raises(ValueError, match=r"a LLaVA data file is a JSON list"):
         write({"conversations": []})
     with pytest.raises(FileNotFoundError, match="no such folder"):
-        LlavaSource(folder / "data.json", folder / "nowhere", chat)
+        LlavaSource(folder / "data.json", chat, folder / "nowhere")
     assert not (tmp_path / "bad.pageset").exists()  # nothing written half
     with pytest.raises(ValueError, match="LlavaSource.chat has no image_token"):
-        LlavaSource(folder / "data.json", folder / "imgs", ChatTokenizer(tokenizer_file, chat_template=TEMPLATE))
+        LlavaSource(folder / "data.json", ChatTokenizer(tokenizer_file, chat_template=TEMPLATE), folder / "imgs")
+
+
+def test_entries_from_a_hf_dataset_parquet_and_webdataset(llava, chat, hf, tmp_path):  # noqa: F811
+    """The same entries as a Hugging Face Dataset with an Image column (PIL images, a list for multi-image
+    entries), as Parquet files that Dataset wrote (image structs {bytes, path}) and as a WebDataset shard (the
+    entry as the json member, its one image as jpg): each written conversation equals apply_chat_template's, each
+    image its source photo (PSNR)."""
+    import tarfile
+
+    datasets = pytest.importorskip("datasets")
+    from pageset import ParquetSource, WebDatasetSource
+
+    folder, entries, convs = llava
+    imgs = folder / "imgs"
+    rows = [{"id": e["id"], "conversations": e["conversations"],
+             "image": [str(imgs / p) for p in ([e["image"]] if isinstance(e.get("image"), str) else e.get("image", []))]}
+            for e in entries]
+    ds = datasets.Dataset.from_list(rows).cast_column("image", datasets.Sequence(datasets.Image()))
+    ds.to_parquet(str(tmp_path / "llava.parquet"))
+    shard = tmp_path / "shard-000.tar"
+    one = [k for k, e in enumerate(entries) if isinstance(e.get("image"), str) or len(e.get("image", [])) == 1]
+    with tarfile.open(shard, "w") as tar:
+        for k in one:
+            e = dict(entries[k])
+            path = imgs / (e.pop("image") if isinstance(e.get("image"), str) else e.pop("image")[0])
+            for name, data in ((f"{e['id']}.json", json.dumps(e).encode()), (f"{e['id']}.jpg", path.read_bytes())):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    sources = {"hf": (LlavaSource(ds, chat), range(len(entries))),
+               "parquet": (LlavaSource(ParquetSource(tmp_path / "llava.parquet"), chat), range(len(entries))),
+               "webdataset": (LlavaSource(WebDatasetSource(shard, {"entry": "json", "image": "jpg"}), chat,
+                                          entry="entry"), one)}
+    for name, (src, which) in sources.items():
+        out = tmp_path / f"{name}.pageset"
+        write_dataset(out, src, FIELDS, num_workers=0, progress=False)
+        ref = RefDataset(out.read_bytes(), str(out))
+        assert len(ref.records) == len(which), name
+        for rec, k in zip(ref.records, which):
+            want = hf.apply_chat_template(convs[k], chat_template=TEMPLATE, tokenize=True, return_dict=True,
+                                          return_assistant_tokens_mask=True)
+            assert rec["conversation"]["input_ids"] == list(want["input_ids"]), (name, k)
+            assert rec["conversation"]["loss_mask"] == list(want["assistant_masks"]), (name, k)
+            assert len(rec["images"]) == N_IMAGES[k], (name, k)
+            for s, p in zip(rec["images"], rows[k]["image"]):
+                img = np.asarray(Image.open(io.BytesIO(s["data"])).convert("RGB"))
+                src_img = Image.open(p).convert("RGB").resize((s["width"], s["height"]), Image.BILINEAR)
+                assert _psnr(img, np.asarray(src_img)) > 28.0, (name, k, p)

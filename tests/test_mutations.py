@@ -363,9 +363,9 @@ MUTATIONS += [
              '"gpt": "assistant", "assistant"',
              '"gpt": "user", "assistant"',
              (TL_SRC,)),
-    Mutation("an entry's image paths taken in reverse order", "write/llava.py",
-             "paths = [os.path.join(self.image_folder, p) for p in paths]",
-             "paths = [os.path.join(self.image_folder, p) for p in paths[::-1]]",
+    Mutation("an entry's images taken in reverse order", "write/llava.py",
+             "images = [self._image(item, where) for item in items]",
+             "images = [self._image(item, where) for item in items[::-1]]",
              (TL_SRC,)),
 ]
 

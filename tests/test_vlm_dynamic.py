@@ -446,3 +446,56 @@ def test_a_mixture_with_text_only_conversations(qwen, chat, hf, reference, tmp_p
     with pytest.raises(PipelineError, match=r"field 'images', which is \['RGBImage'\] in others; only an RGBImages"):
         Loader(Mixture([text, single], [1, 1]), batch_size=2, pipelines={
             "images": [CenterCrop(8)], "conversation": [PadTokens(64)]})
+
+
+# A Qwen2-VL-style chat template written here (ChatML turns, image parts rendered as <|vision_start|><|image_pad|>
+# <|vision_end|>, no {% generation %} blocks: the message rule finds the assistant turns)
+QWEN_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for part in m['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}")
+
+
+def test_message_contents_as_lists_of_parts(tmp_path):
+    """Multimodal messages as Hugging Face templates take them (content = [{"type": "image"}, {"type": "text",
+    ...}]): ChatTokenizer's ids equal transformers' apply_chat_template on the same template, and the loss mask
+    covers each assistant turn's text and its <|im_end|>, found here by hand in the rendered text and mapped to
+    tokens by the tokenizer's offsets; placeholders are counted against images=."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    pytest.importorskip("transformers")
+    tok = Tokenizer.from_file(vlm_tokenizer(str(tmp_path), IMAGE_TOKEN))
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"])
+    tok.save(str(tmp_path / "qwen.json"))
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "qwen.json"), eos_token="<|im_end|>")
+    chat = ChatTokenizer(tmp_path / "qwen.json", chat_template=QWEN_TEMPLATE, image_token=IMAGE_TOKEN)
+    conv = [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
+                                         {"type": "text", "text": "What differs between these two photos?"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "The first is a cat, the second a dog."}]},
+            {"role": "user", "content": "And the colours?"},
+            {"role": "assistant", "content": "Grey and brown."}]
+    before = repr(conv)
+    got = chat(conv, images=2)
+    assert repr(conv) == before  # the caller's messages are not changed
+    text = hf.apply_chat_template(conv, chat_template=QWEN_TEMPLATE, tokenize=False)
+    enc = hf(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert got["input_ids"].tolist() == enc["input_ids"] == list(
+        hf.apply_chat_template(conv, chat_template=QWEN_TEMPLATE, tokenize=True, return_dict=True)["input_ids"])
+    spans, at = [], 0
+    while (at := text.find("<|im_start|>assistant\n", at)) >= 0:
+        start = at + len("<|im_start|>assistant\n")
+        end = text.index("<|im_end|>", start) + len("<|im_end|>")
+        spans.append((start, end))
+        at = end
+    want = [int(any(a < e and b > s for s, e in spans)) for a, b in enc["offset_mapping"]]
+    assert got["loss_mask"].tolist() == want and sum(want) > 10
+    assert int((got["input_ids"] == chat.image_token_id).sum()) == 2
+    with pytest.raises(ValueError, match=r"2 image placeholders '<\|image_pad\|>' in the conversation but 1 images"):
+        chat(conv, images=1)
+    with pytest.raises(ValueError, match=r"messages\[0\]\.content\[1\] is a text part without a 'text' string"):
+        chat([{"role": "user", "content": [{"type": "image"}, {"type": "text"}]}], images=1)
+    with pytest.raises(ValueError, match=r"messages\[0\]\.content\[0\] is 'hi', not a part"):
+        chat([{"role": "user", "content": ["hi"]}])

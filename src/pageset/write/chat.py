@@ -1,6 +1,7 @@
 """Conversations -> token ids and a per-token loss mask, the way transformers' ``apply_chat_template`` renders them.
 
-A conversation is a list of messages ``{"role": str, "content": str}`` (the OpenAI / HF convention); an assistant
+A conversation is a list of messages ``{"role": str, "content": str or list of parts}`` (the OpenAI / HF
+convention; parts ``{"type": "text", "text": ...}`` / ``{"type": "image"}`` for multimodal templates); an assistant
 message with ``tool_calls`` may have ``content`` ``None`` or leave it out. As transformers does, keys whose value is
 ``None`` are dropped and a ``reasoning`` / ``thinking`` / ``reasoning_content`` field is passed under the names
 templates read. The chat template (jinja2, from ``tokenizer_config.json``'s ``chat_template`` or given as text) is
@@ -215,7 +216,10 @@ class ChatEncoder:
         """The message rule (module docstring) for ``messages[i]`` in ``text`` (the whole conversation rendered):
         ``((start, end), None)``, or ``(None, why not)``. Renders ``messages[:i + 1]`` and the same with the marker;
         the whole conversation with the marker only when it does not start with ``messages[:i + 1]``'s text."""
-        marked = dict(messages[i], content=MARKER)
+        # a multimodal message's parts give way to one text part (a trained message with image parts is then
+        # refused: the text before its content changes; mark its text with {% generation %} instead)
+        parts = isinstance(messages[i].get("content"), list)
+        marked = dict(messages[i], content=[{"type": "text", "text": MARKER}] if parts else MARKER)
         last = i + 1 == len(messages)
         alone = text if last else self._rule_render(messages[: i + 1], f"messages[:{i + 1}] on its own")
         alone_marked = self._rule_render(messages[:i] + [marked], f"messages[:{i + 1}] with a placeholder content")
@@ -293,8 +297,9 @@ def _overlap_mask(offsets, spans) -> np.ndarray:
 def check_messages(messages, where: str) -> list:
     """The conversation as a list of plain dicts, as transformers passes it to the template: keys whose value is
     ``None`` dropped, a ``reasoning_content`` / ``thinking`` / ``reasoning`` field under all three names. A
-    message's ``content`` is a string, or ``None`` / absent in a message with ``tool_calls`` (the OpenAI
-    convention). TypeError / ValueError naming ``where``, the message and field."""
+    message's ``content`` is a string, a list of parts (``{"type": "text", "text": ...}``, ``{"type":
+    "image"}``, ...: what multimodal templates such as Qwen2-VL's iterate over), or ``None`` / absent in a message
+    with ``tool_calls`` (the OpenAI convention). TypeError / ValueError naming ``where``, the message and field."""
     if isinstance(messages, dict) or not isinstance(messages, (list, tuple)):
         raise TypeError(f"{where}: a conversation is a list of messages {{'role': ..., 'content': ...}}, got "
                         f"{type(messages).__name__} {messages!r:.60}")
@@ -312,10 +317,19 @@ def check_messages(messages, where: str) -> list:
         if content is None and not m.get("tool_calls"):
             raise ValueError(f"{where}: messages[{i}].content is missing or None, which only a message with "
                              "tool_calls may leave out; give it a string")
-        if content is not None and not isinstance(content, str):
+        if isinstance(content, (list, tuple)):  # a multimodal message: its parts, as HF templates take them
+            for k, part in enumerate(content):
+                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                    raise ValueError(f"{where}: messages[{i}].content[{k}] is {part!r:.40}, not a part "
+                                     "{'type': 'text', 'text': ...} or {'type': 'image'}")
+                if part["type"] == "text" and not isinstance(part.get("text"), str):
+                    raise ValueError(f"{where}: messages[{i}].content[{k}] is a text part without a 'text' string")
+        elif content is not None and not isinstance(content, str):
             raise ValueError(f"{where}: messages[{i}].content holds {type(content).__name__} {content!r:.40}, not "
-                             "a string")
+                             "a string or a list of parts")
         m = {k: v for k, v in m.items() if v is not None}  # transformers drops None-valued keys
+        if isinstance(content, (list, tuple)):  # the parts copied: the caller's messages are never changed
+            m["content"] = [dict(part) for part in content]
         reasoning = next((m[k] for k in REASONING_FIELDS if k in m), None)
         if reasoning is not None:  # as transformers' _alias_reasoning_fields
             m = {"thinking": reasoning, **m, "reasoning_content": reasoning}

@@ -1,12 +1,16 @@
-"""LLaVA-format conversations as a ``write_dataset`` source: a JSON list (``llava_v1_5_mix665k.json``,
-``LLaVA-Instruct-150K``) or JSON lines of ``{"id", "image", "conversations": [{"from", "value"}, ...]}`` plus the
-folder the image paths are relative to, as LLaVA's own training script reads them (``--data_path`` and
-``--image_folder``).
+"""LLaVA-format conversations as a ``write_dataset`` source: ``{"id", "image", "conversations": [{"from",
+"value"}, ...]}`` entries from a JSON list (``llava_v1_5_mix665k.json``, ``LLaVA-Instruct-150K``) or JSON lines,
+plus the folder the image paths are relative to, as LLaVA's own training script reads them (``--data_path`` and
+``--image_folder``); or from any sequence of such entries: a Hugging Face ``datasets.Dataset`` (an ``Image``
+column gives PIL images), a :class:`pageset.ParquetSource`, a :class:`pageset.WebDatasetSource` whose json member
+is the entry (``entry=``).
 
-Each entry becomes ``{conversation: ChatTokenizer(messages, images=k), images: [k image paths]}``: roles ``human``
+Each entry becomes ``{conversation: ChatTokenizer(messages, images=k), images: [k images]}``: roles ``human``
 -> ``user``, ``gpt`` -> ``assistant`` (``system`` kept), each ``<image>`` placeholder of the text replaced by the
-ChatTokenizer's own ``image_token`` (so a Qwen2-VL tokenizer reads ``<|image_pad|>``); ``image`` is one path, a
-list of paths (LLaVA-OneVision's multi-image entries) or absent (a text-only entry: no image).
+ChatTokenizer's own ``image_token`` (so a Qwen2-VL tokenizer reads ``<|image_pad|>``); ``image`` is one image, a
+list of them (LLaVA-OneVision's multi-image entries) or absent (a text-only entry); an image is a path (under
+``image_folder`` when relative), encoded bytes, Hugging Face's image struct ``{"bytes", "path"}``, a PIL image
+or a uint8 array.
 """
 
 from __future__ import annotations
@@ -18,52 +22,69 @@ ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assi
 
 
 class LlavaSource:
-    """``LlavaSource(path, image_folder, chat)``: the entries of a LLaVA-format file as samples for
+    """``LlavaSource(data, chat, image_folder=None)``: LLaVA-format entries as samples for
     ``write_dataset(out, LlavaSource(...), {"conversation": TokenIds(loss_mask=True), "images": RGBImages()})``.
 
-    ``path``: a ``.json`` file (a list of entries) or ``.jsonl`` (one entry a line); ``image_folder``: the folder
-    the entries' image paths are relative to (absolute paths are kept); ``chat``: a :class:`pageset.ChatTokenizer`
-    made with ``image_token``; ``conversation`` / ``images``: the field names of the samples; ``placeholder``: the
-    image placeholder the file's text uses (LLaVA's ``"<image>"``). The file is read once, here (FileNotFoundError,
-    or ValueError naming the file and line for JSON that does not parse); an entry is checked when it is read,
-    ValueError naming the file, the entry (index and id) and what is wrong: no ``conversations`` list, a turn
-    without ``from``/``value`` or with an unknown role, an ``image`` that is not a path or a list of paths, a
-    placeholder count that differs from its images (from ChatTokenizer)."""
+    ``data``: a ``.json`` file (a list of entries) or ``.jsonl`` (one entry a line), or a sequence of entries
+    (``__len__`` and ``__getitem__``: a list, a Hugging Face Dataset, a ParquetSource); ``chat``: a
+    :class:`pageset.ChatTokenizer` made with ``image_token``; ``image_folder``: the folder relative image paths
+    are under (None: paths are used as they are); ``entry``: the key a sample holds its entry under (a
+    WebDataset json member: ``WebDatasetSource(urls, {"entry": "json", "image": "jpg"})`` with
+    ``entry="entry"``; the sample's other keys, its image, are added to the entry); ``conversation`` /
+    ``images``: the field names of the samples; ``placeholder``: the image placeholder the text uses (LLaVA's
+    ``"<image>"``). A file is read once, here (FileNotFoundError, or ValueError naming the file and line for JSON
+    that does not parse); an entry is checked when it is read, ValueError naming where it came from (file or
+    source, index, id) and what is wrong: no ``conversations`` list, a turn without ``from``/``value`` or with an
+    unknown role, an ``image`` that is no image, a placeholder count that differs from its images (from
+    ChatTokenizer)."""
 
-    def __init__(self, path, image_folder, chat, conversation: str = "conversation", images: str = "images",
-                 placeholder: str = "<image>"):
+    def __init__(self, data, chat, image_folder=None, *, entry: str | None = None,
+                 conversation: str = "conversation", images: str = "images", placeholder: str = "<image>"):
         from .chat import ChatTokenizer
 
-        if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"LlavaSource.path must be the LLaVA JSON file's path (str or os.PathLike), got {path!r}")
-        if isinstance(image_folder, bytes) or not isinstance(image_folder, (str, os.PathLike)):
-            raise TypeError(f"LlavaSource.image_folder must be a folder path (str or os.PathLike), got "
-                            f"{image_folder!r}")
+        if isinstance(data, (str, os.PathLike)):
+            self.where, self.entries = os.fspath(data), _read_entries(os.fspath(data))
+        elif hasattr(data, "__len__") and hasattr(data, "__getitem__") and not isinstance(data, (bytes, dict)):
+            self.where, self.entries = f"{type(data).__name__} of {len(data)} entries", data
+        else:
+            raise TypeError(f"LlavaSource.data must be a LLaVA JSON/JSONL file's path or a sequence of entries "
+                            f"(a list, a datasets.Dataset, a ParquetSource), got {type(data).__name__}")
         if not isinstance(chat, ChatTokenizer):
             raise TypeError(f"LlavaSource.chat must be a pageset.ChatTokenizer, got {type(chat).__name__}")
         if chat.image_token is None:
             raise ValueError("LlavaSource.chat has no image_token: make it with ChatTokenizer(..., image_token=...) "
                              "(the model's placeholder, e.g. '<image>')")
+        if image_folder is not None:
+            if isinstance(image_folder, bytes) or not isinstance(image_folder, (str, os.PathLike)):
+                raise TypeError(f"LlavaSource.image_folder must be a folder path (str or os.PathLike) or None, got "
+                                f"{image_folder!r}")
+            image_folder = os.fspath(image_folder)
+            if not os.path.isdir(image_folder):
+                raise FileNotFoundError(f"LlavaSource.image_folder {image_folder}: no such folder")
         for arg, value in (("conversation", conversation), ("images", images), ("placeholder", placeholder)):
             if not isinstance(value, str) or not value:
                 raise TypeError(f"LlavaSource.{arg} must be a non-empty str, got {value!r}")
+        if entry is not None and (not isinstance(entry, str) or not entry):
+            raise TypeError(f"LlavaSource.entry must be a key (a non-empty str) or None, got {entry!r}")
         if conversation == images:
             raise ValueError(f"LlavaSource: conversation and images name the same field {images!r}")
-        self.path, self.image_folder = os.fspath(path), os.fspath(image_folder)
-        self.chat, self.names, self.placeholder = chat, (conversation, images), placeholder
-        if not os.path.isdir(self.image_folder):
-            raise FileNotFoundError(f"LlavaSource.image_folder {self.image_folder}: no such folder")
-        self.entries = _read_entries(self.path)
+        self.image_folder, self.chat, self.entry = image_folder, chat, entry
+        self.names, self.placeholder = (conversation, images), placeholder
 
     def __len__(self) -> int:
         return len(self.entries)
 
     def __repr__(self) -> str:
-        return f"LlavaSource({self.path!r}, {self.image_folder!r})"
+        return f"LlavaSource({self.where!r}, image_folder={self.image_folder!r})"
 
     def __getitem__(self, i: int) -> dict:
         entry = self.entries[i]
-        where = f"{self.path}: entry {i}"
+        where = f"{self.where}: entry {i}"
+        if self.entry is not None:  # the entry under one key, the image(s) under the others
+            if not isinstance(entry, dict) or not isinstance(entry.get(self.entry), dict):
+                raise ValueError(f"{where}: expected a sample holding the entry (a JSON object) under "
+                                 f"{self.entry!r}, got {entry!r:.80}")
+            entry = {**entry[self.entry], **{k: v for k, v in entry.items() if k != self.entry}}
         if not isinstance(entry, dict):
             raise ValueError(f"{where}: an entry is a JSON object with 'conversations', got {type(entry).__name__}")
         where += f" (id {entry.get('id')!r})" if "id" in entry else ""
@@ -80,11 +101,21 @@ class LlavaSource:
                 raise ValueError(f"{where}: turn {k} is from {turn['from']!r}; LLaVA roles are {sorted(ROLES)}")
             messages.append({"role": role, "content": turn["value"].replace(self.placeholder, self.chat.image_token)})
         image = entry.get("image")
-        paths = [] if image is None else [image] if isinstance(image, str) else image
-        if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
-            raise ValueError(f"{where}: 'image' must be a path or a list of paths, got {image!r:.80}")
-        paths = [os.path.join(self.image_folder, p) for p in paths]
-        return {self.names[0]: self.chat(messages, images=len(paths), where=where), self.names[1]: paths}
+        items = [] if image is None else list(image) if isinstance(image, (list, tuple)) else [image]
+        images = [self._image(item, where) for item in items]
+        return {self.names[0]: self.chat(messages, images=len(images), where=where), self.names[1]: images}
+
+    def _image(self, item, where: str):
+        """One image of an entry as write_dataset reads it: a path (under image_folder when relative), bytes,
+        a PIL image or an array; Hugging Face's image struct gives its bytes (or its path)."""
+        if isinstance(item, dict) and set(item) >= {"bytes", "path"}:
+            item = item["bytes"] if item["bytes"] is not None else item["path"]
+        if isinstance(item, str) and item:
+            return item if self.image_folder is None else os.path.join(self.image_folder, item)
+        if isinstance(item, (bytes, bytearray, memoryview)) or hasattr(item, "__array_interface__"):
+            return item  # encoded bytes, a PIL image or an array: decoded by the writer
+        raise ValueError(f"{where}: 'image' must be an image (a path, bytes, a PIL image) or a list of them, got "
+                         f"{item!r:.80}")
 
 
 def _read_entries(path: str) -> list:
