@@ -403,6 +403,7 @@ def test_readme_example_runs(tmp_path, monkeypatch):
     got = [ids[a:b] for a, b in zip(starts[:3], starts[1:4])]
     assert sorted(got) == sorted(want) and ids[starts[3]:] == [0] * (4096 - starts[3])
     assert scope["cu_seqlens"].tolist() == starts + [4096]
+    assert scope["segments"].tolist() == [0, 0, 1, 1, 2, 2]  # two images a conversation, in record order
     scope["packed"].close()
     # dynamic resolution, run after both: each placeholder expanded to grid_h * grid_w / 4 tokens of its image's
     # size after transformers' smart_resize (stored sizes read back), the grids and patches handed out to match
@@ -644,6 +645,9 @@ def test_packed_rows_equal_the_reference_packing_and_transformers_flattening(vlm
             if k:
                 assert b["images"][r, :k].equal(__import__("torch").cat(imgs))
             assert not b["images"][r, k:].any()
+            width = b["images"].shape[1]  # each image's conversation in the row (its segment), -1 past them
+            assert b["images_segments"][r].tolist() == [q for q, i in enumerate(recs) for _ in images[i]] + [-1] * (
+                width - k)
         cu = [i for i, p in enumerate(flat_pos) if p == 0] + [len(flat_pos)]
         assert b["conversation_cu_seqlens"].tolist() == cu
         assert b["conversation_max_seqlen"] == max(np.diff(cu))

@@ -331,6 +331,9 @@ def test_packed_rows_equal_the_reference_packing_and_transformers_flattening(qwe
             assert int(b["images_counts"][r]) == len(grids)
             assert b["images_grid_thw"][r, : len(grids)].tolist() == grids
             assert not b["images_grid_thw"][r, len(grids):].any()
+            width = b["images_grid_thw"].shape[1]  # each image's conversation in the row (its segment), -1 past them
+            assert b["images_segments"][r].tolist() == [q for q, i in enumerate(recs) for _ in ref[i]["grids"]] + [
+                -1] * (width - len(grids))
             pixels = [ref[i]["pixel_values"] for i in recs if ref[i]["grids"]]
             k = sum(int(np.prod(g)) for g in grids)
             assert not b["images"][r, k:].any()

@@ -161,6 +161,8 @@ class PatchImagesStage(Stage):
         shape, dtype, torch_dtype = self.outputs[self.name]
         self.outputs[self.name] = ((self.max_patches, self.dim), dtype, torch_dtype)
         self.outputs[self.grid_key] = ((self.max_len, 3), np.dtype(np.int64), None)
+        self.segments_key = f"{self.name}_segments"  # int64[B, M]: each image's conversation in its row, or -1
+        self.outputs[self.segments_key] = ((self.max_len,), np.dtype(np.int64), None)
 
     def _damaged(self, records, bad):
         return DecodeError(f"{self.path}: sample {int(records[bad])}, field {self.name!r}: the stored image list does "
@@ -179,6 +181,12 @@ class PatchImagesStage(Stage):
         rows = np.repeat(row_of_record, counts)  # each image's output row
         row_counts = np.bincount(rows, minlength=n).astype(np.int64)
         arrays[self.counts_key][lo:hi] = row_counts
+        if self.rows is not None:  # which of its row's records (segments) each image belongs to; -1: no image
+            segments = arrays[self.segments_key][lo:hi]
+            segments[:] = -1
+            position = np.arange(records.shape[0]) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+            segments[rows, np.arange(rows.shape[0]) - np.repeat(np.cumsum(row_counts) - row_counts, row_counts)] = (
+                np.repeat(position, counts))
         held = grid.prod(-1).sum(-1)  # patches each row held before (its grids; 0 in a new, zeroed buffer)
         m = int(counts.sum())
         if m == 0:

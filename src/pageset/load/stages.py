@@ -249,6 +249,8 @@ class ImagesStage(ImageStage):
         self.max_len = int(self.row_counts.max()) if self.row_counts.size else 0
         shape, dtype, torch_dtype = self.outputs[self.name]
         self.outputs[self.name] = ((self.max_len, *shape[1:]), dtype, torch_dtype)
+        self.segments_key = f"{self.name}_segments"  # int64[B, M]: each slot's conversation in its row, or -1
+        self.outputs[self.segments_key] = ((self.max_len,), np.dtype(np.int64), None)
 
     def fill(self, arrays, lo, hi, ids, keys, ctx):
         out = arrays[self.name][lo:hi]
@@ -269,6 +271,11 @@ class ImagesStage(ImageStage):
         for j in range(n):  # unused slots are zero, whatever the buffer held before
             out[j, row_images[j]:] = 0
         m = int(counts.sum())
+        if self.rows is not None:  # which of its row's records (segments) each image belongs to; -1: no image
+            segments = arrays[self.segments_key][lo:hi].reshape(-1)
+            segments[:] = -1
+            in_record = np.arange(m) - np.repeat(np.cumsum(counts) - counts, counts)
+            segments[np.repeat(first, counts) + in_record] = np.repeat(np.arange(records.shape[0]) - row_start, counts)
         if m == 0:
             return
         buf, offs = self.pages.gather(self.offs[records], self.lens[records], ctx, ordered=False)
