@@ -502,3 +502,11 @@ def test_message_contents_as_lists_of_parts(tmp_path):
         chat([{"role": "user", "content": [{"type": "image"}, {"type": "text"}]}], images=1)
     with pytest.raises(ValueError, match=r"messages\[0\]\.content\[0\] is 'hi', not a part"):
         chat([{"role": "user", "content": ["hi"]}])
+
+
+def test_an_image_of_a_slice_is_named_by_its_record_and_place():
+    """The record and place an error names for image i of a slice (records of 2, 0 and 3 images), by hand: the
+    boundaries and the empty record are where an off-by-one would name the wrong sample."""
+    from pageset.load.stages import _image_of
+
+    assert [_image_of(np.array([2, 0, 3]), i) for i in range(5)] == [(0, 0), (0, 1), (2, 0), (2, 1), (2, 2)]

@@ -5,15 +5,13 @@ call per slice (``ops.patches.patch_slice``)."""
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from ..ops import image as image_ops
-from ..ops import image_lists, jpeg
+from ..ops import image_lists
 from ..ops import patches as patch_ops
 from ..ops.image_lists import ENTRY_BYTES
 from ..ops.transforms import Normalize, SmartResize
 from .parts import Stage, _to_torch
-from .stages import DecodeError, PipelineError, _scratch, _split_common
+from .stages import DecodeError, PipelineError, _decode_retried, _image_of, _pixel_table, _scratch, _split_common
 
 
 class PatchImagesStage(Stage):
@@ -39,14 +37,7 @@ class PatchImagesStage(Stage):
                 raise PipelineError(f"field {name!r}: unexpected {o!r}; a SmartResize pipeline reads [SmartResize(...), "
                                     "Normalize?, ToTensor?, ToDevice?] (no crop or flip: the whole image is resized)")
             normalize = o
-        self.torch_dtype = None
-        if normalize is None:
-            self.table = image_ops.pixel_table()
-        else:
-            self.table = image_ops.normalize_table(normalize.dtype, normalize.mean, normalize.std)
-            self.torch_dtype = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[normalize.dtype]
-            if normalize.dtype == "bfloat16" and not self.to_tensor:
-                raise PipelineError(f"field {name!r}: numpy has no bfloat16; use the default array_type='torch'")
+        self.table, self.torch_dtype = _pixel_table(name, normalize, self.to_tensor)
         self.fast = op.resize_mode == "fast"
         self.patch, self.merge, self.temporal = op.patch_size, op.merge_size, op.temporal_patch_size
         self.dim = 3 * self.temporal * self.patch * self.patch
@@ -87,8 +78,7 @@ class PatchImagesStage(Stage):
         bad = patch_ops.image_grids(heights, widths, self.patch, self.merge, op.min_pixels, op.max_pixels, gh, gw,
                                     tokens)
         if bad >= 0:
-            q = int(np.searchsorted(np.cumsum(counts), bad, side="right"))
-            k = bad - int(np.cumsum(counts)[q] - counts[q])
+            q, k = _image_of(counts, bad)
             raise DecodeError(f"{self.path}: sample {int(records[q])}, field {self.name!r}, image {k}: "
                               f"{int(heights[bad])} x {int(widths[bad])} pixels, an aspect ratio over "
                               f"{patch_ops.MAX_ASPECT} that SmartResize (as Qwen2-VL) refuses; crop or drop the image "
@@ -105,27 +95,28 @@ class PatchImagesStage(Stage):
         if self._scan is not None:
             _, _, tokens, first = self._scan
             return tokens[np.repeat(first[records] - starts, counts) + np.arange(int(counts.sum()))], starts
+        return self._head_grids(records, ctx)[2], starts
+
+    def _head_grids(self, records, ctx):
+        """``(grid_h, grid_w, tokens)`` int64[m] of the images of ``records`` from their image lists' heads (count
+        and entries: ``4 + 16 * count`` bytes a record); nothing is read when they hold no image."""
+        counts = self.counts[records]
         m = int(counts.sum())
-        if m == 0:  # text-only records (or a Mixture member without images): nothing to read
-            return np.zeros(0, dtype=np.int64), starts
+        if m == 0:  # text-only records (or a Mixture member without images)
+            return (np.zeros(0, dtype=np.int64),) * 3
         buf, offs = self.pages.gather(self.offs[records], 4 + ENTRY_BYTES * counts, ctx, ordered=False)
         heights, widths = (_scratch(ctx, f"patch_head_{k}", m, np.int64)[:m] for k in ("heights", "widths"))
         bad = image_lists.sizes(buf, offs, counts, heights, widths)
         if bad >= 0:
             raise self._damaged(records, bad)
-        _, _, tokens = self._grids(records, heights, widths, counts, ctx)
-        return tokens, starts
+        return self._grids(records, heights, widths, counts, ctx)
 
     def _scan_all(self):
         """``(grid_h, grid_w, tokens, first)`` of every image of the file (int64; ``first[i]``: record i's first
         image), from every record's image-list head, read once (a packing needs every record's weight)."""
         if self._scan is None:
-            ctx = {}
-            records = np.arange(self.counts.shape[0], dtype=np.int64)
-            tokens, first = self.image_tokens(records, ctx)
-            none = np.zeros(0, dtype=np.int64)  # no image at all: no grid was computed
-            self._scan = (ctx.get("patch_grid_h", none)[: tokens.shape[0]].copy(),
-                          ctx.get("patch_grid_w", none)[: tokens.shape[0]].copy(), tokens.copy(), first)
+            grids = self._head_grids(np.arange(self.counts.shape[0], dtype=np.int64), {})
+            self._scan = (*(g.copy() for g in grids), np.cumsum(self.counts) - self.counts)
         return self._scan
 
     def record_image_tokens(self) -> np.ndarray:
@@ -228,29 +219,17 @@ class PatchImagesStage(Stage):
         scales = _scratch(ctx, "patch_scales", 2 * m, np.int64)[: 2 * m].reshape(m, 2)
         need_dec, need_jpeg, need_rs, need_img = patch_ops.plan_patches(heights, widths, encodings, gh, gw, self.patch,
                                                                         scales)
-        if "decoder" not in ctx and (encodings != 0).any():
-            ctx["decoder"] = jpeg.JpegDecoder()
-        handle = ctx["decoder"].handle if "decoder" in ctx else 0
-        status = _scratch(ctx, "status", m, np.int64)[:m]
-        for attempt in range(2):
-            bad = patch_ops.patch_slice(
-                handle, buf, img_offs, img_lens, heights, widths, encodings, gh, gw, scales, rows, firsts, self.table,
-                out, self.patch, self.merge, self.temporal, _scratch(ctx, "decoded", need_dec, np.uint8),
-                _scratch(ctx, "jpeg_scratch", need_jpeg, np.uint8), _scratch(ctx, "resize_scratch", need_rs, np.int32),
-                _scratch(ctx, "patch_image", need_img, self.table.dtype), status, self.fast)
-            if bad < 0 or status[bad] != jpeg.ERR_SCRATCH or attempt:
-                break
-            # A JPEG whose chroma sampling cannot be cropped is decoded whole (at its scale, into both buffers).
-            need_dec = need_jpeg = int(heights[bad] * widths[bad] * 4)
-        if bad < 0:
-            return
-        code = int(status[bad])
-        detail = jpeg.error_string(handle) if code == jpeg.ERR_LIBJPEG else jpeg.STATUS_MESSAGES.get(code, "")
-        q = int(np.searchsorted(np.cumsum(counts), bad, side="right"))  # the record of image ``bad``
-        k = bad - int(np.cumsum(counts)[q] - counts[q])
-        raise DecodeError(f"{self.path}: sample {int(records[q])}, field {self.name!r}, image {k}: the stored JPEG "
-                          f"could not be decoded (status {code}: {detail}); rewrite the file or verify it with "
-                          "`pageset verify`", int(records[q]))
+        resize_scratch = _scratch(ctx, "resize_scratch", need_rs, np.int32)
+        image = _scratch(ctx, "patch_image", need_img, self.table.dtype)
+        bad, why = _decode_retried(ctx, encodings, heights, widths, m, need_dec, need_jpeg,
+                                   lambda handle, decoded, jpeg_scratch, status: patch_ops.patch_slice(
+                                       handle, buf, img_offs, img_lens, heights, widths, encodings, gh, gw, scales,
+                                       rows, firsts, self.table, out, self.patch, self.merge, self.temporal, decoded,
+                                       jpeg_scratch, resize_scratch, image, status, self.fast))
+        if bad >= 0:
+            q, k = _image_of(counts, bad)
+            raise DecodeError(f"{self.path}: sample {int(records[q])}, field {self.name!r}, image {k}: {why}",
+                              int(records[q]))
 
     def handout(self, arrays, view):
         vals = {k: view(arrays[k]) for k in self.outputs}

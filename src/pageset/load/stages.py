@@ -74,6 +74,48 @@ def _split_common(name, ops, array_type):
     return rest, to_tensor, to_device
 
 
+def _pixel_table(name, normalize, to_tensor):
+    """``(table, torch_dtype)`` of an image pipeline: the [3, 256] value table of ``normalize`` (a Normalize op, or
+    None: uint8 pixels) and the torch dtype to view its float16/bfloat16 buffer as (None: the buffer's own)."""
+    if normalize is None:
+        return image_ops.pixel_table(), None
+    if normalize.dtype == "bfloat16" and not to_tensor:
+        raise PipelineError(f"field {name!r}: numpy has no bfloat16; use the default array_type='torch'")
+    return (image_ops.normalize_table(normalize.dtype, normalize.mean, normalize.std),
+            {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[normalize.dtype])
+
+
+def _decode_retried(ctx, encodings, heights, widths, n, need_dec, need_jpeg, kernel):
+    """Run an image kernel over a slice of ``n`` images, ``kernel(handle, decoded, jpeg_scratch, status) -> bad``
+    (the first image that failed, or -1), with the thread's JPEG decoder and scratch; a JPEG whose chroma sampling
+    cannot be cropped (ERR_SCRATCH) is decoded once more whole. ``(-1, "")``, or the first image that failed and
+    what to tell the user."""
+    if "decoder" not in ctx and (encodings != 0).any():
+        ctx["decoder"] = jpeg.JpegDecoder()
+    handle = ctx["decoder"].handle if "decoder" in ctx else 0
+    status = _scratch(ctx, "status", n, np.int64)[:n]
+    for attempt in range(2):
+        bad = kernel(handle, _scratch(ctx, "decoded", need_dec, np.uint8), _scratch(ctx, "jpeg_scratch", need_jpeg,
+                                                                                    np.uint8), status)
+        if bad < 0 or status[bad] != jpeg.ERR_SCRATCH or attempt:
+            break
+        # A JPEG whose chroma sampling cannot be cropped is decoded whole (at its scale, into both buffers).
+        need_dec = need_jpeg = int(heights[bad] * widths[bad] * 4)
+    if bad < 0:
+        return -1, ""
+    code = int(status[bad])
+    detail = jpeg.error_string(handle) if code == jpeg.ERR_LIBJPEG else jpeg.STATUS_MESSAGES.get(code, "")
+    return bad, (f"the stored JPEG could not be decoded (status {code}: {detail}); rewrite the file or verify it "
+                 "with `pageset verify`")
+
+
+def _image_of(counts, i) -> tuple[int, int]:
+    """``(q, k)``: image ``i`` of a slice whose records hold ``counts`` images each is image k of record q."""
+    ends = np.cumsum(counts)
+    q = int(np.searchsorted(ends, i, side="right"))
+    return q, int(i - (ends[q] - counts[q]))
+
+
 _NO_TOKENS = np.empty(0, np.int64)  # a fixed number of tokens per image (ExpandImageTokens.tokens_per_image)
 
 
@@ -132,14 +174,7 @@ class ImageStage(Stage):
         else:
             self.crop_mode = image_batch.CROP_CENTER
             self.params = np.array([0.0, 0.0, 0.0, 0.0, crop.ratio])
-        torch_dtype = None
-        if normalize is None:
-            self.table = image_ops.pixel_table()
-        else:
-            self.table = image_ops.normalize_table(normalize.dtype, normalize.mean, normalize.std)
-            torch_dtype = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[normalize.dtype]
-            if normalize.dtype == "bfloat16" and not self.to_tensor:
-                raise PipelineError(f"field {name!r}: numpy has no bfloat16; use the default array_type='torch'")
+        self.table, torch_dtype = _pixel_table(name, normalize, self.to_tensor)
         if layout is not None and not self.to_tensor:  # ToTorchImage hands out torch tensors (NCHW-shaped views)
             raise _numpy_refuses(name, layout)
         # NHWC buffer unless ToTorchImage(channels_last=False) asks for a contiguous NCHW one.
@@ -183,26 +218,12 @@ class ImageStage(Stage):
         need_dec, need_jpeg, need_rs = image_batch.plan_slice(heights, widths, encodings, keys, self.crop_mode,
                                                               self.params, self.flip_p, self.out_h, self.out_w,
                                                               boxes, flips)
-        if "decoder" not in ctx and (encodings != 0).any():
-            ctx["decoder"] = jpeg.JpegDecoder()
-        handle = ctx["decoder"].handle if "decoder" in ctx else 0
-        status = self._buffer(ctx, "status", n, np.int64)[:n]
-        for attempt in range(2):
-            bad = image_batch.image_slice(
-                handle, buf, offs, lens, heights, widths, encodings, boxes, flips, self.table, out, rows,
-                self.channels_last, self._buffer(ctx, "decoded", need_dec, np.uint8),
-                self._buffer(ctx, "jpeg_scratch", need_jpeg, np.uint8),
-                self._buffer(ctx, "resize_scratch", need_rs, np.int32), status, self.fast_resize)
-            if bad < 0 or status[bad] != jpeg.ERR_SCRATCH or attempt:
-                break
-            # A JPEG whose chroma sampling cannot be cropped is decoded whole (at its scale, into both buffers).
-            need_dec = need_jpeg = int(heights[bad] * widths[bad] * 4)
-        if bad < 0:
-            return -1, ""
-        code = int(status[bad])
-        detail = jpeg.error_string(handle) if code == jpeg.ERR_LIBJPEG else jpeg.STATUS_MESSAGES.get(code, "")
-        return bad, (f"the stored JPEG could not be decoded (status {code}: {detail}); rewrite the file or verify "
-                     "it with `pageset verify`")
+        resize_scratch = self._buffer(ctx, "resize_scratch", need_rs, np.int32)
+        return _decode_retried(ctx, encodings, heights, widths, n, need_dec, need_jpeg,
+                               lambda handle, decoded, jpeg_scratch, status: image_batch.image_slice(
+                                   handle, buf, offs, lens, heights, widths, encodings, boxes, flips, self.table, out,
+                                   rows, self.channels_last, decoded, jpeg_scratch, resize_scratch, status,
+                                   self.fast_resize))
 
 
 class ImagesStage(ImageStage):
@@ -292,8 +313,7 @@ class ImagesStage(ImageStage):
         img_keys = None if keys is None else image_lists.image_keys(keys, row_images)
         bad, why = self._decode(flat, slots, buf, img_offs, img_lens, heights, widths, encodings, img_keys, ctx)
         if bad >= 0:
-            q = int(np.searchsorted(np.cumsum(counts), bad, side="right"))  # the record of image ``bad``
-            k = bad - int(np.cumsum(counts)[q] - counts[q])
+            q, k = _image_of(counts, bad)
             raise DecodeError(f"{self.path}: sample {int(records[q])}, field {self.name!r}, image {k}: {why}",
                               int(records[q]))
 
